@@ -1,0 +1,127 @@
+//! The paper's flow-table layout, shared by the marker and the color counter tables.
+//!
+//! `buckets` indices × 2 ways, indexed by the low bits of the 32-bit flow hash; bit 16 of that
+//! hash picks the preferred way, the other way takes a colliding flow (loss paper, IV-B). The
+//! high 32 bits of the 64-bit hash are the entry's tag. Admission is first come, first served;
+//! a slot whose flow has been idle longer than the idle timeout may be taken over.
+
+/// A per-color packet counter of configurable width (8 bits as in the paper, or wider so that
+/// B can exceed 255).
+pub trait Counter: Copy + Default + Send + 'static {
+    /// Largest value.
+    const MAX: u32;
+    /// Adds one, saturating.
+    fn inc(&mut self);
+    /// The value.
+    fn get(self) -> u32;
+}
+
+macro_rules! counter {
+    ($t:ty) => {
+        impl Counter for $t {
+            const MAX: u32 = <$t>::MAX as u32;
+            #[inline(always)]
+            fn inc(&mut self) {
+                *self = self.saturating_add(1);
+            }
+            #[inline(always)]
+            fn get(self) -> u32 {
+                self as u32
+            }
+        }
+    };
+}
+counter!(u8);
+counter!(u16);
+counter!(u32);
+
+/// A table entry: how the shared lookup sees it.
+pub(crate) trait Slot: Copy + Default {
+    /// 0 when free.
+    fn tag(&self) -> u32;
+    /// Last packet time.
+    fn seen_ns(&self) -> u64;
+}
+
+/// Outcome of [`find_or_admit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    /// The flow has slot `.0`.
+    Hit(usize),
+    /// The flow was given the free slot `.0`.
+    New(usize),
+    /// Slot `.0` holds an idle flow that must be retired before the new flow takes it.
+    Evict(usize),
+    /// Both ways hold active flows: the flow is refused (counted).
+    Full,
+}
+
+#[inline(always)]
+pub(crate) fn tag_of(hash: u64) -> u32 {
+    ((hash >> 32) as u32) | 1
+}
+
+#[inline(always)]
+pub(crate) fn slot_pair(hash: u64, bucket_mask: usize) -> (usize, usize) {
+    let h = hash as u32;
+    let base = (h as usize & bucket_mask) << 1;
+    let way = ((h >> 16) & 1) as usize;
+    (base | way, base | (way ^ 1))
+}
+
+/// Finds the flow's slot or admits it, first come first served.
+#[inline(always)]
+pub(crate) fn find_or_admit<E: Slot>(
+    slots: &[E],
+    bucket_mask: usize,
+    hash: u64,
+    now: u64,
+    idle_ns: u64,
+) -> Lookup {
+    let tag = tag_of(hash);
+    let (a, b) = slot_pair(hash, bucket_mask);
+    let (ea, eb) = match (slots.get(a), slots.get(b)) {
+        (Some(x), Some(y)) => (x, y),
+        _ => return Lookup::Full,
+    };
+    if ea.tag() == tag {
+        return Lookup::Hit(a);
+    }
+    if eb.tag() == tag {
+        return Lookup::Hit(b);
+    }
+    if ea.tag() == 0 {
+        return Lookup::New(a);
+    }
+    if eb.tag() == 0 {
+        return Lookup::New(b);
+    }
+    let idle = |e: &E| now.saturating_sub(e.seen_ns()) > idle_ns;
+    if idle(ea) {
+        return Lookup::Evict(a);
+    }
+    if idle(eb) {
+        return Lookup::Evict(b);
+    }
+    Lookup::Full
+}
+
+/// Hints the CPU to fetch the flow's bucket (both ways) ahead of use.
+#[inline(always)]
+pub(crate) fn prefetch<E>(slots: &[E], bucket_mask: usize, hash: u64) {
+    let (a, _) = slot_pair(hash, bucket_mask);
+    let base = a & !1;
+    if let Some(e) = slots.get(base) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: prefetch is a hint; it never faults, even on an invalid address, and this one
+        // is a live element of `slots`.
+        unsafe {
+            use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let p = e as *const E as *const i8;
+            _mm_prefetch(p, _MM_HINT_T0);
+            _mm_prefetch(p.wrapping_add(core::mem::size_of::<E>()), _MM_HINT_T0);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = e;
+    }
+}

@@ -1,0 +1,491 @@
+//! One observation point: per-flow, per-color counters and the reorder-robust step detector.
+
+use super::slots::{self, find_or_admit, Counter, Lookup, Slot};
+use super::{BatchEvent, BatchEventKind, EventSink, LossConfig};
+use telemark_wire::FlowKey;
+
+const USED: u8 = 1;
+const OPEN_COLOR: u8 = 2;
+const LATE_WINDOW: u8 = 4;
+
+/// One flow at one point: exactly one cache line (64 B) for every counter width.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Default)]
+struct Entry<C: Counter> {
+    tag: u32,
+    /// Running number of the open batch.
+    ordinal: u32,
+    state: u8,
+    /// `n[open]`: the open batch; `n[other]`: early packets of the next batch.
+    n: [C; 2],
+    /// Late packets of the batch closed last.
+    late: C,
+    first_ns: u64,
+    last_ns: u64,
+    next_first_ns: u64,
+    seen_ns: u64,
+}
+
+impl<C: Counter> Slot for Entry<C> {
+    fn tag(&self) -> u32 {
+        self.tag
+    }
+    fn seen_ns(&self) -> u64 {
+        self.seen_ns
+    }
+}
+
+/// What one point counted, for its own cost and health (exported as metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PointStats {
+    /// Packets counted in some flow's batch.
+    pub packets: u64,
+    /// Packets of flows the table had no room for (first come, first served).
+    pub refused: u64,
+    /// Flows admitted.
+    pub admitted: u64,
+    /// Flows retired for idleness (their batches closed and reported).
+    pub evicted: u64,
+    /// Batches closed.
+    pub batches: u64,
+    /// Packets that arrived after their batch closed.
+    pub late: u64,
+}
+
+/// One observation point's color counter table with counters of type `C`.
+pub struct ColorTable<C: Counter> {
+    slots: Vec<Entry<C>>,
+    keys: Vec<FlowKey>,
+    bucket_mask: usize,
+    point: u8,
+    close_at: u32,
+    late_limit: u32,
+    period_ns: Option<u64>,
+    close_after_ns: u64,
+    idle_ns: u64,
+    /// Counters of this point.
+    pub stats: PointStats,
+}
+
+impl<C: Counter> ColorTable<C> {
+    /// A table for point number `point` (as the aggregator numbers them).
+    pub fn new(cfg: &LossConfig, point: u8) -> Self {
+        let n = cfg.table_size.max(2).next_power_of_two();
+        ColorTable {
+            slots: vec![Entry::default(); n],
+            keys: vec![FlowKey::default(); n],
+            bucket_mask: n / 2 - 1,
+            point,
+            close_at: cfg.close_at(),
+            late_limit: cfg.late_limit(),
+            period_ns: cfg.period_ns,
+            close_after_ns: cfg.period_ns.map_or(0, |t| (cfg.threshold * t as f64) as u64),
+            idle_ns: cfg.idle_ns,
+            stats: PointStats::default(),
+        }
+    }
+
+    /// Hints the CPU to bring the flow's bucket into cache before [`observe`](Self::observe).
+    #[inline(always)]
+    pub fn prefetch(&self, hash: u64) {
+        slots::prefetch(&self.slots, self.bucket_mask, hash);
+    }
+
+    /// Counts one packet of `key` (hash `hash`) with color `color` seen at `now`. Returns false
+    /// when the table refused the flow.
+    #[inline]
+    pub fn observe<S: EventSink>(
+        &mut self,
+        key: &FlowKey,
+        hash: u64,
+        color: u8,
+        now: u64,
+        sink: &mut S,
+    ) -> bool {
+        let i = match find_or_admit(&self.slots, self.bucket_mask, hash, now, self.idle_ns) {
+            Lookup::Hit(i) => i,
+            Lookup::New(i) => {
+                self.admit(i, key, hash);
+                i
+            }
+            Lookup::Evict(i) => {
+                self.retire(i, sink);
+                self.stats.evicted += 1;
+                self.admit(i, key, hash);
+                i
+            }
+            Lookup::Full => {
+                self.stats.refused += 1;
+                return false;
+            }
+        };
+        self.stats.packets += 1;
+        let (point, close_at, late_limit) = (self.point, self.close_at, self.late_limit);
+        let (period, close_after) = (self.period_ns, self.close_after_ns);
+        let Some(e) = self.slots.get_mut(i) else { return false };
+        let color = color & 1;
+        e.seen_ns = now;
+        if e.state & USED == 0 {
+            // First packet of the flow: it opens the first batch.
+            e.state = USED | (color * OPEN_COLOR);
+            e.first_ns = now;
+        }
+        let open = (e.state & OPEN_COLOR) / OPEN_COLOR;
+        let o = usize::from(open);
+        if color == open {
+            e.n[o].inc();
+            e.last_ns = now;
+            if e.state & LATE_WINDOW != 0 && !in_late_window(e, period, late_limit, now) {
+                end_late_window(e, key, point, sink);
+            }
+            return true;
+        }
+        if e.state & LATE_WINDOW != 0 {
+            if in_late_window(e, period, late_limit, now) {
+                e.late.inc();
+                self.stats.late += 1;
+                return true;
+            }
+            end_late_window(e, key, point, sink);
+        }
+        // An early packet of the next batch.
+        let x = o ^ 1;
+        if e.n[x].get() == 0 {
+            e.next_first_ns = now;
+        }
+        e.n[x].inc();
+        let step = match period {
+            None => e.n[x].get() >= close_at,
+            Some(_) => now.saturating_sub(e.next_first_ns) >= close_after,
+        };
+        if step {
+            sink.emit(BatchEvent {
+                key: *key,
+                point,
+                kind: BatchEventKind::Closed,
+                color: open,
+                ordinal: e.ordinal,
+                count: e.n[o].get(),
+                first_ns: e.first_ns,
+                last_ns: e.last_ns,
+                tail: false,
+            });
+            self.stats.batches += 1;
+            e.n[o] = C::default();
+            e.late = C::default();
+            e.ordinal = e.ordinal.wrapping_add(1);
+            e.state = USED | (color * OPEN_COLOR) | LATE_WINDOW;
+            e.first_ns = e.next_first_ns;
+            e.last_ns = now;
+        }
+        true
+    }
+
+    fn admit(&mut self, i: usize, key: &FlowKey, hash: u64) {
+        if let (Some(e), Some(k)) = (self.slots.get_mut(i), self.keys.get_mut(i)) {
+            *e = Entry { tag: slots::tag_of(hash), ..Entry::default() };
+            *k = *key;
+            self.stats.admitted += 1;
+        }
+    }
+
+    /// Closes and reports everything slot `i` holds, then frees it.
+    fn retire<S: EventSink>(&mut self, i: usize, sink: &mut S) {
+        let (Some(e), Some(key)) = (self.slots.get_mut(i), self.keys.get(i)) else { return };
+        if e.state & USED != 0 {
+            if e.state & LATE_WINDOW != 0 {
+                end_late_window(e, key, self.point, sink);
+            }
+            let open = (e.state & OPEN_COLOR) / OPEN_COLOR;
+            let o = usize::from(open);
+            if e.n[o].get() > 0 {
+                sink.emit(BatchEvent {
+                    key: *key,
+                    point: self.point,
+                    kind: BatchEventKind::Closed,
+                    color: open,
+                    ordinal: e.ordinal,
+                    count: e.n[o].get(),
+                    first_ns: e.first_ns,
+                    last_ns: e.last_ns,
+                    tail: true,
+                });
+                self.stats.batches += 1;
+            }
+            if e.n[o ^ 1].get() > 0 {
+                // Early packets of a batch that never reached the step: report them as that
+                // batch so the totals add up.
+                sink.emit(BatchEvent {
+                    key: *key,
+                    point: self.point,
+                    kind: BatchEventKind::Closed,
+                    color: open ^ 1,
+                    ordinal: e.ordinal.wrapping_add(1),
+                    count: e.n[o ^ 1].get(),
+                    first_ns: e.next_first_ns,
+                    last_ns: e.seen_ns,
+                    tail: true,
+                });
+                self.stats.batches += 1;
+            }
+        }
+        *e = Entry::default();
+    }
+
+    /// Retires flows idle for longer than the idle timeout at `now`. Off the per-packet path:
+    /// call it every so often (the pipeline does so once per interval).
+    pub fn expire<S: EventSink>(&mut self, now: u64, sink: &mut S) -> usize {
+        let mut n = 0;
+        for i in 0..self.slots.len() {
+            let idle = self.slots.get(i).is_some_and(|e| {
+                e.tag != 0 && now.saturating_sub(e.seen_ns) > self.idle_ns
+            });
+            if idle {
+                self.retire(i, sink);
+                self.stats.evicted += 1;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Closes and reports every open batch (end of a capture, shutdown).
+    pub fn flush<S: EventSink>(&mut self, sink: &mut S) {
+        for i in 0..self.slots.len() {
+            if self.slots.get(i).is_some_and(|e| e.tag != 0) {
+                self.retire(i, sink);
+            }
+        }
+    }
+
+    /// Flows currently held.
+    pub fn occupancy(&self) -> usize {
+        self.slots.iter().filter(|e| e.tag != 0).count()
+    }
+
+    /// Table capacity in flows.
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+#[inline(always)]
+fn in_late_window<C: Counter>(e: &Entry<C>, period: Option<u64>, late_limit: u32, now: u64) -> bool {
+    match period {
+        // Time-based: RFC 9341 §3.1 reads a period's counters half a period into the next one.
+        Some(t) => now.saturating_sub(e.first_ns) < t / 2,
+        None => e.n[usize::from((e.state & OPEN_COLOR) / OPEN_COLOR)].get() < late_limit,
+    }
+}
+
+#[inline(always)]
+fn end_late_window<C: Counter, S: EventSink>(e: &mut Entry<C>, key: &FlowKey, point: u8, sink: &mut S) {
+    // Sent even when nothing was late: it tells the aggregator the batch is final now, rather
+    // than one batch later.
+    e.state &= !LATE_WINDOW;
+    sink.emit(BatchEvent {
+        key: *key,
+        point,
+        kind: BatchEventKind::Late,
+        color: ((e.state & OPEN_COLOR) / OPEN_COLOR) ^ 1,
+        ordinal: e.ordinal.wrapping_sub(1),
+        count: e.late.get(),
+        first_ns: 0,
+        last_ns: 0,
+        tail: false,
+    });
+    e.late = C::default();
+}
+
+/// A color table whose counter width is chosen at run time (`--counter-bits`).
+pub enum AnyColorTable {
+    /// 8-bit counters (the paper's; B ≤ 255).
+    U8(ColorTable<u8>),
+    /// 16-bit counters.
+    U16(ColorTable<u16>),
+    /// 32-bit counters.
+    U32(ColorTable<u32>),
+}
+
+macro_rules! each {
+    ($self:expr, $t:ident => $e:expr) => {
+        match $self {
+            AnyColorTable::U8($t) => $e,
+            AnyColorTable::U16($t) => $e,
+            AnyColorTable::U32($t) => $e,
+        }
+    };
+}
+
+impl AnyColorTable {
+    /// A table as `cfg.counter_bits` asks.
+    pub fn new(cfg: &LossConfig, point: u8) -> Self {
+        match cfg.counter_bits {
+            8 => AnyColorTable::U8(ColorTable::new(cfg, point)),
+            16 => AnyColorTable::U16(ColorTable::new(cfg, point)),
+            _ => AnyColorTable::U32(ColorTable::new(cfg, point)),
+        }
+    }
+    /// See [`ColorTable::prefetch`].
+    #[inline(always)]
+    pub fn prefetch(&self, hash: u64) {
+        each!(self, t => t.prefetch(hash))
+    }
+    /// See [`ColorTable::observe`].
+    #[inline(always)]
+    pub fn observe<S: EventSink>(&mut self, key: &FlowKey, hash: u64, color: u8, now: u64, sink: &mut S) -> bool {
+        each!(self, t => t.observe(key, hash, color, now, sink))
+    }
+    /// See [`ColorTable::expire`].
+    pub fn expire<S: EventSink>(&mut self, now: u64, sink: &mut S) -> usize {
+        each!(self, t => t.expire(now, sink))
+    }
+    /// See [`ColorTable::flush`].
+    pub fn flush<S: EventSink>(&mut self, sink: &mut S) {
+        each!(self, t => t.flush(sink))
+    }
+    /// This point's counters.
+    pub fn stats(&self) -> PointStats {
+        each!(self, t => t.stats)
+    }
+    /// Table capacity in flows.
+    pub fn capacity(&self) -> usize {
+        each!(self, t => t.capacity())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::net::{IpAddr, Ipv4Addr};
+
+    fn key(i: u8) -> FlowKey {
+        FlowKey {
+            src: IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)),
+            dst: IpAddr::V4(Ipv4Addr::new(10, 0, 1, 1)),
+            sport: 1,
+            dport: 2,
+            proto: 17,
+            spi: None,
+            si: None,
+        }
+    }
+
+    /// Colors of `batches` batches of `b` packets, alternately 0 and 1.
+    fn stream(b: usize, batches: usize) -> Vec<u8> {
+        (0..b * batches).map(|i| ((i / b) % 2) as u8).collect()
+    }
+
+    fn run(colors: &[u8], cfg: &LossConfig) -> Vec<BatchEvent> {
+        let mut t = ColorTable::<u8>::new(cfg, 1);
+        let k = key(1);
+        let h = crate::flow_hash(&k);
+        let mut ev = Vec::new();
+        for (i, c) in colors.iter().enumerate() {
+            assert!(t.observe(&k, h, *c, i as u64, &mut ev));
+        }
+        t.flush(&mut ev);
+        ev
+    }
+
+    fn closed(ev: &[BatchEvent]) -> Vec<u32> {
+        ev.iter().filter(|e| e.kind == BatchEventKind::Closed).map(|e| e.count).collect()
+    }
+
+    #[test]
+    fn in_order_batches_close_exactly() {
+        let ev = run(&stream(100, 5), &LossConfig::default());
+        assert_eq!(closed(&ev), vec![100; 5]);
+        assert!(ev.iter().all(|e| e.kind == BatchEventKind::Closed || e.count == 0));
+        let ords: Vec<u32> =
+            ev.iter().filter(|e| e.kind == BatchEventKind::Closed).map(|e| e.ordinal).collect();
+        assert_eq!(ords, vec![0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn drops_show_in_the_batch_they_hit() {
+        let mut s = stream(100, 4);
+        // drop 3 packets of batch 1 and the first 2 of batch 3
+        for i in [150, 151, 199, 300, 301] {
+            s[i] = 9;
+        }
+        s.retain(|c| *c != 9);
+        assert_eq!(closed(&run(&s, &LossConfig::default())), vec![100, 97, 100, 98]);
+    }
+
+    #[test]
+    fn reordering_is_late_not_next_batch() {
+        // The last 10 packets of batch 0 arrive after 35 packets of batch 1: after the step
+        // (at 30) but inside the late window, so they are late for batch 0, not early packets
+        // of batch 2 (which has the same color).
+        let mut s = stream(100, 3);
+        let moved: Vec<u8> = s.drain(90..100).collect();
+        let tail = s.split_off(90 + 35);
+        s.extend_from_slice(&moved);
+        s.extend(tail);
+        let ev = run(&s, &LossConfig::default());
+        assert_eq!(closed(&ev), vec![90, 100, 100]);
+        let late: Vec<(u32, u32)> = ev
+            .iter()
+            .filter(|e| e.kind == BatchEventKind::Late && e.count > 0)
+            .map(|e| (e.ordinal, e.count))
+            .collect();
+        assert_eq!(late, vec![(0, 10)]);
+    }
+
+    #[test]
+    fn refuses_when_full_and_evicts_idle() {
+        let cfg = LossConfig { table_size: 2, idle_ns: 10, ..LossConfig::default() };
+        let mut t = ColorTable::<u8>::new(&cfg, 0);
+        let mut ev = Vec::new();
+        let mut ok = 0;
+        for i in 0..50u8 {
+            let k = key(i);
+            ok += usize::from(t.observe(&k, crate::flow_hash(&k), 0, 5, &mut ev));
+        }
+        assert_eq!(ok, 2);
+        assert_eq!(t.stats.refused, 48);
+        // 100 ns later both are idle: a new flow takes a slot and the old flow's batch is
+        // reported.
+        let k = key(200);
+        assert!(t.observe(&k, crate::flow_hash(&k), 0, 100, &mut ev));
+        assert_eq!(t.stats.evicted, 1);
+        assert_eq!(closed(&ev), vec![1]);
+        assert!(ev.iter().all(|e| e.tail));
+    }
+
+    #[test]
+    fn wide_counters_allow_big_batches() {
+        let cfg = LossConfig { batch: 1000, counter_bits: 16, ..LossConfig::default() };
+        let mut t = ColorTable::<u16>::new(&cfg, 0);
+        let k = key(1);
+        let mut ev = Vec::new();
+        for (i, c) in stream(1000, 3).iter().enumerate() {
+            t.observe(&k, crate::flow_hash(&k), *c, i as u64, &mut ev);
+        }
+        t.flush(&mut ev);
+        assert_eq!(closed(&ev), vec![1000; 3]);
+    }
+
+    #[test]
+    fn time_based_periods() {
+        // Period 1000 ns, one packet every 10 ns: 100 packets per period.
+        let cfg = LossConfig { period_ns: Some(1000), ..LossConfig::default() };
+        let mut t = ColorTable::<u8>::new(&cfg, 0);
+        let k = key(1);
+        let mut ev = Vec::new();
+        for i in 0..400u64 {
+            let now = i * 10;
+            t.observe(&k, crate::flow_hash(&k), ((now / 1000) % 2) as u8, now, &mut ev);
+        }
+        t.flush(&mut ev);
+        assert_eq!(closed(&ev), vec![100; 4]);
+    }
+
+    #[test]
+    fn entry_is_one_cache_line() {
+        assert_eq!(core::mem::size_of::<Entry<u8>>(), 64);
+        assert_eq!(core::mem::size_of::<Entry<u32>>(), 64);
+        assert_eq!(core::mem::align_of::<Entry<u16>>(), 64);
+    }
+}

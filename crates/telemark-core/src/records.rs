@@ -1,0 +1,192 @@
+//! The record schema shared by every output (DESIGN.md, "Records"): agent export, SQLite, HTTP
+//! API and `--json`. Times are nanoseconds since the Unix epoch.
+
+use serde::{Deserialize, Serialize};
+use telemark_wire::FlowKey;
+
+/// A flow key as it appears in records.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Flow {
+    /// Source address.
+    pub src: String,
+    /// Destination address.
+    pub dst: String,
+    /// Source port.
+    pub sport: u16,
+    /// Destination port.
+    pub dport: u16,
+    /// IP protocol.
+    pub proto: u8,
+    /// NSH service path identifier.
+    pub spi: Option<u32>,
+    /// NSH service index.
+    pub si: Option<u8>,
+}
+
+impl From<&FlowKey> for Flow {
+    fn from(k: &FlowKey) -> Flow {
+        Flow {
+            src: k.src.to_string(),
+            dst: k.dst.to_string(),
+            sport: k.sport,
+            dport: k.dport,
+            proto: k.proto,
+            spi: k.spi,
+            si: k.si,
+        }
+    }
+}
+
+/// One batch at one observation point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LossRecord {
+    /// Agent (switch) name.
+    pub agent: String,
+    /// Port the point observes.
+    pub port: String,
+    /// Point name: `ingress`, `egress`, or a name given on the command line.
+    pub point: String,
+    /// The point the expected count came from (`None`: from B, or unknown).
+    pub upstream: Option<String>,
+    /// The flow.
+    pub flow: Flow,
+    /// Color of the batch.
+    pub color: u8,
+    /// Batch number, the same at every point (taken from the most upstream point that saw it).
+    pub batch: u64,
+    /// First packet at this point.
+    pub first_ns: u64,
+    /// Last in-time packet at this point.
+    pub last_ns: u64,
+    /// Packets expected: the upstream point's count, or B where this batch was marked.
+    pub expected: Option<u64>,
+    /// Packets counted in time.
+    pub observed: u64,
+    /// Packets that never arrived: expected − observed − late.
+    pub lost: u64,
+    /// Packets that arrived after the batch closed (reordering), counted separately.
+    pub late: u64,
+}
+
+/// Per-point summary over one reporting interval.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SummaryRecord {
+    /// Agent name.
+    pub agent: String,
+    /// Point name.
+    pub point: String,
+    /// Start of the interval.
+    pub interval_start_ns: u64,
+    /// End of the interval.
+    pub interval_end_ns: u64,
+    /// Batches resolved.
+    pub batches: u64,
+    /// Batches that lost packets.
+    pub lossy_batches: u64,
+    /// Packets expected.
+    pub expected: u64,
+    /// Packets observed in time.
+    pub observed: u64,
+    /// Packets lost.
+    pub lost: u64,
+    /// Packets late.
+    pub late: u64,
+    /// Batches with no upstream batch to compare against.
+    pub unmatched: u64,
+}
+
+/// A flow's loss totals at one point over a whole run (`replay` prints these).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlowLossRecord {
+    /// Agent name.
+    pub agent: String,
+    /// Point name.
+    pub point: String,
+    /// The flow.
+    pub flow: Flow,
+    /// Batches resolved.
+    pub batches: u64,
+    /// Batches that lost packets.
+    pub lossy_batches: u64,
+    /// Packets expected.
+    pub expected: u64,
+    /// Packets observed in time.
+    pub observed: u64,
+    /// Packets late.
+    pub late: u64,
+    /// Packets lost as detected.
+    pub lost: u64,
+    /// Packets lost on this segment according to the dropper's record (replay only).
+    pub truth_lost: Option<u64>,
+}
+
+/// What one fast-path stage spent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CostRecord {
+    /// Agent name.
+    pub agent: String,
+    /// Stage name.
+    pub stage: String,
+    /// Packets through the stage.
+    pub packets: u64,
+    /// CPU cycles (or nanoseconds where no cycle counter is available) spent.
+    pub cycles: u64,
+    /// Interval length.
+    pub interval_ns: u64,
+}
+
+/// Any record, tagged by `kind`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Record {
+    /// A batch (normally a lossy one).
+    Loss(LossRecord),
+    /// An interval summary per point.
+    Summary(SummaryRecord),
+    /// Per-flow totals of a run.
+    FlowLoss(FlowLossRecord),
+    /// Fast-path cost.
+    Cost(CostRecord),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loss_record_matches_design_schema() {
+        let r = Record::Loss(LossRecord {
+            agent: "sw-b".into(),
+            port: "veth1".into(),
+            point: "egress".into(),
+            upstream: Some("ingress".into()),
+            flow: Flow {
+                src: "10.0.0.1".into(),
+                dst: "10.0.0.7".into(),
+                sport: 40000,
+                dport: 5201,
+                proto: 17,
+                spi: None,
+                si: None,
+            },
+            color: 1,
+            batch: 17,
+            first_ns: 1,
+            last_ns: 2,
+            expected: Some(100),
+            observed: 97,
+            lost: 3,
+            late: 0,
+        });
+        let v: serde_json::Value = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["kind"], "loss");
+        assert_eq!(v["flow"]["sport"], 40000);
+        assert_eq!(v["flow"]["spi"], serde_json::Value::Null);
+        for f in ["agent", "port", "point", "color", "batch", "first_ns", "last_ns", "expected",
+                  "observed", "lost", "late"] {
+            assert!(v.get(f).is_some(), "{f}");
+        }
+        let back: Record = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+    }
+}
