@@ -182,8 +182,10 @@ mod tests {
         assert_eq!(v["kind"], "loss");
         assert_eq!(v["flow"]["sport"], 40000);
         assert_eq!(v["flow"]["spi"], serde_json::Value::Null);
-        for f in ["agent", "port", "point", "color", "batch", "first_ns", "last_ns", "expected",
-                  "observed", "lost", "late"] {
+        for f in [
+            "agent", "port", "point", "color", "batch", "first_ns", "last_ns", "expected",
+            "observed", "lost", "late",
+        ] {
             assert!(v.get(f).is_some(), "{f}");
         }
         let back: Record = serde_json::from_value(v).unwrap();

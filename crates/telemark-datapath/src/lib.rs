@@ -1,1 +1,24 @@
-//! wip
+//! Telemark's data path: packets in bursts through parse → mark → observe@ingress → forward →
+//! observe@egress, over capture files (this crate) and, later, live ports. The stages call the
+//! sans-IO core; only this crate knows where packets come from.
+
+pub mod capture;
+pub mod dropper;
+pub mod gen;
+pub mod pipeline;
+pub mod reorder;
+pub mod rng;
+pub mod switch;
+
+/// One packet in flight, with the bookkeeping the evaluation needs.
+#[derive(Debug, Clone, Default)]
+pub struct Pkt {
+    /// Capture or arrival time, nanoseconds since the Unix epoch.
+    pub ts_ns: u64,
+    /// The frame.
+    pub data: Vec<u8>,
+    /// Position in the source (capture order), for ground truth.
+    pub seq: u64,
+    /// Marker batch number of this packet, when a marker in this process colored it.
+    pub batch: Option<u32>,
+}

@@ -238,7 +238,19 @@ fn walk(
                 proto: proto.into(),
                 ..FlowKey::default()
             };
-            ip_layer(key, proto, l4, off, off + hl, 4, p.dscp(), non_first, nsh_path, tunnels, best)?
+            ip_layer(
+                key,
+                proto,
+                l4,
+                off,
+                off + hl,
+                4,
+                p.dscp(),
+                non_first,
+                nsh_path,
+                tunnels,
+                best,
+            )?
         }
         Next::Ip6 => {
             let p = ipv6::Packet::new_lenient(rest)?;
@@ -497,7 +509,13 @@ mod tests {
     #[test]
     fn truncated_tunnel_falls_back_to_outer() {
         let mut f = eth(0x0800);
-        f.extend(ip4_udp([10, 0, 0, 1], [10, 0, 0, 2], 33333, 4789, &[0x08, 0, 0, 0, 0, 0, 1, 0, 2]));
+        f.extend(ip4_udp(
+            [10, 0, 0, 1],
+            [10, 0, 0, 2],
+            33333,
+            4789,
+            &[0x08, 0, 0, 0, 0, 0, 1, 0, 2],
+        ));
         let p = extract(&f, LinkType::Ethernet).unwrap();
         assert_eq!(p.key.dport, 4789);
     }

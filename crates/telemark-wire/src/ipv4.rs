@@ -366,7 +366,11 @@ impl Repr {
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
         let hl = self.buffer_len();
         if self.options_len % 4 != 0 || self.options_len > 40 {
-            return Err(Error::BadLength { layer: "ipv4", field: "options", value: self.options_len });
+            return Err(Error::BadLength {
+                layer: "ipv4",
+                field: "options",
+                value: self.options_len,
+            });
         }
         let total = hl + self.payload_len;
         if total > usize::from(u16::MAX) {
@@ -450,7 +454,8 @@ mod tests {
     #[test]
     fn options_and_lengths() {
         // IHL 6 with a 4-byte option (NOP NOP NOP EOL).
-        let mut b = vec![0x46, 0, 0, 24, 0, 0, 0, 0, 64, 6, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 1, 1, 1, 0];
+        let mut b =
+            vec![0x46, 0, 0, 24, 0, 0, 0, 0, 64, 6, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 1, 1, 1, 0];
         Packet::new_checked(&mut b[..]).unwrap().fill_checksum();
         let p = Packet::new_checked(&b[..]).unwrap();
         assert_eq!(p.options(), &[1, 1, 1, 0]);

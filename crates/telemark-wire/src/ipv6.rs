@@ -45,7 +45,8 @@ impl<T: AsRef<[u8]>> Packet<T> {
         if b.first().map(|v| v >> 4) != Some(6) {
             return Err(Error::Malformed { layer: "ipv6", field: "version" });
         }
-        let plen = b.get(field::LENGTH).map_or(0, |l| usize::from(u16::from_be_bytes([l[0], l[1]])));
+        let plen =
+            b.get(field::LENGTH).map_or(0, |l| usize::from(u16::from_be_bytes([l[0], l[1]])));
         let present = (HEADER_LEN + plen).min(b.len());
         Ok(Packet { buffer, present })
     }
@@ -148,7 +149,11 @@ impl<T: AsRef<[u8]>> Packet<T> {
                 have: p.len(),
             })?;
             if off + len > p.len() {
-                return Err(Error::Truncated { layer: "ipv6 extension", need: off + len, have: p.len() });
+                return Err(Error::Truncated {
+                    layer: "ipv6 extension",
+                    need: off + len,
+                    have: p.len(),
+                });
             }
             nh = Protocol::from(next);
             off += len;
@@ -318,7 +323,10 @@ mod tests {
         let mut b = literal();
         b[6] = 44;
         b[40..48].copy_from_slice(&[17, 0, 0x00, 0x08, 0, 0, 0, 1]); // offset 1 (8 bytes)
-        assert_eq!(Packet::new_checked(&b[..]).unwrap().upper_layer().unwrap().0, Protocol::Ipv6Frag);
+        assert_eq!(
+            Packet::new_checked(&b[..]).unwrap().upper_layer().unwrap().0,
+            Protocol::Ipv6Frag
+        );
     }
 
     proptest::proptest! {

@@ -69,7 +69,11 @@ impl<T: AsRef<[u8]>> Packet<T> {
         let hl = p.header_len();
         match p.md_type() {
             1 if hl != MD1_HEADER_LEN => {
-                return Err(Error::BadLength { layer: "nsh", field: "length (md type 1)", value: hl })
+                return Err(Error::BadLength {
+                    layer: "nsh",
+                    field: "length (md type 1)",
+                    value: hl,
+                })
             }
             2 if hl < MIN_HEADER_LEN => {
                 return Err(Error::BadLength { layer: "nsh", field: "length", value: hl })
@@ -186,7 +190,11 @@ impl Repr {
             _ => false,
         };
         if !ok {
-            return Err(Error::BadLength { layer: "nsh", field: "metadata", value: self.metadata_len });
+            return Err(Error::BadLength {
+                layer: "nsh",
+                field: "metadata",
+                value: self.metadata_len,
+            });
         }
         let hl = self.buffer_len();
         let Some(h) = buf.get_mut(..hl) else {

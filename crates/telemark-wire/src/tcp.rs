@@ -152,7 +152,11 @@ impl Repr {
     /// Writes the header with a zero checksum into the front of `buf`.
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
         if self.options_len % 4 != 0 || self.options_len > 40 {
-            return Err(Error::BadLength { layer: "tcp", field: "options", value: self.options_len });
+            return Err(Error::BadLength {
+                layer: "tcp",
+                field: "options",
+                value: self.options_len,
+            });
         }
         let hl = self.buffer_len();
         let Some(h) = buf.get_mut(..hl) else {

@@ -26,7 +26,11 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Error::check_len("udp", HEADER_LEN, buffer.as_ref().len())?;
         let p = Packet { buffer };
         if usize::from(p.len()) < HEADER_LEN {
-            return Err(Error::BadLength { layer: "udp", field: "length", value: usize::from(p.len()) });
+            return Err(Error::BadLength {
+                layer: "udp",
+                field: "length",
+                value: usize::from(p.len()),
+            });
         }
         Ok(p)
     }

@@ -95,7 +95,11 @@ impl Aggregator {
     pub fn new(points: Vec<PointSpec>, batch: Option<u32>, tol_ns: u64) -> Self {
         let interval = points
             .iter()
-            .map(|p| SummaryRecord { agent: p.agent.clone(), point: p.name.clone(), ..Default::default() })
+            .map(|p| SummaryRecord {
+                agent: p.agent.clone(),
+                point: p.name.clone(),
+                ..Default::default()
+            })
             .collect();
         Aggregator {
             points,
@@ -170,6 +174,7 @@ impl Aggregator {
     /// Resolves what `p` has waiting for flow `key`, then what its downstream points have.
     fn resolve(&mut self, key: &FlowKey, p: u8, force: bool) {
         let spec = self.points[usize::from(p)].clone();
+        let mut wiped = Vec::new();
         loop {
             let Some(pf) = self.flows.get_mut(&(*key, p)) else { return };
             let Some(&b) = pf.waiting.front() else { break };
@@ -180,7 +185,7 @@ impl Aggregator {
                     let e = self.batch.filter(|_| !b.tail).map(u64::from);
                     (e, b.id, None)
                 }
-                Some(u) => match self.match_upstream(key, u, &b, spec.skew_ns) {
+                Some(u) => match self.match_upstream(key, u, &b, spec.skew_ns, &mut wiped) {
                     Match::Found(e, id) => {
                         (Some(e), id, Some(self.points[usize::from(u)].name.clone()))
                     }
@@ -197,6 +202,9 @@ impl Aggregator {
             if pf.done.len() > DONE_KEEP {
                 pf.done.pop_front();
             }
+            for w in wiped.drain(..) {
+                self.account_wiped(key, p, &spec, &w);
+            }
             self.account(key, p, &spec, &b, expected, id, upstream_name);
         }
         let downstream: Vec<u8> = (0..self.points.len() as u8)
@@ -207,24 +215,46 @@ impl Aggregator {
         }
     }
 
-    fn match_upstream(&mut self, key: &FlowKey, u: u8, b: &Batch, skew: i64) -> Match {
+    /// Finds the upstream batches this batch is (same color, overlapping in time; several when
+    /// a whole batch in between was lost here and two batches of this color merged). Upstream
+    /// batches older than the match that nothing matched were lost entirely on this segment:
+    /// they are returned in `wiped`.
+    fn match_upstream(
+        &mut self,
+        key: &FlowKey,
+        u: u8,
+        b: &Batch,
+        skew: i64,
+        wiped: &mut Vec<Batch>,
+    ) -> Match {
         let tol = self.tol_ns as i128;
-        let (first, last) = (i128::from(b.first_ns) - i128::from(skew), i128::from(b.last_ns) - i128::from(skew));
+        let (first, last) =
+            (i128::from(b.first_ns) - i128::from(skew), i128::from(b.last_ns) - i128::from(skew));
         let Some(up) = self.flows.get_mut(&(*key, u)) else { return Match::NotYet };
         let overlaps = |x: &Batch| {
             i128::from(x.first_ns) <= last + tol && i128::from(x.last_ns) + tol >= first
         };
-        if let Some(x) = up.done.iter_mut().find(|x| !x.matched && x.color == b.color && overlaps(x)) {
-            x.matched = true;
-            return Match::Found(x.count + x.late, x.id);
+        let Some(j) = up.done.iter().position(|x| !x.matched && x.color == b.color && overlaps(x))
+        else {
+            // The upstream point has moved past this batch: nothing will match any more.
+            let past = up.done.iter().any(|x| i128::from(x.first_ns) > last + tol);
+            return if past { Match::Never } else { Match::NotYet };
+        };
+        let mut expected = 0;
+        let id = up.done.get(j).map_or(0, |x| x.id);
+        for (i, x) in up.done.iter_mut().enumerate() {
+            if x.matched {
+                continue;
+            }
+            if i < j {
+                x.matched = true;
+                wiped.push(*x);
+            } else if x.color == b.color && overlaps(x) {
+                x.matched = true;
+                expected += x.count + x.late;
+            }
         }
-        // The upstream point has moved past this batch: nothing will match any more.
-        let past = up.done.iter().any(|x| i128::from(x.first_ns) > last + tol);
-        if past {
-            Match::Never
-        } else {
-            Match::NotYet
-        }
+        Match::Found(expected, id)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -284,6 +314,13 @@ impl Aggregator {
         }));
     }
 
+    /// An upstream batch of which not one packet reached point `p`.
+    fn account_wiped(&mut self, key: &FlowKey, p: u8, spec: &PointSpec, up: &Batch) {
+        let upstream = spec.upstream.map(|u| self.points[usize::from(u)].name.clone());
+        let gone = Batch { count: 0, late: 0, ..*up };
+        self.account(key, p, spec, &gone, Some(up.count + up.late), up.id, upstream);
+    }
+
     /// Ends every batch still in a late window or waiting for its upstream (end of capture).
     pub fn flush(&mut self) {
         let keys: Vec<(FlowKey, u8)> = self.flows.keys().copied().collect();
@@ -296,8 +333,31 @@ impl Aggregator {
         // Upstream points first, so downstream batches find their match.
         let mut order: Vec<(FlowKey, u8)> = keys;
         order.sort_by_key(|(_, p)| *p);
-        for (k, p) in order {
-            self.resolve(&k, p, true);
+        for (k, p) in &order {
+            self.resolve(k, *p, true);
+        }
+        // Upstream batches nothing downstream matched were lost whole, also when the flow
+        // never reached the downstream point at all.
+        for (k, u) in order {
+            for q in 0..self.points.len() as u8 {
+                if self.points[usize::from(q)].upstream != Some(u) {
+                    continue;
+                }
+                let spec = self.points[usize::from(q)].clone();
+                let Some(pf) = self.flows.get_mut(&(k, u)) else { continue };
+                let lost: Vec<Batch> = pf
+                    .done
+                    .iter_mut()
+                    .filter(|x| !x.matched)
+                    .map(|x| {
+                        x.matched = true;
+                        *x
+                    })
+                    .collect();
+                for w in lost {
+                    self.account_wiped(&k, q, &spec, &w);
+                }
+            }
         }
     }
 
@@ -318,7 +378,11 @@ impl Aggregator {
                     interval_end_ns: end_ns,
                     ..s.clone()
                 };
-                *s = SummaryRecord { agent: s.agent.clone(), point: s.point.clone(), ..Default::default() };
+                *s = SummaryRecord {
+                    agent: s.agent.clone(),
+                    point: s.point.clone(),
+                    ..Default::default()
+                };
                 Record::Summary(r)
             })
             .collect()
@@ -389,7 +453,11 @@ mod tests {
         let mut ing = ColorTable::<u8>::new(&cfg, 1);
         let mut eg = ColorTable::<u8>::new(&cfg, 2);
         let mut agg = Aggregator::new(
-            vec![spec("marker", None, true), spec("ingress", Some(0), false), spec("egress", Some(1), false)],
+            vec![
+                spec("marker", None, true),
+                spec("ingress", Some(0), false),
+                spec("egress", Some(1), false),
+            ],
             Some(100),
             0,
         );
@@ -398,7 +466,7 @@ mod tests {
         let mut ev: Vec<BatchEvent> = Vec::new();
         let (mut link_drops, mut sw_drops) = (0u64, 0u64);
         for i in 0..1050u64 {
-            let c = m.mark(&k, h, i, &mut ev).unwrap();
+            let (c, _) = m.mark(&k, h, i, &mut ev).unwrap();
             if i % 97 == 5 {
                 link_drops += 1;
             } else {

@@ -62,10 +62,16 @@ impl Marker {
         slots::prefetch(&self.slots, self.bucket_mask, hash);
     }
 
-    /// The color for this packet of `key`, or `None` if the marker has no room for the flow
-    /// (it then passes unmarked).
+    /// The color for this packet of `key` and the number of the batch it belongs to, or `None`
+    /// if the marker has no room for the flow (it then passes unmarked).
     #[inline]
-    pub fn mark<S: EventSink>(&mut self, key: &FlowKey, hash: u64, now: u64, sink: &mut S) -> Option<u8> {
+    pub fn mark<S: EventSink>(
+        &mut self,
+        key: &FlowKey,
+        hash: u64,
+        now: u64,
+        sink: &mut S,
+    ) -> Option<(u8, u32)> {
         let i = match find_or_admit(&self.slots, self.bucket_mask, hash, now, self.idle_ns) {
             Lookup::Hit(i) => i,
             Lookup::New(i) => {
@@ -104,13 +110,18 @@ impl Marker {
             }
         }
         e.count += 1;
-        Some(e.color)
+        Some((e.color, e.ordinal))
     }
 
     fn admit(&mut self, i: usize, key: &FlowKey, hash: u64, now: u64) {
         if let (Some(e), Some(k)) = (self.slots.get_mut(i), self.keys.get_mut(i)) {
             let color = self.period_ns.map_or(0, |t| ((now / t) & 1) as u8);
-            *e = MarkEntry { tag: slots::tag_of(hash), color, first_ns: now, ..MarkEntry::default() };
+            *e = MarkEntry {
+                tag: slots::tag_of(hash),
+                color,
+                first_ns: now,
+                ..MarkEntry::default()
+            };
             *k = *key;
             self.stats.admitted += 1;
         }
@@ -137,7 +148,11 @@ impl Marker {
     pub fn expire<S: EventSink>(&mut self, now: u64, sink: &mut S) -> usize {
         let mut n = 0;
         for i in 0..self.slots.len() {
-            if self.slots.get(i).is_some_and(|e| e.tag != 0 && now.saturating_sub(e.seen_ns) > self.idle_ns) {
+            if self
+                .slots
+                .get(i)
+                .is_some_and(|e| e.tag != 0 && now.saturating_sub(e.seen_ns) > self.idle_ns)
+            {
                 self.retire(i, sink);
                 self.stats.evicted += 1;
                 n += 1;
@@ -173,7 +188,7 @@ mod tests {
         let k = FlowKey { src: IpAddr::V4(Ipv4Addr::LOCALHOST), ..FlowKey::default() };
         let h = crate::flow_hash(&k);
         let mut ev = Vec::new();
-        let colors: Vec<u8> = (0..8).map(|i| m.mark(&k, h, i, &mut ev).unwrap()).collect();
+        let colors: Vec<u8> = (0..8).map(|i| m.mark(&k, h, i, &mut ev).unwrap().0).collect();
         assert_eq!(colors, vec![0, 0, 0, 1, 1, 1, 0, 0]);
         m.flush(&mut ev);
         let counts: Vec<(u8, u32)> = ev.iter().map(|e| (e.color, e.count)).collect();
@@ -187,7 +202,8 @@ mod tests {
         let k = FlowKey::default();
         let h = crate::flow_hash(&k);
         let mut ev = Vec::new();
-        let colors: Vec<u8> = [150u64, 160, 210, 420].iter().map(|t| m.mark(&k, h, *t, &mut ev).unwrap()).collect();
+        let colors: Vec<u8> =
+            [150u64, 160, 210, 420].iter().map(|t| m.mark(&k, h, *t, &mut ev).unwrap().0).collect();
         assert_eq!(colors, vec![1, 1, 0, 0]);
         assert_eq!(ev.len(), 2);
     }

@@ -237,9 +237,10 @@ impl<C: Counter> ColorTable<C> {
     pub fn expire<S: EventSink>(&mut self, now: u64, sink: &mut S) -> usize {
         let mut n = 0;
         for i in 0..self.slots.len() {
-            let idle = self.slots.get(i).is_some_and(|e| {
-                e.tag != 0 && now.saturating_sub(e.seen_ns) > self.idle_ns
-            });
+            let idle = self
+                .slots
+                .get(i)
+                .is_some_and(|e| e.tag != 0 && now.saturating_sub(e.seen_ns) > self.idle_ns);
             if idle {
                 self.retire(i, sink);
                 self.stats.evicted += 1;
@@ -270,7 +271,12 @@ impl<C: Counter> ColorTable<C> {
 }
 
 #[inline(always)]
-fn in_late_window<C: Counter>(e: &Entry<C>, period: Option<u64>, late_limit: u32, now: u64) -> bool {
+fn in_late_window<C: Counter>(
+    e: &Entry<C>,
+    period: Option<u64>,
+    late_limit: u32,
+    now: u64,
+) -> bool {
     match period {
         // Time-based: RFC 9341 §3.1 reads a period's counters half a period into the next one.
         Some(t) => now.saturating_sub(e.first_ns) < t / 2,
@@ -279,7 +285,12 @@ fn in_late_window<C: Counter>(e: &Entry<C>, period: Option<u64>, late_limit: u32
 }
 
 #[inline(always)]
-fn end_late_window<C: Counter, S: EventSink>(e: &mut Entry<C>, key: &FlowKey, point: u8, sink: &mut S) {
+fn end_late_window<C: Counter, S: EventSink>(
+    e: &mut Entry<C>,
+    key: &FlowKey,
+    point: u8,
+    sink: &mut S,
+) {
     // Sent even when nothing was late: it tells the aggregator the batch is final now, rather
     // than one batch later.
     e.state &= !LATE_WINDOW;
@@ -333,7 +344,14 @@ impl AnyColorTable {
     }
     /// See [`ColorTable::observe`].
     #[inline(always)]
-    pub fn observe<S: EventSink>(&mut self, key: &FlowKey, hash: u64, color: u8, now: u64, sink: &mut S) -> bool {
+    pub fn observe<S: EventSink>(
+        &mut self,
+        key: &FlowKey,
+        hash: u64,
+        color: u8,
+        now: u64,
+        sink: &mut S,
+    ) -> bool {
         each!(self, t => t.observe(key, hash, color, now, sink))
     }
     /// See [`ColorTable::expire`].

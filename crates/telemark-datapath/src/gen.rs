@@ -1,0 +1,302 @@
+//! Synthetic traffic for replay and benchmarks: frames of many flows with heavy-tailed sizes
+//! drawn from a real flow-size distribution (CAIDA 2019 flow bytes, in `shared/testdata`), or
+//! from a Pareto fit of it when the file is absent.
+
+use crate::rng::Rng;
+use crate::Pkt;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::Path;
+use telemark_core::loss::{with_color, LossConfig};
+use telemark_wire::{ipv4, ipv6, tcp, udp, FlowKey};
+
+/// Flow sizes in bytes to draw from.
+#[derive(Debug, Clone)]
+pub struct SizeDist {
+    sizes: Vec<u64>,
+    /// Where the sizes came from.
+    pub source: String,
+}
+
+impl SizeDist {
+    /// Loads one size per line (bytes); blank and `#` lines are skipped, bad lines counted.
+    pub fn load(path: &Path) -> std::io::Result<(SizeDist, usize)> {
+        let text = std::fs::read_to_string(path)?;
+        let mut bad = 0;
+        let mut sizes = Vec::new();
+        for l in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+            match l.parse::<f64>() {
+                Ok(v) if v >= 1.0 && v.is_finite() => sizes.push(v as u64),
+                _ => bad += 1,
+            }
+        }
+        if sizes.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "no flow sizes in file",
+            ));
+        }
+        Ok((SizeDist { sizes, source: path.display().to_string() }, bad))
+    }
+
+    /// A Pareto distribution (shape 1.1, scale 1,500 B) resembling the CAIDA trace's tail.
+    pub fn pareto(seed: u64) -> SizeDist {
+        let mut r = Rng::new(seed);
+        let sizes =
+            (0..100_000).map(|_| (1500.0 / (1.0 - r.f64()).powf(1.0 / 1.1)) as u64).collect();
+        SizeDist { sizes, source: "pareto(alpha=1.1, xm=1500B)".into() }
+    }
+
+    /// Sizes given directly (tests, experiments with a chosen shape).
+    pub fn from_sizes(sizes: Vec<u64>, source: &str) -> SizeDist {
+        let sizes = if sizes.is_empty() { vec![1500] } else { sizes };
+        SizeDist { sizes, source: source.into() }
+    }
+
+    /// One flow size in bytes.
+    pub fn sample(&self, r: &mut Rng) -> u64 {
+        self.sizes.get(r.below(self.sizes.len() as u64) as usize).copied().unwrap_or(1500)
+    }
+}
+
+/// Traffic shape.
+#[derive(Debug, Clone)]
+pub struct GenConfig {
+    /// Number of flows.
+    pub flows: usize,
+    /// Seed.
+    pub seed: u64,
+    /// Time span the flows start in, ns.
+    pub duration_ns: u64,
+    /// Cap on packets per flow (the heavy tail can be gigabytes).
+    pub max_packets: u64,
+    /// Payload bytes per full-size packet (MSS-like).
+    pub mtu_payload: usize,
+    /// Fraction of IPv6 flows.
+    pub ipv6_share: f64,
+    /// Color the packets at generation (count- or time-based as the config says).
+    pub mark: Option<LossConfig>,
+    /// Start time, ns since the epoch.
+    pub start_ns: u64,
+}
+
+impl Default for GenConfig {
+    fn default() -> Self {
+        GenConfig {
+            flows: 200,
+            seed: 1,
+            duration_ns: 1_000_000_000,
+            max_packets: 5_000,
+            mtu_payload: 1400,
+            ipv6_share: 0.1,
+            mark: None,
+            start_ns: 1_763_740_800_000_000_000,
+        }
+    }
+}
+
+/// One flow's plan.
+#[derive(Debug, Clone, Copy)]
+pub struct FlowPlan {
+    /// The flow.
+    pub key: FlowKey,
+    /// Packets it sends.
+    pub packets: u64,
+    /// Bytes it sends.
+    pub bytes: u64,
+    /// First packet time.
+    pub start_ns: u64,
+    /// Gap between packets.
+    pub gap_ns: u64,
+}
+
+/// Picks `cfg.flows` distinct flows with sizes from `dist`.
+pub fn plan(cfg: &GenConfig, dist: &SizeDist) -> Vec<FlowPlan> {
+    let mut r = Rng::new(cfg.seed);
+    (0..cfg.flows)
+        .map(|i| {
+            let v6 = r.chance(cfg.ipv6_share);
+            let (src, dst) = if v6 {
+                (
+                    IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 1, 0, 0, (i >> 16) as u16, i as u16)),
+                    IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 2, 0, 0, 0, 1 + (r.below(64) as u16))),
+                )
+            } else {
+                (
+                    IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + 1 + i as u32)),
+                    IpAddr::V4(Ipv4Addr::from(0x0a80_0000 + 1 + r.below(256) as u32)),
+                )
+            };
+            let tcp = r.chance(0.8);
+            let key = FlowKey {
+                src,
+                dst,
+                sport: 10_000 + r.below(50_000) as u16,
+                dport: [80, 443, 5201, 53, 4789][r.below(5) as usize],
+                proto: if tcp { 6 } else { 17 },
+                spi: None,
+                si: None,
+            };
+            let bytes = dist.sample(&mut r);
+            let packets = bytes.div_ceil(cfg.mtu_payload as u64).clamp(1, cfg.max_packets);
+            let start_ns = cfg.start_ns + r.below(cfg.duration_ns / 2 + 1);
+            // Spread each flow over 10–100 % of the remaining span: big flows are fast flows.
+            let span = (cfg.duration_ns / 2) as f64 * (0.1 + 0.9 * r.f64());
+            let gap_ns = ((span / packets as f64) as u64).max(1_000);
+            FlowPlan {
+                key,
+                packets,
+                bytes: bytes.min(packets * cfg.mtu_payload as u64),
+                start_ns,
+                gap_ns,
+            }
+        })
+        .collect()
+}
+
+/// Builds one Ethernet frame of `key` with `payload` bytes of payload and the given DSCP.
+pub fn build_frame(key: &FlowKey, payload: usize, dscp: u8, ttl: u8) -> Vec<u8> {
+    let l4 = if key.proto == 6 { tcp::MIN_HEADER_LEN } else { udp::HEADER_LEN };
+    let ip_len = match key.src {
+        IpAddr::V4(_) => ipv4::MIN_HEADER_LEN,
+        IpAddr::V6(_) => ipv6::HEADER_LEN,
+    };
+    let mut f = vec![0u8; 14 + ip_len + l4 + payload];
+    f[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x02]);
+    f[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x01]);
+    let body = l4 + payload;
+    match (key.src, key.dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            f[12..14].copy_from_slice(&[0x08, 0x00]);
+            let r = ipv4::Repr {
+                src: s,
+                dst: d,
+                protocol: key.proto.into(),
+                dscp,
+                ecn: 0,
+                ident: 0,
+                dont_frag: true,
+                ttl,
+                payload_len: body,
+                options: [0; 40],
+                options_len: 0,
+            };
+            let _ = r.emit(&mut f[14..]);
+        }
+        (s, d) => {
+            f[12..14].copy_from_slice(&[0x86, 0xdd]);
+            let v6 = |a: IpAddr| match a {
+                IpAddr::V6(a) => a,
+                IpAddr::V4(a) => a.to_ipv6_mapped(),
+            };
+            let r = ipv6::Repr {
+                src: v6(s),
+                dst: v6(d),
+                next_header: key.proto.into(),
+                traffic_class: dscp << 2,
+                flow_label: 0,
+                hop_limit: ttl,
+                payload_len: body,
+            };
+            let _ = r.emit(&mut f[14..]);
+        }
+    }
+    let l4o = 14 + ip_len;
+    if key.proto == 6 {
+        let r = tcp::Repr {
+            src_port: key.sport,
+            dst_port: key.dport,
+            seq: 1,
+            ack: 0,
+            flags: tcp::flags::ACK,
+            window: 65535,
+            options: [0; 40],
+            options_len: 0,
+        };
+        let _ = r.emit(&mut f[l4o..]);
+    } else {
+        let _ = udp::Repr { src_port: key.sport, dst_port: key.dport, payload_len: payload }
+            .emit(&mut f[l4o..]);
+    }
+    f
+}
+
+/// Generates the packets of `plans` in time order. With `cfg.mark`, packets carry alternate
+/// marking colors (B per color, or period T) and `Pkt::batch` says which batch.
+pub fn packets(cfg: &GenConfig, plans: &[FlowPlan]) -> Vec<Pkt> {
+    let mut heap: BinaryHeap<Reverse<(u64, usize, u64)>> =
+        plans.iter().enumerate().map(|(i, p)| Reverse((p.start_ns, i, 0))).collect();
+    let mut out = Vec::with_capacity(plans.iter().map(|p| p.packets as usize).sum());
+    while let Some(Reverse((t, i, n))) = heap.pop() {
+        let Some(p) = plans.get(i) else { continue };
+        let last = n + 1 == p.packets;
+        let payload = if last {
+            (p.bytes.saturating_sub(n * cfg.mtu_payload as u64)).clamp(1, cfg.mtu_payload as u64)
+                as usize
+        } else {
+            cfg.mtu_payload
+        };
+        let (dscp, batch) = match &cfg.mark {
+            Some(l) => {
+                let (color, b) = match l.period_ns {
+                    Some(per) => (((t / per) & 1) as u8, ((t - p.start_ns) / per) as u32),
+                    None => (((n / u64::from(l.batch)) & 1) as u8, (n / u64::from(l.batch)) as u32),
+                };
+                (with_color(0, l.color_bit, color), Some(b))
+            }
+            None => (0, None),
+        };
+        out.push(Pkt {
+            ts_ns: t,
+            data: build_frame(&p.key, payload, dscp, 64),
+            seq: out.len() as u64,
+            batch,
+        });
+        if !last {
+            heap.push(Reverse((t + p.gap_ns, i, n + 1)));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use telemark_wire::flow::{extract, LinkType};
+
+    #[test]
+    fn frames_parse_back_to_their_keys() {
+        let cfg = GenConfig { flows: 50, ipv6_share: 0.3, ..GenConfig::default() };
+        let plans = plan(&cfg, &SizeDist::pareto(1));
+        let pk = packets(&cfg, &plans);
+        assert_eq!(pk.len() as u64, plans.iter().map(|p| p.packets).sum::<u64>());
+        assert!(pk.windows(2).all(|w| w[0].ts_ns <= w[1].ts_ns));
+        let keys: std::collections::HashSet<FlowKey> = plans.iter().map(|p| p.key).collect();
+        for p in &pk {
+            let parsed = extract(&p.data, LinkType::Ethernet).unwrap();
+            assert!(keys.contains(&parsed.key));
+            if parsed.ip_version == 4 {
+                assert!(ipv4::Packet::new_checked(&p.data[14..]).unwrap().verify_checksum());
+            }
+        }
+    }
+
+    #[test]
+    fn marking_alternates_per_flow() {
+        let l = LossConfig { batch: 10, ..LossConfig::default() };
+        let cfg = GenConfig { flows: 5, mark: Some(l), ..GenConfig::default() };
+        let plans = plan(&cfg, &SizeDist::pareto(2));
+        let pk = packets(&cfg, &plans);
+        let first = plans[0].key;
+        let colors: Vec<u8> = pk
+            .iter()
+            .filter_map(|p| extract(&p.data, LinkType::Ethernet).ok())
+            .filter(|p| p.key == first)
+            .map(|p| p.dscp & 1)
+            .collect();
+        for (i, c) in colors.iter().enumerate() {
+            assert_eq!(*c, ((i / 10) % 2) as u8);
+        }
+    }
+}

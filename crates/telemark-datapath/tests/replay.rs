@@ -1,0 +1,137 @@
+//! Replay of generated traffic through marker → dropper → switch → dropper → next hop,
+//! checked against the droppers' own record of what they dropped.
+
+use std::collections::HashMap;
+use telemark_core::loss::LossConfig;
+use telemark_core::records::Record;
+use telemark_core::FlowKey;
+use telemark_datapath::dropper::{DropModel, Placement};
+use telemark_datapath::gen::{self, GenConfig, SizeDist};
+use telemark_datapath::pipeline::{points, Replay, ReplayConfig};
+use telemark_wire::flow::LinkType;
+
+/// Realistic small flows plus enough heavy ones (up to 4,000 packets) that every drop
+/// placement sees hundreds of drops.
+fn traffic(flows: usize, seed: u64) -> Vec<telemark_datapath::Pkt> {
+    let cfg = GenConfig { flows, seed, ..GenConfig::default() };
+    let mut sizes: Vec<u64> = (1..=40).map(|i| i * 140_000).collect();
+    sizes.extend([300, 1_200, 5_000, 20_000, 90_000].repeat(8));
+    gen::packets(&cfg, &gen::plan(&cfg, &SizeDist::from_sizes(sizes, "test mix")))
+}
+
+fn run(drops: Vec<(Placement, DropModel)>, reorder: u64, seed: u64, loss: LossConfig) -> Replay {
+    let cfg = ReplayConfig {
+        loss,
+        mark: true,
+        drops,
+        reorder,
+        seed,
+        agent: "sw".into(),
+        report_all: true,
+    };
+    let mut r = Replay::new(cfg, LinkType::Ethernet);
+    for p in traffic(300, seed) {
+        r.push(p);
+    }
+    r.finish();
+    r
+}
+
+fn loss_records(r: &mut Replay) -> Vec<telemark_core::records::LossRecord> {
+    let mut v = Vec::new();
+    while let Some(rec) = r.agg.poll_record() {
+        if let Record::Loss(l) = rec {
+            v.push(l);
+        }
+    }
+    v
+}
+
+fn key_of(f: &telemark_core::records::Flow) -> FlowKey {
+    FlowKey {
+        src: f.src.parse().unwrap(),
+        dst: f.dst.parse().unwrap(),
+        sport: f.sport,
+        dport: f.dport,
+        proto: f.proto,
+        spi: f.spi,
+        si: f.si,
+    }
+}
+
+#[test]
+fn per_batch_loss_equals_ground_truth_at_every_placement() {
+    // Room for every flow, so that every drop falls on a monitored flow.
+    let loss = LossConfig { table_size: 65536, ..LossConfig::default() };
+    for model in [DropModel::Independent { p: 0.02 }, DropModel::Bursty { p: 0.02, burst: 6.0 }] {
+        let drops = Placement::ALL.iter().map(|p| (*p, model)).collect();
+        let mut r = run(drops, 0, 7, loss);
+        assert_eq!(r.ring_drops(), 0);
+        assert_eq!(r.switch.stats.skipped.iter().sum::<u64>(), 0);
+        let (ing, eg) = r.switch.tables();
+        assert_eq!(ing.unwrap().stats().refused + eg.unwrap().stats().refused, 0);
+        let recs = loss_records(&mut r);
+        let point_index = |name: &str| match name {
+            "ingress" => points::INGRESS,
+            "egress" => points::EGRESS,
+            "next-hop" => points::NEXT_HOP,
+            other => panic!("unexpected point {other}"),
+        };
+        let mut checked: HashMap<u8, (u64, u64)> = HashMap::new();
+        for rec in &recs {
+            let p = point_index(&rec.point);
+            let placement = Replay::placement_of_point(p).unwrap();
+            let truth = r.truth(placement, &key_of(&rec.flow), Some(rec.batch as u32));
+            assert_eq!(
+                rec.lost, truth,
+                "{model:?} {} batch {} of {:?}",
+                rec.point, rec.batch, rec.flow
+            );
+            assert_eq!(rec.late, 0);
+            let e = checked.entry(p).or_default();
+            e.0 += 1;
+            e.1 += rec.lost;
+        }
+        for pl in Placement::ALL {
+            let d = r.dropper(pl).unwrap();
+            let p = match pl {
+                Placement::Ingress => points::INGRESS,
+                Placement::Switch => points::EGRESS,
+                Placement::Egress => points::NEXT_HOP,
+            };
+            assert!(d.dropped > 100, "the dropper at {pl:?} dropped only {}", d.dropped);
+            // Every drop shows up in some batch's record, and nothing else does.
+            let totals: u64 = r
+                .agg
+                .flow_records()
+                .iter()
+                .filter(|(_, q, _)| *q == p)
+                .map(|(_, _, f)| f.lost)
+                .sum();
+            assert_eq!(checked[&p].1, totals);
+            assert_eq!(d.dropped, totals, "{model:?} {pl:?}: dropped vs detected");
+        }
+    }
+}
+
+#[test]
+fn reordering_a_third_of_a_batch_keeps_flow_totals_within_one_percent() {
+    let loss = LossConfig::default();
+    let drops = vec![(Placement::Switch, DropModel::Independent { p: 0.05 })];
+    let r = run(drops, 33, 11, loss);
+    let mut total_truth = 0;
+    let mut total_detected = 0;
+    for (key, p, f) in r.agg.flow_records() {
+        if p != points::EGRESS || f.expected < 1000 {
+            continue;
+        }
+        let truth = r.truth(Placement::Switch, &key, None);
+        let err = (f.lost as f64 - truth as f64).abs() / f.expected as f64;
+        assert!(err <= 0.01, "flow {key}: lost {} truth {truth} of {}", f.lost, f.expected);
+        total_truth += truth;
+        total_detected += f.lost;
+    }
+    assert!(total_truth > 500, "enough loss to measure: {total_truth}");
+    let rel = (total_detected as f64 - total_truth as f64).abs() / total_truth as f64;
+    assert!(rel < 0.01, "detected {total_detected} vs truth {total_truth}");
+}
