@@ -1,0 +1,246 @@
+//! The overhead benchmark of the loss paper (Fig. 6, Table II) on in-memory packets: the same
+//! switch with `no_action`, with `dec_ttl`, and with the loss check at ingress and egress, over
+//! tables of 4 … 65,536 flows. Shared by `telemark bench` and the criterion benchmark.
+
+use crate::gen::build_frame;
+use crate::rng::Rng;
+use crate::switch::{Action, Switch, SwitchConfig, Tx, BURST};
+use crate::Pkt;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Instant;
+use telemark_core::loss::{BatchEvent, EventSink, LossConfig};
+use telemark_core::spsc::{self, Consumer, Producer};
+use telemark_core::FlowKey;
+use telemark_wire::flow::LinkType;
+
+/// Which pipeline to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// Parse, hash, lookup, output.
+    NoAction,
+    /// Plus TTL decrement with checksum update.
+    DecTtl,
+    /// `no_action` plus the loss check at ingress and egress.
+    LossCheck,
+    /// `dec_ttl` plus the loss check.
+    DecTtlLossCheck,
+}
+
+impl Variant {
+    /// All variants, baseline first.
+    pub const ALL: [Variant; 4] = [Variant::NoAction, Variant::DecTtl, Variant::LossCheck, Variant::DecTtlLossCheck];
+
+    /// Name as in the paper.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::NoAction => "no_action",
+            Variant::DecTtl => "dec_ttl",
+            Variant::LossCheck => "pkt_loss_chk",
+            Variant::DecTtlLossCheck => "dec_ttl+pkt_loss_chk",
+        }
+    }
+}
+
+/// Output side: two port rings, drained after every burst as a NIC's TX would be.
+struct Rings {
+    tx: Vec<Producer<u32>>,
+    rx: Vec<Consumer<u32>>,
+    full: u64,
+}
+
+impl Tx for Rings {
+    #[inline(always)]
+    fn send(&mut self, port: u16, idx: usize) -> bool {
+        match self.tx.get(usize::from(port)) {
+            Some(r) if r.push(idx as u32).is_ok() => true,
+            _ => {
+                self.full += 1;
+                false
+            }
+        }
+    }
+}
+
+/// Batch events go to a ring the benchmark drains, as the aggregator would.
+struct Events {
+    tx: Producer<BatchEvent>,
+    rx: Consumer<BatchEvent>,
+    dropped: u64,
+}
+
+impl EventSink for Events {
+    #[inline(always)]
+    fn emit(&mut self, ev: BatchEvent) {
+        if self.tx.push(ev).is_err() {
+            self.dropped += 1;
+        }
+    }
+}
+
+/// One prepared benchmark case.
+pub struct Case {
+    switch: Switch,
+    pool: Vec<Pkt>,
+    rings: Rings,
+    events: Events,
+    variant: Variant,
+}
+
+/// Packets in the in-memory pool cycled through by every pass.
+pub const POOL: usize = 8192;
+
+impl Case {
+    /// `flows` active flows (uniformly interleaved), frames of `frame_len` bytes.
+    pub fn new(variant: Variant, flows: usize, frame_len: usize, seed: u64) -> Case {
+        let loss = matches!(variant, Variant::LossCheck | Variant::DecTtlLossCheck).then(|| LossConfig {
+            // Twice the flows, so the 2-way table admits (nearly) all of them.
+            table_size: (flows * 2).next_power_of_two().max(2),
+            idle_ns: u64::MAX / 2,
+            ..LossConfig::default()
+        });
+        let action = match variant {
+            Variant::DecTtl | Variant::DecTtlLossCheck => Action::DecTtl,
+            _ => Action::NoAction,
+        };
+        let cfg = SwitchConfig { link: LinkType::Ethernet, action, loss, mark: false, default_port: 0, points: (0, 1, 2) };
+        let mut switch = Switch::new(cfg, flows);
+        let keys: Vec<FlowKey> = (0..flows)
+            .map(|i| FlowKey {
+                src: IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i as u32)),
+                dst: IpAddr::V4(Ipv4Addr::new(10, 200, 0, 1)),
+                sport: 1024 + (i % 60_000) as u16,
+                dport: 5201,
+                proto: 17,
+                spi: None,
+                si: None,
+            })
+            .collect();
+        for (i, k) in keys.iter().enumerate() {
+            switch.fib.insert(*k, 1 + (i % 2) as u16);
+        }
+        let payload = frame_len.saturating_sub(14 + 20 + 8).max(18);
+        let mut rng = Rng::new(seed);
+        let pool = (0..POOL.max(flows))
+            .map(|i| {
+                let k = keys[rng.below(flows as u64) as usize];
+                // Colors alternate every 100 packets of the pool, so batches close as they would.
+                let dscp = ((i / 100) % 2) as u8;
+                Pkt { ts_ns: i as u64, data: build_frame(&k, payload, dscp, 255), seq: i as u64, batch: None }
+            })
+            .collect();
+        let (tx, rx): (Vec<_>, Vec<_>) = (0..3).map(|_| spsc::channel::<u32>(BURST * 2)).unzip();
+        let (etx, erx) = spsc::channel(4096);
+        Case { switch, pool, rings: Rings { tx, rx, full: 0 }, events: Events { tx: etx, rx: erx, dropped: 0 }, variant }
+    }
+
+    /// Runs the whole pool through the switch once; returns (packets, nanoseconds).
+    pub fn pass(&mut self) -> (u64, u64) {
+        if matches!(self.variant, Variant::DecTtl | Variant::DecTtlLossCheck) {
+            self.reset_ttl();
+        }
+        let start = Instant::now();
+        let mut n = 0u64;
+        for chunk in self.pool.chunks_mut(BURST) {
+            self.switch.process(chunk, &mut self.events, &mut self.rings, |_, _| false);
+            for r in &self.rings.rx {
+                while let Some(i) = r.pop() {
+                    n += u64::from(i < BURST as u32);
+                }
+            }
+            while self.events.rx.pop().is_some() {}
+        }
+        (n, start.elapsed().as_nanos() as u64)
+    }
+
+    fn reset_ttl(&mut self) {
+        for p in &mut self.pool {
+            if let Some(ip) = p.data.get_mut(14..34) {
+                let mut v = telemark_wire::ipv4::Packet::new_lenient(ip).ok();
+                if let Some(v) = v.as_mut() {
+                    v.set_ttl(255);
+                    v.fill_checksum();
+                }
+            }
+        }
+    }
+
+    /// Flows the loss tables refused (0 when all are monitored).
+    pub fn refused(&self) -> u64 {
+        let (i, _) = self.switch.tables();
+        i.map_or(0, |t| t.stats().refused)
+    }
+
+    /// Packets that were not forwarded (should be 0).
+    pub fn lost(&self) -> u64 {
+        self.switch.stats.dropped + self.rings.full + self.events.dropped
+    }
+}
+
+/// Median of `v` (sorted in place).
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// One row of the result table.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// Flows.
+    pub flows: usize,
+    /// Frame length.
+    pub frame_len: usize,
+    /// Median ns per packet for each variant, in [`Variant::ALL`] order.
+    pub ns_per_pkt: [f64; 4],
+    /// Flows refused by the loss tables.
+    pub refused: u64,
+}
+
+impl Row {
+    /// Throughput of `v` normalised to `no_action`.
+    pub fn normalised(&self, v: usize) -> f64 {
+        self.ns_per_pkt[0] / self.ns_per_pkt[v]
+    }
+}
+
+/// Measures every variant for one (flows, frame length) point, interleaving the variants
+/// round by round so that machine noise hits them alike; `rounds` passes of [`POOL`] packets.
+pub fn measure(flows: usize, frame_len: usize, rounds: usize) -> Row {
+    let mut cases: Vec<Case> = Variant::ALL.iter().map(|v| Case::new(*v, flows, frame_len, 42)).collect();
+    for c in cases.iter_mut() {
+        c.pass(); // warm caches and tables
+    }
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    for _ in 0..rounds {
+        for (c, s) in cases.iter_mut().zip(samples.iter_mut()) {
+            let (n, ns) = c.pass();
+            s.push(ns as f64 / n.max(1) as f64);
+        }
+    }
+    let mut ns_per_pkt = [0.0; 4];
+    for (o, s) in ns_per_pkt.iter_mut().zip(samples.iter_mut()) {
+        *o = median(s);
+    }
+    Row { flows, frame_len, ns_per_pkt, refused: cases[2].refused() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_forwards_every_packet() {
+        for v in Variant::ALL {
+            let mut c = Case::new(v, 64, 64, 1);
+            for _ in 0..3 {
+                let (n, _) = c.pass();
+                assert_eq!(n as usize, c.pool.len(), "{v:?}");
+            }
+            assert_eq!((c.switch.stats.dropped, c.rings.full, c.events.dropped), (0, 0, 0), "{v:?}");
+            assert_eq!(c.switch.stats.fib_miss, 0);
+        }
+    }
+}
