@@ -133,7 +133,7 @@ pub fn plan(cfg: &GenConfig, dist: &SizeDist) -> Vec<FlowPlan> {
                 src,
                 dst,
                 sport: 10_000 + r.below(50_000) as u16,
-                dport: [80, 443, 5201, 53, 4789][r.below(5) as usize],
+                dport: [80, 443, 5201, 53, 8080][r.below(5) as usize],
                 proto: if tcp { 6 } else { 17 },
                 spi: None,
                 si: None,

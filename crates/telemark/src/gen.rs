@@ -1,0 +1,100 @@
+//! `telemark gen`: a capture of N flows with realistic sizes.
+
+use crate::opts::{parse_duration_ns, LossOpts};
+use anyhow::{Context, Result};
+use clap::Args as ClapArgs;
+use std::path::{Path, PathBuf};
+use telemark_datapath::capture::CaptureWriter;
+use telemark_datapath::gen::{self as g, GenConfig, SizeDist};
+
+/// `telemark gen` flags.
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Output pcap file.
+    #[arg(short, long, value_name = "FILE")]
+    pub out: PathBuf,
+    /// Number of flows.
+    #[arg(long, default_value_t = 200)]
+    pub flows: usize,
+    /// Random seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Span the flows are spread over, e.g. 1s.
+    #[arg(long, default_value = "1s", value_parser = parse_duration_ns)]
+    pub duration: u64,
+    /// Flow sizes, one per line in bytes (default: the CAIDA 2019 distribution in
+    /// shared/testdata, or a Pareto fit when absent).
+    #[arg(long, value_name = "FILE")]
+    pub sizes: Option<PathBuf>,
+    /// Cap on packets per flow.
+    #[arg(long, default_value_t = 5000)]
+    pub max_packets: u64,
+    /// Share of IPv6 flows.
+    #[arg(long, default_value_t = 0.1)]
+    pub ipv6_share: f64,
+    /// Color the packets (alternate marking), as a first hop would.
+    #[arg(long)]
+    pub mark: bool,
+    #[command(flatten)]
+    pub loss: LossOpts,
+}
+
+/// The default flow-size file: shared/testdata beside the checkout.
+pub fn default_sizes() -> Option<PathBuf> {
+    const REL: &str = "shared/testdata/flow-sizes/caida-2019-0117-dirA-tcp-flow-bytes.txt";
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../..").join(REL);
+    [PathBuf::from("..").join(REL), here].into_iter().find(|p| p.is_file())
+}
+
+/// Loads the size distribution the flags ask for.
+pub fn load_sizes(path: Option<&Path>, seed: u64) -> Result<SizeDist> {
+    match path.map(Path::to_path_buf).or_else(default_sizes) {
+        Some(p) => {
+            let (d, bad) = SizeDist::load(&p).with_context(|| format!("flow sizes {}", p.display()))?;
+            if bad > 0 {
+                eprintln!("telemark: {}: skipped {bad} unreadable lines", p.display());
+            }
+            Ok(d)
+        }
+        None => Ok(SizeDist::pareto(seed)),
+    }
+}
+
+/// Runs `telemark gen`.
+pub fn run(a: Args) -> Result<()> {
+    if !(0.0..=1.0).contains(&a.ipv6_share) {
+        anyhow::bail!("--ipv6-share must be in 0..=1, not {}", a.ipv6_share);
+    }
+    if a.flows == 0 {
+        anyhow::bail!("--flows must be at least 1");
+    }
+    let loss = a.loss.config()?;
+    let dist = load_sizes(a.sizes.as_deref(), a.seed)?;
+    let cfg = GenConfig {
+        flows: a.flows,
+        seed: a.seed,
+        duration_ns: a.duration,
+        max_packets: a.max_packets.max(1),
+        ipv6_share: a.ipv6_share,
+        mark: a.mark.then_some(loss),
+        ..GenConfig::default()
+    };
+    let plans = g::plan(&cfg, &dist);
+    let pkts = g::packets(&cfg, &plans);
+    let mut w = CaptureWriter::create(&a.out)?;
+    for p in &pkts {
+        w.write(p.ts_ns, &p.data)?;
+    }
+    w.finish()?;
+    let bytes: usize = pkts.iter().map(|p| p.data.len()).sum();
+    println!(
+        "wrote {}: {} flows, {} packets, {} bytes, sizes from {}{}",
+        a.out.display(),
+        a.flows,
+        pkts.len(),
+        bytes,
+        dist.source,
+        if a.mark { ", marked" } else { "" }
+    );
+    Ok(())
+}

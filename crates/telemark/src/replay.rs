@@ -1,0 +1,412 @@
+//! `telemark replay`: captures (or generated traffic) through the evaluation pipeline, and
+//! two-point analysis of captures taken at two places on a path.
+
+use crate::gen::load_sizes;
+use crate::opts::{parse_drop, LossOpts};
+use anyhow::{bail, Context, Result};
+use clap::Args as ClapArgs;
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+use telemark_core::loss::{color_of, Aggregator, AnyColorTable, BatchEvent, LossConfig, PointSpec};
+use telemark_core::records::{FlowLossRecord, Record};
+use telemark_core::{flow_hash, FlowKey};
+use telemark_datapath::capture::{read_all, CaptureReader};
+use telemark_datapath::dropper::{DropModel, Placement};
+use telemark_datapath::gen::{self as g, GenConfig};
+use telemark_datapath::pipeline::{Replay, ReplayConfig};
+use telemark_datapath::Pkt;
+use telemark_wire::flow::{extract, LinkType, SkipReason};
+
+/// `telemark replay` flags.
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Capture to replay (pcap or pcapng).
+    #[arg(value_name = "CAPTURE")]
+    pub capture: Option<PathBuf>,
+    /// Replay N generated flows instead of a capture (no file needed).
+    #[arg(long, value_name = "FLOWS", conflicts_with = "capture")]
+    pub generate: Option<usize>,
+    /// Two-point analysis: NAME=FILE, given twice, upstream first (e.g. --point up=a.pcap
+    /// --point down=b.pcap). The captures must hold already-marked traffic.
+    #[arg(long = "point", value_name = "NAME=FILE", conflicts_with_all = ["capture", "generate"])]
+    pub points: Vec<String>,
+    /// The capture is already colored: do not mark at the first hop.
+    #[arg(long)]
+    pub marked: bool,
+    /// Drop packets: PLACE=PROB or PLACE=PROB:BURST (PLACE: ingress, switch, egress). Repeatable.
+    #[arg(long = "drop-at", value_name = "PLACE=P[:BURST]")]
+    pub drops: Vec<String>,
+    /// Reorder packets on the ingress link by up to this many positions.
+    #[arg(long, default_value_t = 0)]
+    pub reorder: u64,
+    /// Seed of droppers, reorderer and generator.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print records as JSON lines (DESIGN.md schema) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Report every batch, not only lossy ones.
+    #[arg(long)]
+    pub all_batches: bool,
+    /// Flows (and batches) to list in the text output.
+    #[arg(long, default_value_t = 15)]
+    pub top: usize,
+    /// Agent name in records.
+    #[arg(long, default_value = "replay")]
+    pub agent: String,
+    /// Flow-size file for --generate.
+    #[arg(long, value_name = "FILE")]
+    pub sizes: Option<PathBuf>,
+    #[command(flatten)]
+    pub loss: LossOpts,
+}
+
+/// Runs `telemark replay`.
+pub fn run(a: Args) -> Result<()> {
+    let loss = a.loss.config()?;
+    if !a.points.is_empty() {
+        return two_point(&a, loss);
+    }
+    let drops: Vec<(Placement, DropModel)> = a.drops.iter().map(|d| parse_drop(d)).collect::<Result<_>>()?;
+    let (pkts, link, source, mut skipped) = match (&a.capture, a.generate) {
+        (Some(path), None) => {
+            let (pk, r) = read_all(path)?;
+            let link = pk.iter().find_map(|(l, _)| *l).unwrap_or(LinkType::Ethernet);
+            let mut skipped: Vec<(String, u64)> = Vec::new();
+            let other = pk.iter().filter(|(l, _)| *l != Some(link)).count() as u64;
+            if other > 0 {
+                skipped.push(("unsupported_link".into(), other));
+            }
+            if let Some(t) = &r.damaged_tail {
+                eprintln!("telemark: {}: stopped at a damaged record ({t}); kept what came before", path.display());
+                skipped.push(("damaged_tail".into(), 1));
+            }
+            let pk: Vec<Pkt> = pk.into_iter().filter(|(l, _)| *l == Some(link)).map(|(_, p)| p).collect();
+            (pk, link, path.display().to_string(), skipped)
+        }
+        (None, Some(flows)) => {
+            if flows == 0 {
+                bail!("--generate needs at least 1 flow");
+            }
+            let dist = load_sizes(a.sizes.as_deref(), a.seed)?;
+            let cfg = GenConfig { flows, seed: a.seed, ..GenConfig::default() };
+            let pk = g::packets(&cfg, &g::plan(&cfg, &dist));
+            (pk, LinkType::Ethernet, format!("{flows} generated flows (sizes from {})", dist.source), Vec::new())
+        }
+        _ => bail!("give a CAPTURE, --generate N, or two --point NAME=FILE (see telemark replay --help)"),
+    };
+    let cfg = ReplayConfig {
+        loss,
+        mark: !a.marked,
+        drops,
+        reorder: a.reorder,
+        seed: a.seed,
+        agent: a.agent.clone(),
+        report_all: a.all_batches,
+    };
+    let mut r = Replay::new(cfg, link);
+    for p in pkts {
+        r.push(p);
+    }
+    r.finish();
+    for (reason, n) in SkipReason::ALL.iter().zip(r.skipped) {
+        if n > 0 {
+            skipped.push((reason.as_str().into(), n));
+        }
+    }
+    report_replay(&a, &mut r, &source, &skipped)
+}
+
+fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64)]) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    let records: Vec<Record> = std::iter::from_fn(|| r.agg.poll_record()).collect();
+    let summaries = r.agg.summaries(0, 0);
+    let flows = r.agg.flow_records();
+    let r = &*r;
+    let truth = |key: &FlowKey, point: u8| Replay::placement_of_point(point).map(|pl| r.truth(pl, key, None));
+    if a.json {
+        for rec in &records {
+            writeln!(out, "{}", serde_json::to_string(rec)?)?;
+        }
+        for (k, p, f) in &flows {
+            if *p == 0 {
+                continue;
+            }
+            let rec = Record::FlowLoss(FlowLossRecord { truth_lost: truth(k, *p), ..f.clone() });
+            writeln!(out, "{}", serde_json::to_string(&rec)?)?;
+        }
+        for s in &summaries {
+            writeln!(out, "{}", serde_json::to_string(s)?)?;
+        }
+        return Ok(());
+    }
+    let stats = r.switch_stats();
+    writeln!(out, "replayed {source}: {} packets", r.packets)?;
+    if !skipped.is_empty() {
+        let s: Vec<String> = skipped.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        writeln!(out, "skipped (no flow key): {}", s.join(", "))?;
+    }
+    let (ing, _) = r.switch.tables();
+    if let Some(t) = ing {
+        let st = t.stats();
+        writeln!(
+            out,
+            "color table: {} flows admitted, {} packets of flows refused (table of {}), {} telemetry events lost",
+            st.admitted,
+            st.refused,
+            t.capacity(),
+            r.ring_drops()
+        )?;
+    }
+    let _ = stats;
+    for pl in Placement::ALL {
+        if let Some(d) = r.dropper(pl) {
+            writeln!(out, "dropper@{}: {} of {} packets dropped ({:.3} %)", pl.as_str(), d.dropped, d.seen, 100.0 * d.rate())?;
+        }
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:<9} {:>7} {:>6} {:>9} {:>9} {:>6} {:>8} {:>8}   segment",
+        "point", "batches", "lossy", "expected", "observed", "late", "lost", "truth"
+    )?;
+    let mut per_point: HashMap<u8, (u64, u64, u64, u64, u64, u64, u64)> = HashMap::new();
+    for (k, p, f) in &flows {
+        let e = per_point.entry(*p).or_default();
+        e.0 += f.batches;
+        e.1 += f.lossy_batches;
+        e.2 += f.expected;
+        e.3 += f.observed;
+        e.4 += f.late;
+        e.5 += f.lost;
+        e.6 += truth(k, *p).unwrap_or(0);
+    }
+    let mut pts: Vec<_> = per_point.into_iter().filter(|(p, _)| *p != 0).collect();
+    pts.sort();
+    for (p, t) in pts {
+        let name = &r.agg.points()[usize::from(p)].name;
+        let seg = match p {
+            1 => "link into the switch (marker → ingress)",
+            2 => "inside the switch (ingress → egress)",
+            _ => "link out of the switch (egress → next hop)",
+        };
+        writeln!(out, "{:<9} {:>7} {:>6} {:>9} {:>9} {:>6} {:>8} {:>8}   {seg}", name, t.0, t.1, t.2, t.3, t.4, t.5, t.6)?;
+    }
+    let mut lossy: Vec<_> = flows.iter().filter(|(k, p, f)| *p != 0 && (f.lost > 0 || truth(k, *p).unwrap_or(0) > 0)).collect();
+    lossy.sort_by(|x, y| y.2.lost.cmp(&x.2.lost).then(x.0.cmp(&y.0)));
+    if !lossy.is_empty() {
+        writeln!(out, "\nflows with loss (top {} of {}):", a.top.min(lossy.len()), lossy.len())?;
+        writeln!(out, "{:<52} {:<9} {:>7} {:>9} {:>6} {:>6} {:>6}", "flow", "point", "batches", "expected", "late", "lost", "truth")?;
+        for (k, p, f) in lossy.iter().take(a.top) {
+            writeln!(
+                out,
+                "{:<52} {:<9} {:>7} {:>9} {:>6} {:>6} {:>6}",
+                k.to_string(),
+                f.point,
+                f.batches,
+                f.expected,
+                f.late,
+                f.lost,
+                truth(k, *p).unwrap_or(0)
+            )?;
+        }
+    } else {
+        writeln!(out, "\nno flow lost packets")?;
+    }
+    Ok(())
+}
+
+struct PointCapture {
+    name: String,
+    path: PathBuf,
+    packets: Vec<(u64, FlowKey, u8)>,
+    skipped: HashMap<&'static str, u64>,
+    total: u64,
+}
+
+fn load_point(spec: &str, color_bit: u8) -> Result<PointCapture> {
+    let Some((name, file)) = spec.split_once('=') else {
+        bail!("--point takes NAME=FILE (like up=a.pcap), not '{spec}'");
+    };
+    if name.is_empty() || file.is_empty() {
+        bail!("--point takes NAME=FILE (like up=a.pcap), not '{spec}'");
+    }
+    let path = PathBuf::from(file);
+    let mut r = CaptureReader::open(&path)?;
+    let mut packets = Vec::new();
+    let mut skipped: HashMap<&'static str, u64> = HashMap::new();
+    let mut total = 0;
+    while let Some(p) = r.next_packet() {
+        total += 1;
+        let Some(link) = p.link else {
+            *skipped.entry("unsupported_link").or_default() += 1;
+            continue;
+        };
+        match extract(&p.data, link) {
+            Ok(parsed) => packets.push((p.ts_ns, parsed.key, color_of(parsed.dscp, color_bit))),
+            Err(e) => *skipped.entry(e.as_str()).or_default() += 1,
+        }
+    }
+    if let Some(t) = r.damaged_tail {
+        eprintln!("telemark: {}: stopped at a damaged record ({t}); kept what came before", path.display());
+        *skipped.entry("damaged_tail").or_default() += 1;
+    }
+    Ok(PointCapture { name: name.to_string(), path, packets, skipped, total })
+}
+
+/// Median over flows seen at both points of (first time downstream − first time upstream).
+fn estimate_skew(up: &PointCapture, down: &PointCapture) -> i64 {
+    let mut first_up: HashMap<FlowKey, u64> = HashMap::new();
+    for (t, k, _) in &up.packets {
+        first_up.entry(*k).or_insert(*t);
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut d: Vec<i64> = Vec::new();
+    for (t, k, _) in &down.packets {
+        if seen.insert(*k) {
+            if let Some(u) = first_up.get(k) {
+                d.push(*t as i64 - *u as i64);
+            }
+        }
+    }
+    d.sort_unstable();
+    d.get(d.len() / 2).copied().unwrap_or(0)
+}
+
+fn two_point(a: &Args, loss: LossConfig) -> Result<()> {
+    if a.points.len() != 2 {
+        bail!("two-point analysis takes exactly two --point NAME=FILE (upstream first), got {}", a.points.len());
+    }
+    if !a.drops.is_empty() || a.reorder > 0 {
+        bail!("--drop-at and --reorder apply to replay, not to two-point analysis of real captures");
+    }
+    let up = load_point(&a.points[0], loss.color_bit).context("upstream point")?;
+    let down = load_point(&a.points[1], loss.color_bit).context("downstream point")?;
+    if up.name == down.name {
+        bail!("the two points need different names, both are '{}'", up.name);
+    }
+    let skew = estimate_skew(&up, &down);
+    let spec = |name: &str, upstream, skew_ns| PointSpec {
+        name: name.into(),
+        agent: a.agent.clone(),
+        port: "-".into(),
+        upstream,
+        marker: false,
+        skew_ns,
+    };
+    let mut agg = Aggregator::new(vec![spec(&up.name, None, 0), spec(&down.name, Some(0), skew)], None, 0)
+        .report_all(a.all_batches);
+    let mut tables = [AnyColorTable::new(&loss, 0), AnyColorTable::new(&loss, 1)];
+    // Merge the two captures in (skew-corrected) time order, as the points would have seen
+    // the packets, so the aggregator lines batches up as they close.
+    let (mut i, mut j) = (0usize, 0usize);
+    let mut ev: Vec<BatchEvent> = Vec::new();
+    loop {
+        let nu = up.packets.get(i);
+        let nd = down.packets.get(j);
+        let take_up = match (nu, nd) {
+            (Some(u), Some(d)) => (u.0 as i128) <= d.0 as i128 - i128::from(skew),
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => break,
+        };
+        let (p, (t, k, c)) = if take_up {
+            i += 1;
+            (0usize, nu.copied().unwrap_or((0, FlowKey::default(), 0)))
+        } else {
+            j += 1;
+            (1usize, nd.copied().unwrap_or((0, FlowKey::default(), 0)))
+        };
+        if let Some(tb) = tables.get_mut(p) {
+            tb.observe(&k, flow_hash(&k), c, t, &mut ev);
+        }
+        for e in ev.drain(..) {
+            agg.handle(e);
+        }
+    }
+    for t in tables.iter_mut() {
+        t.flush(&mut ev);
+        for e in ev.drain(..) {
+            agg.handle(e);
+        }
+    }
+    agg.flush();
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        while let Some(rec) = agg.poll_record() {
+            writeln!(out, "{}", serde_json::to_string(&rec)?)?;
+        }
+        for (_, p, f) in agg.flow_records() {
+            if p == 1 {
+                writeln!(out, "{}", serde_json::to_string(&Record::FlowLoss(f))?)?;
+            }
+        }
+        return Ok(());
+    }
+    for pc in [&up, &down] {
+        let mut s: Vec<String> = pc.skipped.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        s.sort();
+        writeln!(
+            out,
+            "{}: {} ({} packets, {} with a flow key{}{})",
+            pc.name,
+            pc.path.display(),
+            pc.total,
+            pc.packets.len(),
+            if s.is_empty() { "" } else { "; skipped: " },
+            s.join(", ")
+        )?;
+    }
+    writeln!(out, "clock offset + path delay {} → {}: {:.3} ms (median over flows)", up.name, down.name, skew as f64 / 1e6)?;
+    let refused: u64 = tables.iter().map(|t| t.stats().refused).sum();
+    if refused > 0 {
+        writeln!(out, "{refused} packets of flows beyond --table-size {} were not measured", loss.table_size)?;
+    }
+    let flows: Vec<_> = agg.flow_records().into_iter().filter(|(_, p, _)| *p == 1).collect();
+    let total_lost: u64 = flows.iter().map(|(_, _, f)| f.lost).sum();
+    let total_exp: u64 = flows.iter().map(|(_, _, f)| f.expected).sum();
+    writeln!(out, "{} → {}: {} of {} packets lost over {} flows\n", up.name, down.name, total_lost, total_exp, flows.len())?;
+    writeln!(out, "{:<52} {:>7} {:>6} {:>9} {:>9} {:>6} {:>6}", "flow", "batches", "lossy", "sent", "received", "late", "lost")?;
+    let mut fl = flows.clone();
+    fl.sort_by(|x, y| y.2.lost.cmp(&x.2.lost).then(x.0.cmp(&y.0)));
+    for (k, _, f) in fl.iter().take(a.top) {
+        writeln!(
+            out,
+            "{:<52} {:>7} {:>6} {:>9} {:>9} {:>6} {:>6}",
+            k.to_string(),
+            f.batches,
+            f.lossy_batches,
+            f.expected,
+            f.observed + f.late,
+            f.late,
+            f.lost
+        )?;
+    }
+    let mut batches = Vec::new();
+    while let Some(Record::Loss(l)) = agg.poll_record() {
+        if l.lost > 0 {
+            batches.push(l);
+        }
+    }
+    if !batches.is_empty() {
+        writeln!(out, "\nlossy batches (first {} of {}):", a.top.min(batches.len()), batches.len())?;
+        writeln!(out, "{:<44} {:>6} {:>5} {:>22} {:>8} {:>8} {:>5} {:>5}", "flow", "batch", "color", "first_ns", "expected", "observed", "late", "lost")?;
+        for l in batches.iter().take(a.top) {
+            let f = &l.flow;
+            writeln!(
+                out,
+                "{:<44} {:>6} {:>5} {:>22} {:>8} {:>8} {:>5} {:>5}",
+                format!("{} {}:{} > {}:{}", f.proto, f.src, f.sport, f.dst, f.dport),
+                l.batch,
+                l.color,
+                l.first_ns,
+                l.expected.map_or("-".into(), |e| e.to_string()),
+                l.observed,
+                l.late,
+                l.lost
+            )?;
+        }
+    }
+    Ok(())
+}
