@@ -209,10 +209,11 @@ fn read_up_to(f: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
+/// Packets of a capture with the link type of each.
+pub type Packets = Vec<(Option<LinkType>, Pkt)>;
+
 /// Reads a whole capture into packets (for replay and tests).
-pub fn read_all(
-    path: &Path,
-) -> Result<(Vec<(Option<LinkType>, Pkt)>, CaptureReader), CaptureError> {
+pub fn read_all(path: &Path) -> Result<(Packets, CaptureReader), CaptureError> {
     let mut r = CaptureReader::open(path)?;
     let mut v = Vec::new();
     while let Some(p) = r.next_packet() {

@@ -100,7 +100,7 @@ impl Repr {
     }
     /// Writes the header into the front of `buf`.
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
-        if self.options_len % 4 != 0 || self.options_len > 32 {
+        if !self.options_len.is_multiple_of(4) || self.options_len > 32 {
             return Err(Error::BadLength {
                 layer: "geneve",
                 field: "options",

@@ -365,7 +365,7 @@ impl Repr {
     /// `buffer_len()` bytes; the payload is the caller's.
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
         let hl = self.buffer_len();
-        if self.options_len % 4 != 0 || self.options_len > 40 {
+        if !self.options_len.is_multiple_of(4) || self.options_len > 40 {
             return Err(Error::BadLength {
                 layer: "ipv4",
                 field: "options",

@@ -186,7 +186,7 @@ impl Repr {
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
         let ok = match self.md_type {
             1 => self.metadata_len == 16,
-            2 => self.metadata_len % 4 == 0 && self.metadata_len <= 64,
+            2 => self.metadata_len.is_multiple_of(4) && self.metadata_len <= 64,
             _ => false,
         };
         if !ok {

@@ -151,7 +151,7 @@ impl Repr {
     }
     /// Writes the header with a zero checksum into the front of `buf`.
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
-        if self.options_len % 4 != 0 || self.options_len > 40 {
+        if !self.options_len.is_multiple_of(4) || self.options_len > 40 {
             return Err(Error::BadLength {
                 layer: "tcp",
                 field: "options",

@@ -24,7 +24,7 @@ pub struct Args {
 
 /// Runs `telemark bench`.
 pub fn run(a: Args) -> Result<()> {
-    if a.flows.iter().any(|f| *f == 0) || a.sizes.iter().any(|s| *s < 60) || a.rounds == 0 {
+    if a.flows.contains(&0) || a.sizes.iter().any(|s| *s < 60) || a.rounds == 0 {
         anyhow::bail!("--flows must be ≥ 1, --sizes ≥ 60 bytes, --rounds ≥ 1");
     }
     if a.csv {

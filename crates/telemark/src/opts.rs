@@ -86,7 +86,7 @@ pub fn parse_drop(s: &str) -> Result<(telemark_datapath::dropper::Placement, tel
         None => DropModel::Independent { p },
         Some(b) => {
             let b: f64 = b.parse().map_err(|_| anyhow::anyhow!("burst length '{b}' is not a number"))?;
-            if !(b >= 1.0) {
+            if b.is_nan() || b < 1.0 {
                 bail!("mean burst length must be at least 1 packet, not {b}");
             }
             DropModel::Bursty { p, burst: b }

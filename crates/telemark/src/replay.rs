@@ -171,16 +171,14 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64
         "{:<9} {:>7} {:>6} {:>9} {:>9} {:>6} {:>8} {:>8}   segment",
         "point", "batches", "lossy", "expected", "observed", "late", "lost", "truth"
     )?;
-    let mut per_point: HashMap<u8, (u64, u64, u64, u64, u64, u64, u64)> = HashMap::new();
+    // batches, lossy, expected, observed, late, lost, truth
+    let mut per_point: HashMap<u8, [u64; 7]> = HashMap::new();
     for (k, p, f) in &flows {
         let e = per_point.entry(*p).or_default();
-        e.0 += f.batches;
-        e.1 += f.lossy_batches;
-        e.2 += f.expected;
-        e.3 += f.observed;
-        e.4 += f.late;
-        e.5 += f.lost;
-        e.6 += truth(k, *p).unwrap_or(0);
+        let add = [f.batches, f.lossy_batches, f.expected, f.observed, f.late, f.lost, truth(k, *p).unwrap_or(0)];
+        for (x, y) in e.iter_mut().zip(add) {
+            *x += y;
+        }
     }
     let mut pts: Vec<_> = per_point.into_iter().filter(|(p, _)| *p != 0).collect();
     pts.sort();
@@ -191,7 +189,7 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64
             2 => "inside the switch (ingress → egress)",
             _ => "link out of the switch (egress → next hop)",
         };
-        writeln!(out, "{:<9} {:>7} {:>6} {:>9} {:>9} {:>6} {:>8} {:>8}   {seg}", name, t.0, t.1, t.2, t.3, t.4, t.5, t.6)?;
+        writeln!(out, "{:<9} {:>7} {:>6} {:>9} {:>9} {:>6} {:>8} {:>8}   {seg}", name, t[0], t[1], t[2], t[3], t[4], t[5], t[6])?;
     }
     let mut lossy: Vec<_> = flows.iter().filter(|(k, p, f)| *p != 0 && (f.lost > 0 || truth(k, *p).unwrap_or(0) > 0)).collect();
     lossy.sort_by(|x, y| y.2.lost.cmp(&x.2.lost).then(x.0.cmp(&y.0)));

@@ -418,7 +418,7 @@ impl Aggregator {
                 )
             })
             .collect();
-        v.sort_by(|a, b| (a.1, a.0).cmp(&(b.1, b.0)));
+        v.sort_by_key(|a| (a.1, a.0));
         v
     }
 }
