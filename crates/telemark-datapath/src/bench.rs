@@ -28,7 +28,8 @@ pub enum Variant {
 
 impl Variant {
     /// All variants, baseline first.
-    pub const ALL: [Variant; 4] = [Variant::NoAction, Variant::DecTtl, Variant::LossCheck, Variant::DecTtlLossCheck];
+    pub const ALL: [Variant; 4] =
+        [Variant::NoAction, Variant::DecTtl, Variant::LossCheck, Variant::DecTtlLossCheck];
 
     /// Name as in the paper.
     pub fn name(self) -> &'static str {
@@ -92,17 +93,25 @@ pub const POOL: usize = 8192;
 impl Case {
     /// `flows` active flows (uniformly interleaved), frames of `frame_len` bytes.
     pub fn new(variant: Variant, flows: usize, frame_len: usize, seed: u64) -> Case {
-        let loss = matches!(variant, Variant::LossCheck | Variant::DecTtlLossCheck).then(|| LossConfig {
-            // Twice the flows, so the 2-way table admits (nearly) all of them.
-            table_size: (flows * 2).next_power_of_two().max(2),
-            idle_ns: u64::MAX / 2,
-            ..LossConfig::default()
-        });
+        let loss =
+            matches!(variant, Variant::LossCheck | Variant::DecTtlLossCheck).then(|| LossConfig {
+                // Twice the flows, so the 2-way table admits (nearly) all of them.
+                table_size: (flows * 2).next_power_of_two().max(2),
+                idle_ns: u64::MAX / 2,
+                ..LossConfig::default()
+            });
         let action = match variant {
             Variant::DecTtl | Variant::DecTtlLossCheck => Action::DecTtl,
             _ => Action::NoAction,
         };
-        let cfg = SwitchConfig { link: LinkType::Ethernet, action, loss, mark: false, default_port: 0, points: (0, 1, 2) };
+        let cfg = SwitchConfig {
+            link: LinkType::Ethernet,
+            action,
+            loss,
+            mark: false,
+            default_port: 0,
+            points: (0, 1, 2),
+        };
         let mut switch = Switch::new(cfg, flows);
         let keys: Vec<FlowKey> = (0..flows)
             .map(|i| FlowKey {
@@ -125,12 +134,23 @@ impl Case {
                 let k = keys[rng.below(flows as u64) as usize];
                 // Colors alternate every 100 packets of the pool, so batches close as they would.
                 let dscp = ((i / 100) % 2) as u8;
-                Pkt { ts_ns: i as u64, data: build_frame(&k, payload, dscp, 255), seq: i as u64, batch: None }
+                Pkt {
+                    ts_ns: i as u64,
+                    data: build_frame(&k, payload, dscp, 255),
+                    seq: i as u64,
+                    batch: None,
+                }
             })
             .collect();
         let (tx, rx): (Vec<_>, Vec<_>) = (0..3).map(|_| spsc::channel::<u32>(BURST * 2)).unzip();
         let (etx, erx) = spsc::channel(4096);
-        Case { switch, pool, rings: Rings { tx, rx, full: 0 }, events: Events { tx: etx, rx: erx, dropped: 0 }, variant }
+        Case {
+            switch,
+            pool,
+            rings: Rings { tx, rx, full: 0 },
+            events: Events { tx: etx, rx: erx, dropped: 0 },
+            variant,
+        }
     }
 
     /// Runs the whole pool through the switch once; returns (packets, nanoseconds).
@@ -209,7 +229,8 @@ impl Row {
 /// Measures every variant for one (flows, frame length) point, interleaving the variants
 /// round by round so that machine noise hits them alike; `rounds` passes of [`POOL`] packets.
 pub fn measure(flows: usize, frame_len: usize, rounds: usize) -> Row {
-    let mut cases: Vec<Case> = Variant::ALL.iter().map(|v| Case::new(*v, flows, frame_len, 42)).collect();
+    let mut cases: Vec<Case> =
+        Variant::ALL.iter().map(|v| Case::new(*v, flows, frame_len, 42)).collect();
     for c in cases.iter_mut() {
         c.pass(); // warm caches and tables
     }
@@ -239,7 +260,11 @@ mod tests {
                 let (n, _) = c.pass();
                 assert_eq!(n as usize, c.pool.len(), "{v:?}");
             }
-            assert_eq!((c.switch.stats.dropped, c.rings.full, c.events.dropped), (0, 0, 0), "{v:?}");
+            assert_eq!(
+                (c.switch.stats.dropped, c.rings.full, c.events.dropped),
+                (0, 0, 0),
+                "{v:?}"
+            );
             assert_eq!(c.switch.stats.fib_miss, 0);
         }
     }

@@ -358,6 +358,11 @@ fn ip_layer(
                     let e = gre::erspan_header_len(p, g.has_seq(), g.payload())?;
                     Some((Next::Ether, inner + e))
                 }
+                EtherType::Unknown(gre::PPP) => match gre::ppp_header(g.payload())? {
+                    (len, Some(4)) => Some((Next::Ip4, inner + len)),
+                    (len, Some(_)) => Some((Next::Ip6, inner + len)),
+                    (_, None) => None,
+                },
                 _ => None,
             }
         }

@@ -1,4 +1,5 @@
-//! GRE (RFC 2784, key and sequence from RFC 2890) and the ERSPAN headers it may carry.
+//! GRE (RFC 2784, key and sequence from RFC 2890; enhanced GRE version 1 of PPTP, RFC 2637)
+//! and the ERSPAN headers it may carry.
 
 use crate::ethernet::EtherType;
 use crate::{Error, Result};
@@ -13,6 +14,10 @@ pub const ERSPAN3_HEADER_LEN: usize = 12;
 const FLAG_C: u16 = 0x8000;
 const FLAG_K: u16 = 0x2000;
 const FLAG_S: u16 = 0x1000;
+/// Acknowledgment-number present (enhanced GRE, version 1).
+const FLAG_A: u16 = 0x0080;
+/// EtherType of PPP, carried by enhanced GRE.
+pub const PPP: u16 = 0x880b;
 
 /// A view of a GRE header.
 #[derive(Debug, Clone)]
@@ -21,11 +26,12 @@ pub struct Packet<T: AsRef<[u8]>> {
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a buffer holding the header and its optional fields; version must be 0.
+    /// Wraps a buffer holding the header and its optional fields; version 0 (GRE) or 1
+    /// (enhanced GRE).
     pub fn new_checked(buffer: T) -> Result<Self> {
         Error::check_len("gre", MIN_HEADER_LEN, buffer.as_ref().len())?;
         let p = Packet { buffer };
-        if p.flags() & 0x0007 != 0 {
+        if p.version() > 1 {
             return Err(Error::Malformed { layer: "gre", field: "version" });
         }
         Error::check_len("gre", p.header_len(), p.b().len())?;
@@ -37,13 +43,20 @@ impl<T: AsRef<[u8]>> Packet<T> {
     fn flags(&self) -> u16 {
         u16::from_be_bytes([self.b()[0], self.b()[1]])
     }
-    /// Header length with the checksum, key and sequence fields present.
+    /// Version: 0 for GRE, 1 for enhanced GRE (PPTP).
+    pub fn version(&self) -> u16 {
+        self.flags() & 0x0007
+    }
+    /// Header length with the checksum, key and sequence (and, in version 1, acknowledgment)
+    /// fields present.
     pub fn header_len(&self) -> usize {
         let f = self.flags();
+        let ack = self.version() == 1 && f & FLAG_A != 0;
         MIN_HEADER_LEN
             + if f & FLAG_C != 0 { 4 } else { 0 }
             + if f & FLAG_K != 0 { 4 } else { 0 }
             + if f & FLAG_S != 0 { 4 } else { 0 }
+            + if ack { 4 } else { 0 }
     }
     /// Whether a sequence number is present (ERSPAN type II and III set it).
     pub fn has_seq(&self) -> bool {
@@ -89,6 +102,37 @@ pub fn erspan_header_len(proto: EtherType, gre_has_seq: bool, payload: &[u8]) ->
     }
 }
 
+/// Length of a PPP header (RFC 1661, address/control possibly compressed away, RFC 1662 §3.2)
+/// and whether it carries IPv4 (`Some(4)`) or IPv6 (`Some(6)`).
+pub fn ppp_header(payload: &[u8]) -> Result<(usize, Option<u8>)> {
+    let mut o = 0;
+    if payload.get(0..2) == Some(&[0xff, 0x03]) {
+        o = 2;
+    }
+    let first = *payload.get(o).ok_or(Error::Truncated {
+        layer: "ppp",
+        need: o + 1,
+        have: payload.len(),
+    })?;
+    // An odd first byte is a compressed one-byte protocol field (RFC 1661 §6.5).
+    let (proto, len) = if first & 1 == 1 {
+        (u16::from(first), 1)
+    } else {
+        let b = payload.get(o..o + 2).ok_or(Error::Truncated {
+            layer: "ppp",
+            need: o + 2,
+            have: payload.len(),
+        })?;
+        (u16::from_be_bytes([b[0], b[1]]), 2)
+    };
+    let ip = match proto {
+        0x0021 => Some(4),
+        0x0057 => Some(6),
+        _ => None,
+    };
+    Ok((o + len, ip))
+}
+
 /// Owned GRE header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Repr {
@@ -108,8 +152,11 @@ impl Repr {
             let b = &p.b()[o..o + 4];
             u32::from_be_bytes([b[0], b[1], b[2], b[3]])
         });
-        if p.flags() & FLAG_C != 0 {
-            return Err(Error::Malformed { layer: "gre", field: "checksum flag (not emitted)" });
+        if p.flags() & FLAG_C != 0 || p.version() != 0 {
+            return Err(Error::Malformed {
+                layer: "gre",
+                field: "checksum flag or version 1 (not emitted)",
+            });
         }
         Ok(Repr { protocol: p.protocol(), key: p.key(), seq })
     }
@@ -159,6 +206,21 @@ mod tests {
         r.emit(&mut out).unwrap();
         assert_eq!(out, b[..12]);
         assert!(Packet::new_checked(&b[..10]).is_err());
+    }
+
+    #[test]
+    fn enhanced_gre_ppp() {
+        // Version 1, K, S and A set: 4 + 4 (length, call id) + 4 (seq) + 4 (ack).
+        let b = [
+            0x30, 0x81, 0x88, 0x0b, 0, 10, 0, 1, 0, 0, 0, 6, 0, 0, 0, 5, 0xff, 0x03, 0x00, 0x21,
+            0x45,
+        ];
+        let p = Packet::new_checked(&b[..]).unwrap();
+        assert_eq!((p.version(), p.header_len()), (1, 16));
+        assert_eq!(ppp_header(p.payload()).unwrap(), (4, Some(4)));
+        assert_eq!(ppp_header(&[0x21, 0x45]).unwrap(), (1, Some(4)));
+        assert!(ppp_header(&[0xff, 0x03]).is_err());
+        assert!(Repr::parse(&p).is_err());
     }
 
     proptest::proptest! {

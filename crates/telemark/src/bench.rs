@@ -30,10 +30,21 @@ pub fn run(a: Args) -> Result<()> {
     if a.csv {
         println!("flows,frame_bytes,no_action_ns,dec_ttl_ns,loss_chk_ns,dec_ttl_loss_chk_ns,norm_dec_ttl,norm_loss_chk,norm_dec_ttl_loss_chk,refused_pkts");
     } else {
-        println!("one core, bursts of 32, pool of {POOL} packets, median of {} passes per variant", a.rounds);
+        println!(
+            "one core, bursts of 32, pool of {POOL} packets, median of {} passes per variant",
+            a.rounds
+        );
         println!(
             "{:>6} {:>5} {:>10} {:>8} | {:>8} {:>8} {:>8} | {:>11} {:>9}",
-            "flows", "bytes", "no_action", "Mpps", "dec_ttl", "loss_chk", "both", "+ns/pkt", "refused"
+            "flows",
+            "bytes",
+            "no_action",
+            "Mpps",
+            "dec_ttl",
+            "loss_chk",
+            "both",
+            "+ns/pkt",
+            "refused"
         );
     }
     for &size in &a.sizes {
@@ -43,8 +54,16 @@ pub fn run(a: Args) -> Result<()> {
             if a.csv {
                 println!(
                     "{},{},{:.2},{:.2},{:.2},{:.2},{:.3},{:.3},{:.3},{}",
-                    flows, size, base, r.ns_per_pkt[1], r.ns_per_pkt[2], r.ns_per_pkt[3],
-                    r.normalised(1), r.normalised(2), r.normalised(3), r.refused
+                    flows,
+                    size,
+                    base,
+                    r.ns_per_pkt[1],
+                    r.ns_per_pkt[2],
+                    r.ns_per_pkt[3],
+                    r.normalised(1),
+                    r.normalised(2),
+                    r.normalised(3),
+                    r.refused
                 );
             } else {
                 println!(

@@ -50,7 +50,8 @@ pub fn default_sizes() -> Option<PathBuf> {
 pub fn load_sizes(path: Option<&Path>, seed: u64) -> Result<SizeDist> {
     match path.map(Path::to_path_buf).or_else(default_sizes) {
         Some(p) => {
-            let (d, bad) = SizeDist::load(&p).with_context(|| format!("flow sizes {}", p.display()))?;
+            let (d, bad) =
+                SizeDist::load(&p).with_context(|| format!("flow sizes {}", p.display()))?;
             if bad > 0 {
                 eprintln!("telemark: {}: skipped {bad} unreadable lines", p.display());
             }

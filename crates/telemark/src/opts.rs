@@ -68,7 +68,9 @@ pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
 }
 
 /// Parses `PLACE=P` or `PLACE=P:BURST` (drop probability, mean burst length).
-pub fn parse_drop(s: &str) -> Result<(telemark_datapath::dropper::Placement, telemark_datapath::dropper::DropModel)> {
+pub fn parse_drop(
+    s: &str,
+) -> Result<(telemark_datapath::dropper::Placement, telemark_datapath::dropper::DropModel)> {
     use telemark_datapath::dropper::DropModel;
     let Some((place, rest)) = s.split_once('=') else {
         bail!("--drop-at takes PLACE=PROB[:BURST], like switch=0.01 or ingress=0.02:8, not '{s}'");
@@ -78,14 +80,16 @@ pub fn parse_drop(s: &str) -> Result<(telemark_datapath::dropper::Placement, tel
         Some((p, b)) => (p, Some(b)),
         None => (rest, None),
     };
-    let p: f64 = p.parse().map_err(|_| anyhow::anyhow!("drop probability '{p}' is not a number"))?;
+    let p: f64 =
+        p.parse().map_err(|_| anyhow::anyhow!("drop probability '{p}' is not a number"))?;
     if !(0.0..=1.0).contains(&p) {
         bail!("drop probability {p} is outside 0..=1");
     }
     let model = match burst {
         None => DropModel::Independent { p },
         Some(b) => {
-            let b: f64 = b.parse().map_err(|_| anyhow::anyhow!("burst length '{b}' is not a number"))?;
+            let b: f64 =
+                b.parse().map_err(|_| anyhow::anyhow!("burst length '{b}' is not a number"))?;
             if b.is_nan() || b < 1.0 {
                 bail!("mean burst length must be at least 1 packet, not {b}");
             }

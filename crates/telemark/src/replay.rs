@@ -68,7 +68,8 @@ pub fn run(a: Args) -> Result<()> {
     if !a.points.is_empty() {
         return two_point(&a, loss);
     }
-    let drops: Vec<(Placement, DropModel)> = a.drops.iter().map(|d| parse_drop(d)).collect::<Result<_>>()?;
+    let drops: Vec<(Placement, DropModel)> =
+        a.drops.iter().map(|d| parse_drop(d)).collect::<Result<_>>()?;
     let (pkts, link, source, mut skipped) = match (&a.capture, a.generate) {
         (Some(path), None) => {
             let (pk, r) = read_all(path)?;
@@ -79,10 +80,14 @@ pub fn run(a: Args) -> Result<()> {
                 skipped.push(("unsupported_link".into(), other));
             }
             if let Some(t) = &r.damaged_tail {
-                eprintln!("telemark: {}: stopped at a damaged record ({t}); kept what came before", path.display());
+                eprintln!(
+                    "telemark: {}: stopped at a damaged record ({t}); kept what came before",
+                    path.display()
+                );
                 skipped.push(("damaged_tail".into(), 1));
             }
-            let pk: Vec<Pkt> = pk.into_iter().filter(|(l, _)| *l == Some(link)).map(|(_, p)| p).collect();
+            let pk: Vec<Pkt> =
+                pk.into_iter().filter(|(l, _)| *l == Some(link)).map(|(_, p)| p).collect();
             (pk, link, path.display().to_string(), skipped)
         }
         (None, Some(flows)) => {
@@ -92,9 +97,16 @@ pub fn run(a: Args) -> Result<()> {
             let dist = load_sizes(a.sizes.as_deref(), a.seed)?;
             let cfg = GenConfig { flows, seed: a.seed, ..GenConfig::default() };
             let pk = g::packets(&cfg, &g::plan(&cfg, &dist));
-            (pk, LinkType::Ethernet, format!("{flows} generated flows (sizes from {})", dist.source), Vec::new())
+            (
+                pk,
+                LinkType::Ethernet,
+                format!("{flows} generated flows (sizes from {})", dist.source),
+                Vec::new(),
+            )
         }
-        _ => bail!("give a CAPTURE, --generate N, or two --point NAME=FILE (see telemark replay --help)"),
+        _ => bail!(
+            "give a CAPTURE, --generate N, or two --point NAME=FILE (see telemark replay --help)"
+        ),
     };
     let cfg = ReplayConfig {
         loss,
@@ -124,7 +136,9 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64
     let summaries = r.agg.summaries(0, 0);
     let flows = r.agg.flow_records();
     let r = &*r;
-    let truth = |key: &FlowKey, point: u8| Replay::placement_of_point(point).map(|pl| r.truth(pl, key, None));
+    let truth = |key: &FlowKey, point: u8| {
+        Replay::placement_of_point(point).map(|pl| r.truth(pl, key, None))
+    };
     if a.json {
         for rec in &records {
             writeln!(out, "{}", serde_json::to_string(rec)?)?;
@@ -162,7 +176,14 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64
     let _ = stats;
     for pl in Placement::ALL {
         if let Some(d) = r.dropper(pl) {
-            writeln!(out, "dropper@{}: {} of {} packets dropped ({:.3} %)", pl.as_str(), d.dropped, d.seen, 100.0 * d.rate())?;
+            writeln!(
+                out,
+                "dropper@{}: {} of {} packets dropped ({:.3} %)",
+                pl.as_str(),
+                d.dropped,
+                d.seen,
+                100.0 * d.rate()
+            )?;
         }
     }
     writeln!(out)?;
@@ -175,7 +196,15 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64
     let mut per_point: HashMap<u8, [u64; 7]> = HashMap::new();
     for (k, p, f) in &flows {
         let e = per_point.entry(*p).or_default();
-        let add = [f.batches, f.lossy_batches, f.expected, f.observed, f.late, f.lost, truth(k, *p).unwrap_or(0)];
+        let add = [
+            f.batches,
+            f.lossy_batches,
+            f.expected,
+            f.observed,
+            f.late,
+            f.lost,
+            truth(k, *p).unwrap_or(0),
+        ];
         for (x, y) in e.iter_mut().zip(add) {
             *x += y;
         }
@@ -189,13 +218,24 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64
             2 => "inside the switch (ingress → egress)",
             _ => "link out of the switch (egress → next hop)",
         };
-        writeln!(out, "{:<9} {:>7} {:>6} {:>9} {:>9} {:>6} {:>8} {:>8}   {seg}", name, t[0], t[1], t[2], t[3], t[4], t[5], t[6])?;
+        writeln!(
+            out,
+            "{:<9} {:>7} {:>6} {:>9} {:>9} {:>6} {:>8} {:>8}   {seg}",
+            name, t[0], t[1], t[2], t[3], t[4], t[5], t[6]
+        )?;
     }
-    let mut lossy: Vec<_> = flows.iter().filter(|(k, p, f)| *p != 0 && (f.lost > 0 || truth(k, *p).unwrap_or(0) > 0)).collect();
+    let mut lossy: Vec<_> = flows
+        .iter()
+        .filter(|(k, p, f)| *p != 0 && (f.lost > 0 || truth(k, *p).unwrap_or(0) > 0))
+        .collect();
     lossy.sort_by(|x, y| y.2.lost.cmp(&x.2.lost).then(x.0.cmp(&y.0)));
     if !lossy.is_empty() {
         writeln!(out, "\nflows with loss (top {} of {}):", a.top.min(lossy.len()), lossy.len())?;
-        writeln!(out, "{:<52} {:<9} {:>7} {:>9} {:>6} {:>6} {:>6}", "flow", "point", "batches", "expected", "late", "lost", "truth")?;
+        writeln!(
+            out,
+            "{:<52} {:<9} {:>7} {:>9} {:>6} {:>6} {:>6}",
+            "flow", "point", "batches", "expected", "late", "lost", "truth"
+        )?;
         for (k, p, f) in lossy.iter().take(a.top) {
             writeln!(
                 out,
@@ -247,7 +287,10 @@ fn load_point(spec: &str, color_bit: u8) -> Result<PointCapture> {
         }
     }
     if let Some(t) = r.damaged_tail {
-        eprintln!("telemark: {}: stopped at a damaged record ({t}); kept what came before", path.display());
+        eprintln!(
+            "telemark: {}: stopped at a damaged record ({t}); kept what came before",
+            path.display()
+        );
         *skipped.entry("damaged_tail").or_default() += 1;
     }
     Ok(PointCapture { name: name.to_string(), path, packets, skipped, total })
@@ -274,10 +317,15 @@ fn estimate_skew(up: &PointCapture, down: &PointCapture) -> i64 {
 
 fn two_point(a: &Args, loss: LossConfig) -> Result<()> {
     if a.points.len() != 2 {
-        bail!("two-point analysis takes exactly two --point NAME=FILE (upstream first), got {}", a.points.len());
+        bail!(
+            "two-point analysis takes exactly two --point NAME=FILE (upstream first), got {}",
+            a.points.len()
+        );
     }
     if !a.drops.is_empty() || a.reorder > 0 {
-        bail!("--drop-at and --reorder apply to replay, not to two-point analysis of real captures");
+        bail!(
+            "--drop-at and --reorder apply to replay, not to two-point analysis of real captures"
+        );
     }
     let up = load_point(&a.points[0], loss.color_bit).context("upstream point")?;
     let down = load_point(&a.points[1], loss.color_bit).context("downstream point")?;
@@ -293,8 +341,9 @@ fn two_point(a: &Args, loss: LossConfig) -> Result<()> {
         marker: false,
         skew_ns,
     };
-    let mut agg = Aggregator::new(vec![spec(&up.name, None, 0), spec(&down.name, Some(0), skew)], None, 0)
-        .report_all(a.all_batches);
+    let mut agg =
+        Aggregator::new(vec![spec(&up.name, None, 0), spec(&down.name, Some(0), skew)], None, 0)
+            .report_all(a.all_batches);
     let mut tables = [AnyColorTable::new(&loss, 0), AnyColorTable::new(&loss, 1)];
     // Merge the two captures in (skew-corrected) time order, as the points would have seen
     // the packets, so the aggregator lines batches up as they close.
@@ -356,16 +405,38 @@ fn two_point(a: &Args, loss: LossConfig) -> Result<()> {
             s.join(", ")
         )?;
     }
-    writeln!(out, "clock offset + path delay {} → {}: {:.3} ms (median over flows)", up.name, down.name, skew as f64 / 1e6)?;
+    writeln!(
+        out,
+        "clock offset + path delay {} → {}: {:.3} ms (median over flows)",
+        up.name,
+        down.name,
+        skew as f64 / 1e6
+    )?;
     let refused: u64 = tables.iter().map(|t| t.stats().refused).sum();
     if refused > 0 {
-        writeln!(out, "{refused} packets of flows beyond --table-size {} were not measured", loss.table_size)?;
+        writeln!(
+            out,
+            "{refused} packets of flows beyond --table-size {} were not measured",
+            loss.table_size
+        )?;
     }
     let flows: Vec<_> = agg.flow_records().into_iter().filter(|(_, p, _)| *p == 1).collect();
     let total_lost: u64 = flows.iter().map(|(_, _, f)| f.lost).sum();
     let total_exp: u64 = flows.iter().map(|(_, _, f)| f.expected).sum();
-    writeln!(out, "{} → {}: {} of {} packets lost over {} flows\n", up.name, down.name, total_lost, total_exp, flows.len())?;
-    writeln!(out, "{:<52} {:>7} {:>6} {:>9} {:>9} {:>6} {:>6}", "flow", "batches", "lossy", "sent", "received", "late", "lost")?;
+    writeln!(
+        out,
+        "{} → {}: {} of {} packets lost over {} flows\n",
+        up.name,
+        down.name,
+        total_lost,
+        total_exp,
+        flows.len()
+    )?;
+    writeln!(
+        out,
+        "{:<52} {:>7} {:>6} {:>9} {:>9} {:>6} {:>6}",
+        "flow", "batches", "lossy", "sent", "received", "late", "lost"
+    )?;
     let mut fl = flows.clone();
     fl.sort_by(|x, y| y.2.lost.cmp(&x.2.lost).then(x.0.cmp(&y.0)));
     for (k, _, f) in fl.iter().take(a.top) {
@@ -388,8 +459,17 @@ fn two_point(a: &Args, loss: LossConfig) -> Result<()> {
         }
     }
     if !batches.is_empty() {
-        writeln!(out, "\nlossy batches (first {} of {}):", a.top.min(batches.len()), batches.len())?;
-        writeln!(out, "{:<44} {:>6} {:>5} {:>22} {:>8} {:>8} {:>5} {:>5}", "flow", "batch", "color", "first_ns", "expected", "observed", "late", "lost")?;
+        writeln!(
+            out,
+            "\nlossy batches (first {} of {}):",
+            a.top.min(batches.len()),
+            batches.len()
+        )?;
+        writeln!(
+            out,
+            "{:<44} {:>6} {:>5} {:>22} {:>8} {:>8} {:>5} {:>5}",
+            "flow", "batch", "color", "first_ns", "expected", "observed", "late", "lost"
+        )?;
         for l in batches.iter().take(a.top) {
             let f = &l.flow;
             writeln!(
