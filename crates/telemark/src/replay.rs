@@ -55,6 +55,10 @@ pub struct Args {
     /// Agent name in records.
     #[arg(long, default_value = "replay")]
     pub agent: String,
+    /// Two-point analysis: how far apart (after removing the median offset) the two
+    /// captures' times of one batch may be: path jitter plus clock wander, e.g. 1ms.
+    #[arg(long, default_value = "1ms", value_parser = crate::opts::parse_duration_ns)]
+    pub tolerance: u64,
     /// Flow-size file for --generate.
     #[arg(long, value_name = "FILE")]
     pub sizes: Option<PathBuf>,
@@ -341,9 +345,12 @@ fn two_point(a: &Args, loss: LossConfig) -> Result<()> {
         marker: false,
         skew_ns,
     };
-    let mut agg =
-        Aggregator::new(vec![spec(&up.name, None, 0), spec(&down.name, Some(0), skew)], None, 0)
-            .report_all(a.all_batches);
+    let mut agg = Aggregator::new(
+        vec![spec(&up.name, None, 0), spec(&down.name, Some(0), skew)],
+        None,
+        a.tolerance,
+    )
+    .report_all(a.all_batches);
     let mut tables = [AnyColorTable::new(&loss, 0), AnyColorTable::new(&loss, 1)];
     // Merge the two captures in (skew-corrected) time order, as the points would have seen
     // the packets, so the aggregator lines batches up as they close.

@@ -1,0 +1,242 @@
+//! The `telemark` binary end to end: generated captures, two-point analysis against a known
+//! set of deleted packets, and clear errors on bad input.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use telemark_datapath::capture::{read_all, CaptureWriter};
+use telemark_datapath::rng::Rng;
+use telemark_wire::flow::{extract, LinkType};
+use telemark_wire::FlowKey;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_telemark"))
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("telemark-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn json_lines(s: &str) -> Vec<serde_json::Value> {
+    s.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect()
+}
+
+fn flow_of(v: &serde_json::Value) -> FlowKey {
+    let f = &v["flow"];
+    FlowKey {
+        src: f["src"].as_str().unwrap().parse().unwrap(),
+        dst: f["dst"].as_str().unwrap().parse().unwrap(),
+        sport: f["sport"].as_u64().unwrap() as u16,
+        dport: f["dport"].as_u64().unwrap() as u16,
+        proto: f["proto"].as_u64().unwrap() as u8,
+        spi: f["spi"].as_u64().map(|v| v as u32),
+        si: f["si"].as_u64().map(|v| v as u8),
+    }
+}
+
+const JUNK: [&[u8]; 4] = [
+    &[0xde, 0xad],                                                             // runt
+    &[0xff; 60], // broadcast, EtherType 0xffff
+    &[2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x00, 0x45, 0, 0, 40, 0, 0], // IPv4 cut short
+    &[2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 1], // ARP
+];
+
+/// Writes `pkts` to `path` with junk frames sprinkled in every `junk_every` packets.
+fn write_with_junk(path: &Path, pkts: &[(u64, Vec<u8>)], junk_every: usize) {
+    let mut w = CaptureWriter::create(path).unwrap();
+    for (i, (t, d)) in pkts.iter().enumerate() {
+        if i % junk_every == 3 {
+            w.write(*t, JUNK[i % JUNK.len()]).unwrap();
+        }
+        w.write(*t, d).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+#[test]
+fn two_point_reports_exactly_the_missing_packets() {
+    let dir = tmpdir("two-point");
+    let marked = dir.join("marked.pcap");
+    ok(&bin()
+        .args(["gen", "--flows", "120", "--seed", "5", "--mark", "-o"])
+        .arg(&marked)
+        .output()
+        .unwrap());
+    let (pkts, _) = read_all(&marked).unwrap();
+    // Upstream: the capture as is, plus junk. Downstream: 40 µs later with up to 3 µs jitter,
+    // every packet that a seeded coin picks (2 %, bursts of 3) deleted, plus other junk.
+    let mut rng = Rng::new(99);
+    let mut up = Vec::new();
+    let mut down = Vec::new();
+    let mut deleted: HashMap<FlowKey, u64> = HashMap::new();
+    let mut burst = 0;
+    for (_, p) in &pkts {
+        up.push((p.ts_ns, p.data.clone()));
+        if burst == 0 && rng.chance(0.02 / 3.0) {
+            burst = 3;
+        }
+        if burst > 0 {
+            burst -= 1;
+            let k = extract(&p.data, LinkType::Ethernet).unwrap().key;
+            *deleted.entry(k).or_default() += 1;
+            continue;
+        }
+        down.push((p.ts_ns + 40_000 + rng.below(3_000), p.data.clone()));
+    }
+    assert!(deleted.values().sum::<u64>() > 50);
+    let (a, b) = (dir.join("up.pcap"), dir.join("down.pcap"));
+    write_with_junk(&a, &up, 97);
+    write_with_junk(&b, &down, 53);
+    let pa = format!("up={}", a.display());
+    let pb = format!("down={}", b.display());
+    let out = ok(&bin()
+        .args(["replay", "--json", "--point", &pa, "--point", &pb, "--table-size", "4096"])
+        .output()
+        .unwrap());
+    let recs = json_lines(&out);
+    let mut detected: HashMap<FlowKey, u64> = HashMap::new();
+    let mut batch_lost: HashMap<FlowKey, u64> = HashMap::new();
+    for r in &recs {
+        match r["kind"].as_str().unwrap() {
+            "flow_loss" => {
+                assert_eq!(r["point"], "down");
+                detected.insert(flow_of(r), r["lost"].as_u64().unwrap());
+            }
+            "loss" => *batch_lost.entry(flow_of(r)).or_default() += r["lost"].as_u64().unwrap(),
+            k => panic!("unexpected record kind {k}"),
+        }
+    }
+    let flows: std::collections::HashSet<FlowKey> =
+        pkts.iter().map(|(_, p)| extract(&p.data, LinkType::Ethernet).unwrap().key).collect();
+    for k in &flows {
+        let want = deleted.get(k).copied().unwrap_or(0);
+        if detected.get(k).copied().unwrap_or(0) != want {
+            for r in &recs {
+                if flow_of(r) == *k {
+                    eprintln!("{r}");
+                }
+            }
+        }
+        assert_eq!(detected.get(k).copied().unwrap_or(0), want, "flow {k}");
+        assert_eq!(batch_lost.get(k).copied().unwrap_or(0), want, "per-batch records of {k}");
+    }
+    // The text report names the junk it skipped and the total.
+    let text = ok(&bin()
+        .args(["replay", "--point", &pa, "--point", &pb, "--table-size", "4096"])
+        .output()
+        .unwrap());
+    let total: u64 = deleted.values().sum();
+    assert!(text.contains(&format!("{total} of")), "{text}");
+    assert!(text.contains("truncated") && text.contains("not_ip"), "{text}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn replay_of_generated_capture_matches_the_droppers() {
+    let dir = tmpdir("replay");
+    let cap = dir.join("plain.pcap");
+    ok(&bin().args(["gen", "--flows", "150", "--seed", "3", "-o"]).arg(&cap).output().unwrap());
+    let out = ok(&bin()
+        .args([
+            "replay",
+            "--json",
+            "--table-size",
+            "8192",
+            "--drop-at",
+            "ingress=0.02",
+            "--drop-at",
+            "switch=0.01:5",
+            "--drop-at",
+            "egress=0.01",
+        ])
+        .arg(&cap)
+        .output()
+        .unwrap());
+    let recs = json_lines(&out);
+    let mut lost = 0;
+    let mut flows = 0;
+    for r in recs.iter().filter(|r| r["kind"] == "flow_loss") {
+        flows += 1;
+        assert_eq!(r["lost"], r["truth_lost"], "{r}");
+        lost += r["lost"].as_u64().unwrap();
+    }
+    assert!(flows >= 150 && lost > 20, "flows {flows}, lost {lost}");
+    assert!(recs.iter().any(|r| r["kind"] == "summary"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_input_is_one_clear_line_and_nonzero() {
+    let dir = tmpdir("errors");
+    let junk = dir.join("notes.txt");
+    std::fs::write(&junk, "not a capture").unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["replay".into(), junk.display().to_string()], "not a pcap"),
+        (vec!["replay".into(), dir.join("missing.pcap").display().to_string()], "No such file"),
+        (
+            vec!["replay".into(), "--generate".into(), "5".into(), "--batch".into(), "300".into()],
+            "--counter-bits",
+        ),
+        (
+            vec![
+                "replay".into(),
+                "--generate".into(),
+                "5".into(),
+                "--drop-at".into(),
+                "moon=0.1".into(),
+            ],
+            "unknown drop placement",
+        ),
+        (
+            vec![
+                "replay".into(),
+                "--generate".into(),
+                "5".into(),
+                "--table-size".into(),
+                "1000".into(),
+            ],
+            "power of two",
+        ),
+        (vec!["replay".into(), "--point".into(), "up=x.pcap".into()], "exactly two"),
+        (vec!["replay".into()], "give a CAPTURE"),
+        (
+            vec![
+                "replay".into(),
+                "--generate".into(),
+                "5".into(),
+                "--period".into(),
+                "soon".into(),
+            ],
+            "not a duration",
+        ),
+    ];
+    for (args, want) in cases {
+        let o = bin().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} should fail");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "{args:?}: {err}");
+    }
+    // A capture cut mid-record keeps what came before and says so.
+    let cap = dir.join("cut.pcap");
+    ok(&bin().args(["gen", "--flows", "5", "-o"]).arg(&cap).output().unwrap());
+    let bytes = std::fs::read(&cap).unwrap();
+    std::fs::write(&cap, &bytes[..bytes.len() - 7]).unwrap();
+    let o = bin().arg("replay").arg(&cap).output().unwrap();
+    let text = ok(&o);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("damaged record"));
+    assert!(text.contains("damaged_tail 1"), "{text}");
+    std::fs::remove_dir_all(&dir).ok();
+}
