@@ -14,8 +14,11 @@ fn captures_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/captures")
 }
 
+/// Source, destination, ports and NSH (SPI, SI) of a frame's innermost flow.
+type TsharkKey = (IpAddr, IpAddr, u16, u16, Option<(u32, u8)>);
+
 /// What tshark says the innermost flow of each frame is; `None` when it sees no IP.
-fn tshark_keys(path: &PathBuf) -> Vec<Option<(IpAddr, IpAddr, u16, u16, Option<(u32, u8)>)>> {
+fn tshark_keys(path: &PathBuf) -> Vec<Option<TsharkKey>> {
     let out = Command::new("timeout")
         .arg("60")
         .arg("tshark")
