@@ -82,9 +82,11 @@ impl EventSink for Events {
 pub struct Case {
     switch: Switch,
     pool: Vec<Pkt>,
+    /// Flow of each pool packet, and each flow's packets so far (for its colors).
+    flow_of: Vec<u32>,
+    sent: Vec<u64>,
     rings: Rings,
     events: Events,
-    variant: Variant,
 }
 
 /// Packets in the in-memory pool cycled through by every pass.
@@ -129,17 +131,15 @@ impl Case {
         }
         let payload = frame_len.saturating_sub(14 + 20 + 8).max(18);
         let mut rng = Rng::new(seed);
-        let pool = (0..POOL.max(flows))
-            .map(|i| {
-                let k = keys[rng.below(flows as u64) as usize];
-                // Colors alternate every 100 packets of the pool, so batches close as they would.
-                let dscp = ((i / 100) % 2) as u8;
-                Pkt {
-                    ts_ns: i as u64,
-                    data: build_frame(&k, payload, dscp, 255),
-                    seq: i as u64,
-                    batch: None,
-                }
+        let flow_of: Vec<u32> = (0..POOL.max(flows)).map(|_| rng.below(flows as u64) as u32).collect();
+        let pool = flow_of
+            .iter()
+            .enumerate()
+            .map(|(i, f)| Pkt {
+                ts_ns: i as u64,
+                data: build_frame(&keys[*f as usize], payload, 0, 255),
+                seq: i as u64,
+                batch: None,
             })
             .collect();
         let (tx, rx): (Vec<_>, Vec<_>) = (0..3).map(|_| spsc::channel::<u32>(BURST * 2)).unzip();
@@ -147,17 +147,16 @@ impl Case {
         Case {
             switch,
             pool,
+            flow_of,
+            sent: vec![0; flows],
             rings: Rings { tx, rx, full: 0 },
             events: Events { tx: etx, rx: erx, dropped: 0 },
-            variant,
         }
     }
 
     /// Runs the whole pool through the switch once; returns (packets, nanoseconds).
     pub fn pass(&mut self) -> (u64, u64) {
-        if matches!(self.variant, Variant::DecTtl | Variant::DecTtlLossCheck) {
-            self.reset_ttl();
-        }
+        self.prepare();
         let start = Instant::now();
         let mut n = 0u64;
         for chunk in self.pool.chunks_mut(BURST) {
@@ -172,12 +171,19 @@ impl Case {
         (n, start.elapsed().as_nanos() as u64)
     }
 
-    fn reset_ttl(&mut self) {
-        for p in &mut self.pool {
+    /// Untimed, before every pass and for every variant alike: colors each packet as a first
+    /// hop marking its flow with B = 100 would (so batches close at the real rate, once per 100
+    /// packets of a flow), and restores the TTL that `dec_ttl` took.
+    fn prepare(&mut self) {
+        for (p, f) in self.pool.iter_mut().zip(&self.flow_of) {
+            let Some(n) = self.sent.get_mut(*f as usize) else { continue };
+            let color = ((*n / 100) & 1) as u8;
+            *n += 1;
+            p.ts_ns += POOL as u64;
             if let Some(ip) = p.data.get_mut(14..34) {
-                let mut v = telemark_wire::ipv4::Packet::new_lenient(ip).ok();
-                if let Some(v) = v.as_mut() {
+                if let Ok(mut v) = telemark_wire::ipv4::Packet::new_lenient(ip) {
                     v.set_ttl(255);
+                    v.set_tos(color, 0);
                     v.fill_checksum();
                 }
             }

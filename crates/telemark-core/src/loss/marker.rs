@@ -89,7 +89,6 @@ impl Marker {
                 return None;
             }
         };
-        self.stats.packets += 1;
         let (point, batch, period) = (self.point, self.batch, self.period_ns);
         let e = self.slots.get_mut(i)?;
         e.seen_ns = now;
