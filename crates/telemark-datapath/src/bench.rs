@@ -131,7 +131,8 @@ impl Case {
         }
         let payload = frame_len.saturating_sub(14 + 20 + 8).max(18);
         let mut rng = Rng::new(seed);
-        let flow_of: Vec<u32> = (0..POOL.max(flows)).map(|_| rng.below(flows as u64) as u32).collect();
+        let flow_of: Vec<u32> =
+            (0..POOL.max(flows)).map(|_| rng.below(flows as u64) as u32).collect();
         let pool = flow_of
             .iter()
             .enumerate()

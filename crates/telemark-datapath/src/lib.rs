@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod capture;
 pub mod dropper;
+pub mod eval;
 pub mod gen;
 pub mod pipeline;
 pub mod reorder;
