@@ -113,13 +113,35 @@ impl<C: Counter> ColorTable<C> {
             (_, Some(y)) if y.tag == tag => Some(b),
             _ => None,
         };
-        if let Some(e) = hit.and_then(|i| self.slots.get_mut(i)) {
-            let open = (e.state & OPEN_COLOR) / OPEN_COLOR;
-            if color & 1 == open && e.state & LATE_WINDOW == 0 {
-                e.n[usize::from(open)].inc();
-                e.seen_ns = now;
-                e.last_ns = now;
-                return true;
+        if self.period_ns.is_none() {
+            if let Some(e) = hit.and_then(|i| self.slots.get_mut(i)) {
+                let open = (e.state & OPEN_COLOR) / OPEN_COLOR;
+                let o = usize::from(open);
+                let late_window = e.state & LATE_WINDOW != 0;
+                if color & 1 == open {
+                    e.n[o].inc();
+                    e.seen_ns = now;
+                    e.last_ns = now;
+                    if late_window && e.n[o].get() >= self.late_limit {
+                        end_late_window(e, key, self.point, sink);
+                    }
+                    return true;
+                }
+                if late_window && e.n[o].get() < self.late_limit {
+                    e.late.inc();
+                    e.seen_ns = now;
+                    self.stats.late += 1;
+                    return true;
+                }
+                if !late_window && e.n[o ^ 1].get() + 1 < self.close_at {
+                    // An early packet of the next batch, short of the step.
+                    if e.n[o ^ 1].get() == 0 {
+                        e.next_first_ns = now;
+                    }
+                    e.n[o ^ 1].inc();
+                    e.seen_ns = now;
+                    return true;
+                }
             }
         }
         self.observe_slow(hit, key, hash, color, now, sink)
@@ -323,7 +345,8 @@ fn in_late_window<C: Counter>(
     }
 }
 
-#[inline(always)]
+#[cold]
+#[inline(never)]
 fn end_late_window<C: Counter, S: EventSink>(
     e: &mut Entry<C>,
     key: &FlowKey,
