@@ -26,5 +26,33 @@ fn switch(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, switch);
+/// The loss check alone: one observation of a known flow, in cache (4 flows, B = 100).
+fn observe(c: &mut Criterion) {
+    use telemark_core::loss::{BatchEvent, ColorTable, LossConfig};
+    use telemark_core::{flow_hash, FlowKey};
+    let cfg = LossConfig { table_size: 8, ..LossConfig::default() };
+    let keys: Vec<FlowKey> =
+        (0..4u16).map(|i| FlowKey { sport: i, ..FlowKey::default() }).collect();
+    let hashes: Vec<u64> = keys.iter().map(flow_hash).collect();
+    let mut t = ColorTable::<u8>::new(&cfg, 0);
+    let mut ev: Vec<BatchEvent> = Vec::new();
+    let mut sent = [0u64; 4];
+    let mut now = 0u64;
+    let mut g = c.benchmark_group("loss_check");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("observe_4_flows", |b| {
+        b.iter(|| {
+            now += 1;
+            let f = (now % 4) as usize;
+            let color = ((sent[f] / 100) & 1) as u8;
+            sent[f] += 1;
+            let r = t.observe(&keys[f], hashes[f], color, now, &mut ev);
+            ev.clear();
+            r
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, switch, observe);
 criterion_main!(benches);
