@@ -26,6 +26,29 @@ struct Entry<C: Counter> {
     seen_ns: u64,
 }
 
+impl<C: Counter> Entry<C> {
+    /// The `Closed` event of the open batch, or (`next`) of the early packets of the next one.
+    fn closed(&self, key: &FlowKey, point: u8, next: bool, tail: bool) -> BatchEvent {
+        let open = (self.state & OPEN_COLOR) / OPEN_COLOR;
+        let (color, ordinal, first_ns, last_ns) = if next {
+            (open ^ 1, self.ordinal.wrapping_add(1), self.next_first_ns, self.seen_ns)
+        } else {
+            (open, self.ordinal, self.first_ns, self.last_ns)
+        };
+        BatchEvent {
+            key: *key,
+            point,
+            kind: BatchEventKind::Closed,
+            color,
+            ordinal,
+            count: self.n[usize::from(color)].get(),
+            first_ns,
+            last_ns,
+            tail,
+        }
+    }
+}
+
 impl<C: Counter> Slot for Entry<C> {
     fn tag(&self) -> u32 {
         self.tag
@@ -220,17 +243,7 @@ impl<C: Counter> ColorTable<C> {
             Some(_) => now.saturating_sub(e.next_first_ns) >= close_after,
         };
         if step {
-            sink.emit(BatchEvent {
-                key: *key,
-                point,
-                kind: BatchEventKind::Closed,
-                color: open,
-                ordinal: e.ordinal,
-                count: e.n[o].get(),
-                first_ns: e.first_ns,
-                last_ns: e.last_ns,
-                tail: false,
-            });
+            sink.emit(e.closed(key, point, false, false));
             self.stats.batches += 1;
             e.n[o] = C::default();
             e.late = C::default();
@@ -257,36 +270,15 @@ impl<C: Counter> ColorTable<C> {
             if e.state & LATE_WINDOW != 0 {
                 end_late_window(e, key, self.point, sink);
             }
-            let open = (e.state & OPEN_COLOR) / OPEN_COLOR;
-            let o = usize::from(open);
+            let o = usize::from((e.state & OPEN_COLOR) / OPEN_COLOR);
             if e.n[o].get() > 0 {
-                sink.emit(BatchEvent {
-                    key: *key,
-                    point: self.point,
-                    kind: BatchEventKind::Closed,
-                    color: open,
-                    ordinal: e.ordinal,
-                    count: e.n[o].get(),
-                    first_ns: e.first_ns,
-                    last_ns: e.last_ns,
-                    tail: true,
-                });
+                sink.emit(e.closed(key, self.point, false, true));
                 self.stats.batches += 1;
             }
             if e.n[o ^ 1].get() > 0 {
                 // Early packets of a batch that never reached the step: report them as that
                 // batch so the totals add up.
-                sink.emit(BatchEvent {
-                    key: *key,
-                    point: self.point,
-                    kind: BatchEventKind::Closed,
-                    color: open ^ 1,
-                    ordinal: e.ordinal.wrapping_add(1),
-                    count: e.n[o ^ 1].get(),
-                    first_ns: e.next_first_ns,
-                    last_ns: e.seen_ns,
-                    tail: true,
-                });
+                sink.emit(e.closed(key, self.point, true, true));
                 self.stats.batches += 1;
             }
         }
