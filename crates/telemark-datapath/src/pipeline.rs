@@ -317,9 +317,3 @@ impl Replay {
         }
     }
 }
-
-/// Point numbers are small; this keeps [`color_of`] and friends in the public surface used by
-/// replay callers.
-pub fn packet_color(data: &[u8], link: LinkType, color_bit: u8) -> Option<u8> {
-    flow::extract(data, link).ok().map(|p| color_of(p.dscp, color_bit))
-}

@@ -159,7 +159,6 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64
         }
         return Ok(());
     }
-    let stats = r.switch_stats();
     writeln!(out, "replayed {source}: {} packets", r.packets)?;
     if !skipped.is_empty() {
         let s: Vec<String> = skipped.iter().map(|(k, n)| format!("{k} {n}")).collect();
@@ -177,7 +176,6 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64
             r.ring_drops()
         )?;
     }
-    let _ = stats;
     for pl in Placement::ALL {
         if let Some(d) = r.dropper(pl) {
             writeln!(
