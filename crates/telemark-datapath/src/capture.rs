@@ -182,8 +182,8 @@ impl CaptureReader {
     }
 }
 
-/// Converts a pcapng timestamp in `if_tsresol` units to nanoseconds (RFC 9XXX pcapng draft
-/// §4.2: MSB clear is 10^-v seconds, MSB set is 2^-v).
+/// Converts a pcapng timestamp in `if_tsresol` units to nanoseconds (pcapng,
+/// draft-ietf-opsawg-pcapng, if_tsresol option: MSB clear is 10^-v seconds, MSB set is 2^-v).
 fn scale_ts(raw: u64, resol: u8) -> u64 {
     if resol & 0x80 == 0 {
         let v = u32::from(resol);

@@ -99,20 +99,37 @@ pub fn mean_ci95(v: &[f64]) -> (f64, f64) {
         return (mean, f64::NAN);
     }
     let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
-    // t quantile 0.975: 2.045 for 29 degrees of freedom, 1.96 in the limit.
-    let t = if v.len() <= 30 {
-        2.045
-    } else if v.len() <= 60 {
-        2.0
-    } else {
-        1.96
-    };
-    (mean, t * (var / n).sqrt())
+    (mean, t975(v.len() - 1) * (var / n).sqrt())
+}
+
+/// Two-sided 95 % quantile of Student's t with `df` degrees of freedom (standard tables).
+fn t975(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    match df {
+        0 => f64::NAN,
+        1..=30 => T[df - 1],
+        31..=60 => 2.000,
+        61..=120 => 1.980,
+        _ => 1.960,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn confidence_interval_uses_the_right_t() {
+        // Two samples: df 1, t = 12.706; sd of {0, 2} is √2, so 12.706 · √2 / √2.
+        let (m, ci) = mean_ci95(&[0.0, 2.0]);
+        assert_eq!(m, 1.0);
+        assert!((ci - 12.706).abs() < 1e-9, "{ci}");
+        assert!(mean_ci95(&[1.0]).1.is_nan());
+    }
 
     #[test]
     fn exact_without_reordering_close_with() {

@@ -10,7 +10,7 @@
 use crate::Pkt;
 use telemark_core::flow_hash;
 use telemark_core::loss::{color_of, with_color, AnyColorTable, EventSink, LossConfig, Marker};
-use telemark_wire::flow::{self, LinkType, Parsed, SkipReason};
+use telemark_wire::flow::{self, LinkType, Parsed};
 use telemark_wire::{ipv4, ipv6, FlowKey};
 
 /// Packets per burst.
@@ -335,6 +335,3 @@ fn dec_ttl(data: &mut [u8], parsed: &Parsed) -> bool {
         },
     }
 }
-
-/// Skip reasons in counter order, for printing [`SwitchStats::skipped`].
-pub const SKIP_REASONS: [SkipReason; 4] = SkipReason::ALL;

@@ -77,6 +77,8 @@ pub struct FlowTotals {
 /// Lines batches up across points and turns them into records.
 pub struct Aggregator {
     points: Vec<PointSpec>,
+    /// For each point, the points whose upstream it is.
+    downstream: Vec<Vec<u8>>,
     batch: Option<u32>,
     tol_ns: u64,
     report_all: bool,
@@ -101,7 +103,15 @@ impl Aggregator {
                 ..Default::default()
             })
             .collect();
+        let downstream = (0..points.len())
+            .map(|p| {
+                (0..points.len() as u8)
+                    .filter(|q| points[usize::from(*q)].upstream == Some(p as u8))
+                    .collect()
+            })
+            .collect();
         Aggregator {
+            downstream,
             points,
             batch,
             tol_ns,
@@ -173,22 +183,23 @@ impl Aggregator {
 
     /// Resolves what `p` has waiting for flow `key`, then what its downstream points have.
     fn resolve(&mut self, key: &FlowKey, p: u8, force: bool) {
-        let spec = self.points[usize::from(p)].clone();
+        let (marker, upstream, skew) = {
+            let s = &self.points[usize::from(p)];
+            (s.marker, s.upstream, s.skew_ns)
+        };
         let mut wiped = Vec::new();
         loop {
             let Some(pf) = self.flows.get_mut(&(*key, p)) else { return };
             let Some(&b) = pf.waiting.front() else { break };
             let must = force || pf.waiting.len() > WAIT_MAX;
-            let (expected, id, upstream_name) = match spec.upstream {
-                _ if spec.marker => (Some(b.count + b.late), b.id, None),
+            let (expected, id, matched_up) = match upstream {
+                _ if marker => (Some(b.count + b.late), b.id, None),
                 None => {
                     let e = self.batch.filter(|_| !b.tail).map(u64::from);
                     (e, b.id, None)
                 }
-                Some(u) => match self.match_upstream(key, u, &b, spec.skew_ns, &mut wiped) {
-                    Match::Found(e, id) => {
-                        (Some(e), id, Some(self.points[usize::from(u)].name.clone()))
-                    }
+                Some(u) => match self.match_upstream(key, u, &b, skew, &mut wiped) {
+                    Match::Found(e, id) => (Some(e), id, Some(u)),
                     Match::Never => (None, b.id, None),
                     Match::NotYet if must => (None, b.id, None),
                     Match::NotYet => break,
@@ -203,14 +214,12 @@ impl Aggregator {
                 pf.done.pop_front();
             }
             for w in wiped.drain(..) {
-                self.account_wiped(key, p, &spec, &w);
+                self.account_wiped(key, p, &w);
             }
-            self.account(key, p, &spec, &b, expected, id, upstream_name);
+            self.account(key, p, &b, expected, id, matched_up);
         }
-        let downstream: Vec<u8> = (0..self.points.len() as u8)
-            .filter(|q| self.points[usize::from(*q)].upstream == Some(p))
-            .collect();
-        for q in downstream {
+        for i in 0..self.downstream[usize::from(p)].len() {
+            let q = self.downstream[usize::from(p)][i];
             self.resolve(key, q, force);
         }
     }
@@ -257,16 +266,15 @@ impl Aggregator {
         Match::Found(expected, id)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Books batch `b` at point `p`; `upstream` is the point `expected` came from.
     fn account(
         &mut self,
         key: &FlowKey,
         p: u8,
-        spec: &PointSpec,
         b: &Batch,
         expected: Option<u64>,
         id: u64,
-        upstream: Option<String>,
+        upstream: Option<u8>,
     ) {
         let got = b.count + b.late;
         let lost = expected.map_or(0, |e| e.saturating_sub(got));
@@ -294,6 +302,7 @@ impl Aggregator {
             s.lost += lost;
             s.unmatched += u64::from(expected.is_none());
         }
+        let spec = &self.points[usize::from(p)];
         if spec.marker || !(lost > 0 || self.report_all) {
             return;
         }
@@ -301,7 +310,7 @@ impl Aggregator {
             agent: spec.agent.clone(),
             port: spec.port.clone(),
             point: spec.name.clone(),
-            upstream,
+            upstream: upstream.map(|u| self.points[usize::from(u)].name.clone()),
             flow: Flow::from(key),
             color: b.color,
             batch: id,
@@ -315,10 +324,10 @@ impl Aggregator {
     }
 
     /// An upstream batch of which not one packet reached point `p`.
-    fn account_wiped(&mut self, key: &FlowKey, p: u8, spec: &PointSpec, up: &Batch) {
-        let upstream = spec.upstream.map(|u| self.points[usize::from(u)].name.clone());
+    fn account_wiped(&mut self, key: &FlowKey, p: u8, up: &Batch) {
         let gone = Batch { count: 0, late: 0, ..*up };
-        self.account(key, p, spec, &gone, Some(up.count + up.late), up.id, upstream);
+        let upstream = self.points[usize::from(p)].upstream;
+        self.account(key, p, &gone, Some(up.count + up.late), up.id, upstream);
     }
 
     /// Ends every batch still in a late window or waiting for its upstream (end of capture).
@@ -339,11 +348,8 @@ impl Aggregator {
         // Upstream batches nothing downstream matched were lost whole, also when the flow
         // never reached the downstream point at all.
         for (k, u) in order {
-            for q in 0..self.points.len() as u8 {
-                if self.points[usize::from(q)].upstream != Some(u) {
-                    continue;
-                }
-                let spec = self.points[usize::from(q)].clone();
+            for i in 0..self.downstream[usize::from(u)].len() {
+                let q = self.downstream[usize::from(u)][i];
                 let Some(pf) = self.flows.get_mut(&(k, u)) else { continue };
                 let lost: Vec<Batch> = pf
                     .done
@@ -355,7 +361,7 @@ impl Aggregator {
                     })
                     .collect();
                 for w in lost {
-                    self.account_wiped(&k, q, &spec, &w);
+                    self.account_wiped(&k, q, &w);
                 }
             }
         }
