@@ -95,13 +95,8 @@ pub const POOL: usize = 8192;
 impl Case {
     /// `flows` active flows (uniformly interleaved), frames of `frame_len` bytes.
     pub fn new(variant: Variant, flows: usize, frame_len: usize, seed: u64) -> Case {
-        let loss =
-            matches!(variant, Variant::LossCheck | Variant::DecTtlLossCheck).then(|| LossConfig {
-                // Twice the flows, so the 2-way table admits (nearly) all of them.
-                table_size: (flows * 2).next_power_of_two().max(2),
-                idle_ns: u64::MAX / 2,
-                ..LossConfig::default()
-            });
+        let loss = matches!(variant, Variant::LossCheck | Variant::DecTtlLossCheck)
+            .then(|| LossConfig { idle_ns: u64::MAX / 2, ..LossConfig::default() });
         let action = match variant {
             Variant::DecTtl | Variant::DecTtlLossCheck => Action::DecTtl,
             _ => Action::NoAction,
@@ -112,6 +107,7 @@ impl Case {
             loss,
             mark: false,
             default_port: 0,
+            learn: false,
             points: (0, 1, 2),
         };
         let mut switch = Switch::new(cfg, flows);
@@ -127,7 +123,7 @@ impl Case {
             })
             .collect();
         for (i, k) in keys.iter().enumerate() {
-            switch.fib.insert(*k, 1 + (i % 2) as u16);
+            switch.fib().insert(*k, 1 + (i % 2) as u16);
         }
         let payload = frame_len.saturating_sub(14 + 20 + 8).max(18);
         let mut rng = Rng::new(seed);
@@ -193,13 +189,12 @@ impl Case {
 
     /// Flows the loss tables refused (0 when all are monitored).
     pub fn refused(&self) -> u64 {
-        let (i, _) = self.switch.tables();
-        i.map_or(0, |t| t.stats().refused)
+        self.switch.point_stats().map_or(0, |[i, _]| i.refused)
     }
 
     /// Packets that were not forwarded (should be 0).
     pub fn lost(&self) -> u64 {
-        self.switch.stats.dropped + self.rings.full + self.events.dropped
+        self.switch.stats().dropped + self.rings.full + self.events.dropped
     }
 }
 
@@ -268,11 +263,11 @@ mod tests {
                 assert_eq!(n as usize, c.pool.len(), "{v:?}");
             }
             assert_eq!(
-                (c.switch.stats.dropped, c.rings.full, c.events.dropped),
+                (c.switch.stats().dropped, c.rings.full, c.events.dropped),
                 (0, 0, 0),
                 "{v:?}"
             );
-            assert_eq!(c.switch.stats.fib_miss, 0);
+            assert_eq!(c.switch.stats().fib_miss, 0);
         }
     }
 }

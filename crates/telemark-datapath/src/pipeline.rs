@@ -130,9 +130,10 @@ impl Replay {
                 loss: Some(loss),
                 mark: false,
                 default_port: 1,
+                learn: true,
                 points: (points::MARKER, points::INGRESS, points::EGRESS),
             },
-            16,
+            loss.table_size,
         );
         let droppers = cfg
             .drops
@@ -269,12 +270,10 @@ impl Replay {
             m.flush(&mut self.sink);
         }
         self.drain();
-        let (_, ing, eg) = self.switch.tables_mut();
-        for t in [ing, eg].into_iter().flatten() {
-            t.flush(&mut self.sink);
-            let agg = &mut self.agg;
-            self.cons.drain(|ev| agg.handle(ev));
-        }
+        let (agg, cons) = (&mut self.agg, &mut self.cons);
+        self.switch.flush(&mut self.sink, |_| {
+            cons.drain(|ev| agg.handle(ev));
+        });
         self.next_hop.flush(&mut self.sink);
         self.drain();
         self.agg.flush();
@@ -297,9 +296,14 @@ impl Replay {
             .sum()
     }
 
+    /// Counters of the first-hop marker, when this pipeline marks.
+    pub fn marker_stats(&self) -> Option<telemark_core::loss::PointStats> {
+        self.marker.as_ref().map(|m| m.stats)
+    }
+
     /// Counters of the switch.
     pub fn switch_stats(&self) -> SwitchStats {
-        self.switch.stats
+        self.switch.stats()
     }
 
     /// Telemetry events lost to a full ring.

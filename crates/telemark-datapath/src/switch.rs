@@ -2,16 +2,33 @@
 //! parse, flow hash, exact-match lookup of the output port, an optional action (`dec_ttl`),
 //! the loss check (`pkt_loss_chk`) at ingress and egress, and a write to the output ring.
 //!
+//! The loss check needs no lookup of its own: the forwarding lookup's slot indexes the flow's
+//! loss state at both points ([`PairTable`]), as OvS updates a flow's statistics in the entry
+//! its lookup found.
+//!
 //! Packets move in bursts of up to [`BURST`]: the first pass parses and hashes every packet
-//! and prefetches the buckets it will touch (forwarding table and both color tables), the
-//! second pass does the work, so one packet's cache misses overlap with the others' (the DPDK
+//! and prefetches what it will touch (the flow's home slot in the forwarding table and its loss
+//! state), the second pass does the work, so one packet's cache misses overlap with the others' (the DPDK
 //! and VPP way). No allocation, lock or syscall per packet.
 
 use crate::Pkt;
 use telemark_core::flow_hash;
-use telemark_core::loss::{color_of, with_color, AnyColorTable, EventSink, LossConfig, Marker};
+use telemark_core::loss::{
+    color_of, with_color, AnyPairTable, Counter, EventSink, LossConfig, Marker, PairTable,
+    PointStats,
+};
 use telemark_wire::flow::{self, LinkType, Parsed};
 use telemark_wire::{ipv4, ipv6, FlowKey};
+
+macro_rules! each {
+    ($self:expr, $t:ident => $e:expr) => {
+        match $self {
+            AnyPairTable::U8($t) => $e,
+            AnyPairTable::U16($t) => $e,
+            AnyPairTable::U32($t) => $e,
+        }
+    };
+}
 
 /// Packets per burst.
 pub const BURST: usize = 32;
@@ -32,44 +49,56 @@ struct FibEntry {
     key: FlowKey,
     port: u16,
     used: bool,
+    /// Installed by the switch on a miss (may be retired when idle), not by configuration.
+    learned: bool,
 }
 
-/// Exact-match forwarding table: flow → output port, open addressing with linear probing,
-/// one cache line per entry, sized at start-up (like OvS's exact-match cache).
+/// Exact-match flow table: flow → output port, open addressing with linear probing, one cache
+/// line per entry, sized at start-up (like OvS's exact-match cache). The slot a lookup finds
+/// also indexes the flow's loss state ([`PairTable`]).
 pub struct Fib {
     slots: Vec<FibEntry>,
     mask: usize,
     len: usize,
+    max: usize,
 }
 
 impl Fib {
     /// A table with room for `flows` flows at a load factor ≤ 0.5.
     pub fn with_capacity(flows: usize) -> Self {
         let n = (flows.max(1) * 2).next_power_of_two();
-        Fib { slots: vec![FibEntry::default(); n], mask: n - 1, len: 0 }
+        Fib { slots: vec![FibEntry::default(); n], mask: n - 1, len: 0, max: flows.max(1) }
     }
 
     /// Adds or replaces a route; false when the table is full.
     pub fn insert(&mut self, key: FlowKey, port: u16) -> bool {
-        let hash = flow_hash(&key);
+        self.put(key, flow_hash(&key), port, false).is_some()
+    }
+
+    /// Adds or replaces a route; its slot, or `None` when the table holds its capacity.
+    fn put(&mut self, key: FlowKey, hash: u64, port: u16, learned: bool) -> Option<usize> {
         let mut i = hash as usize & self.mask;
-        for _ in 0..self.slots.len() {
-            let Some(e) = self.slots.get_mut(i) else { return false };
-            if !e.used || (e.hash == hash && e.key == key) {
-                if !e.used {
-                    self.len += 1;
+        loop {
+            let e = self.slots.get_mut(i)?;
+            if e.used && e.hash == hash && e.key == key {
+                *e = FibEntry { hash, key, port, used: true, learned };
+                return Some(i);
+            }
+            if !e.used {
+                if self.len >= self.max {
+                    return None;
                 }
-                *e = FibEntry { hash, key, port, used: true };
-                return true;
+                self.len += 1;
+                *e = FibEntry { hash, key, port, used: true, learned };
+                return Some(i);
             }
             i = (i + 1) & self.mask;
         }
-        false
     }
 
-    /// The port for `key`.
+    /// The slot holding `key`.
     #[inline(always)]
-    pub fn lookup(&self, key: &FlowKey, hash: u64) -> Option<u16> {
+    pub fn lookup(&self, key: &FlowKey, hash: u64) -> Option<usize> {
         let mut i = hash as usize & self.mask;
         loop {
             let e = self.slots.get(i)?;
@@ -77,7 +106,44 @@ impl Fib {
                 return None;
             }
             if e.hash == hash && e.key == *key {
-                return Some(e.port);
+                return Some(i);
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// The output port of the flow in slot `slot`.
+    #[inline(always)]
+    pub fn port(&self, slot: usize) -> Option<u16> {
+        self.slots.get(slot).filter(|e| e.used).map(|e| e.port)
+    }
+
+    /// Removes the flow in slot `slot`, closing the gap by moving later flows of its probe
+    /// run back (backward-shift deletion, so lookups need no tombstones); `moved(from, to)` is
+    /// told of every move.
+    fn remove(&mut self, slot: usize, mut moved: impl FnMut(usize, usize)) {
+        let Some(e) = self.slots.get_mut(slot) else { return };
+        if !e.used {
+            return;
+        }
+        *e = FibEntry::default();
+        self.len -= 1;
+        let mut hole = slot;
+        let mut i = (slot + 1) & self.mask;
+        while let Some(e) = self.slots.get(i).copied().filter(|e| e.used) {
+            let home = e.hash as usize & self.mask;
+            // `e` may fill the hole if its home is not cyclically in (hole, i].
+            let dist_home = i.wrapping_sub(home) & self.mask;
+            let dist_hole = i.wrapping_sub(hole) & self.mask;
+            if dist_home >= dist_hole {
+                if let Some(h) = self.slots.get_mut(hole) {
+                    *h = e;
+                }
+                if let Some(x) = self.slots.get_mut(i) {
+                    *x = FibEntry::default();
+                }
+                moved(i, hole);
+                hole = i;
             }
             i = (i + 1) & self.mask;
         }
@@ -108,6 +174,11 @@ impl Fib {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Slots (twice the capacity).
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
 }
 
 /// Where forwarded packets go: an output ring per port, or the next pipeline stage.
@@ -127,6 +198,10 @@ pub struct SwitchStats {
     pub skipped: [u64; 4],
     /// Packets with no route (sent to the default port).
     pub fib_miss: u64,
+    /// Flows installed on a miss ([`SwitchConfig::learn`]).
+    pub learned: u64,
+    /// Learned flows retired for idleness.
+    pub unlearned: u64,
     /// Packets dropped inside the switch (TTL expired, or an evaluation dropper).
     pub dropped: u64,
     /// Packets an output ring had no room for.
@@ -146,6 +221,10 @@ pub struct SwitchConfig {
     pub mark: bool,
     /// Port for packets without a route.
     pub default_port: u16,
+    /// On a miss, install the flow towards `default_port` (the slow path's decision, as an OvS
+    /// upcall installs a flow), so it is measured from its next packet on; learned flows idle
+    /// for `loss.idle_ns` are retired by [`Switch::expire`].
+    pub learn: bool,
     /// Point numbers of (marker, ingress, egress) for the aggregator.
     pub points: (u8, u8, u8),
 }
@@ -156,161 +235,257 @@ struct Meta {
     hash: u64,
 }
 
-/// The switch: forwarding table, optional marker, color tables at ingress and egress.
-pub struct Switch {
+/// Everything of the switch but the loss state, so a burst can borrow the two apart.
+struct Core {
     cfg: SwitchConfig,
-    /// The forwarding table.
-    pub fib: Fib,
+    fib: Fib,
     marker: Option<Marker>,
-    ingress: Option<AnyColorTable>,
-    egress: Option<AnyColorTable>,
     meta: [Meta; BURST],
-    /// Whether prefetching the color tables pays: only when they do not fit in the L2 cache.
+    /// Whether prefetching the loss state pays: only when it does not fit in the L2 cache.
     prefetch_loss: bool,
-    /// Counters.
-    pub stats: SwitchStats,
+    stats: SwitchStats,
+}
+
+/// The switch: forwarding table, optional marker, the loss state of ingress and egress.
+pub struct Switch {
+    core: Core,
+    loss: Option<AnyPairTable>,
 }
 
 impl Switch {
     /// A switch with an empty forwarding table sized for `flows`.
     pub fn new(cfg: SwitchConfig, flows: usize) -> Self {
         let (m, i, e) = cfg.points;
+        let fib = Fib::with_capacity(flows);
+        let loss = cfg.loss.map(|l| AnyPairTable::new(&l, fib.slots(), (i, e)));
+        // State that fits in L1/L2 is only slowed by prefetch instructions (measured with
+        // `telemark bench`: a few ns/pkt lost at 4 flows, +120 ns/pkt without it at 65 K flows).
+        let prefetch_loss = fib.slots().saturating_mul(64) > 64 * 1024;
         Switch {
-            fib: Fib::with_capacity(flows),
-            marker: cfg.loss.filter(|_| cfg.mark).map(|l| Marker::new(&l, m)),
-            ingress: cfg.loss.map(|l| AnyColorTable::new(&l, i)),
-            egress: cfg.loss.map(|l| AnyColorTable::new(&l, e)),
-            meta: [Meta::default(); BURST],
-            // A table that fits in L1/L2 is only slowed by prefetch instructions (measured with
-            // `telemark bench`: a few ns/pkt lost at 4 flows, +120 ns/pkt without it at 65 K flows).
-            prefetch_loss: cfg.loss.is_some_and(|l| l.table_size.saturating_mul(64) > 64 * 1024),
-            stats: SwitchStats::default(),
-            cfg,
+            core: Core {
+                marker: cfg.loss.filter(|_| cfg.mark).map(|l| Marker::new(&l, m)),
+                fib,
+                meta: [Meta::default(); BURST],
+                prefetch_loss,
+                stats: SwitchStats::default(),
+                cfg,
+            },
+            loss,
         }
     }
 
-    /// The ingress and egress tables, for stats and flushing.
-    pub fn tables_mut(
-        &mut self,
-    ) -> (Option<&mut Marker>, Option<&mut AnyColorTable>, Option<&mut AnyColorTable>) {
-        (self.marker.as_mut(), self.ingress.as_mut(), self.egress.as_mut())
+    /// The forwarding table.
+    pub fn fib(&mut self) -> &mut Fib {
+        &mut self.core.fib
     }
 
-    /// The ingress and egress tables, read-only.
-    pub fn tables(&self) -> (Option<&AnyColorTable>, Option<&AnyColorTable>) {
-        (self.ingress.as_ref(), self.egress.as_ref())
+    /// Counters.
+    pub fn stats(&self) -> SwitchStats {
+        self.core.stats
+    }
+
+    /// Counters of the ingress and egress points (`None` with the loss check off).
+    pub fn point_stats(&self) -> Option<[PointStats; 2]> {
+        Some(each!(self.loss.as_ref()?, t => t.stats))
+    }
+
+    /// Flows the loss check can hold (the forwarding table's capacity).
+    pub fn capacity(&self) -> usize {
+        self.core.fib.max
     }
 
     /// Processes up to [`BURST`] packets. `drop_inside` is the evaluation's hook between the
     /// ingress and egress points (a real switch passes `|_, _| false`).
     #[inline]
-    pub fn process<S, T, D>(
-        &mut self,
-        pkts: &mut [Pkt],
-        sink: &mut S,
-        tx: &mut T,
-        mut drop_inside: D,
-    ) where
+    pub fn process<S, T, D>(&mut self, pkts: &mut [Pkt], sink: &mut S, tx: &mut T, drop_inside: D)
+    where
         S: EventSink,
         T: Tx,
         D: FnMut(&FlowKey, &Pkt) -> bool,
     {
-        let n = pkts.len().min(BURST);
-        let link = self.cfg.link;
-        // Pass 1: parse, hash, prefetch.
-        for (m, p) in self.meta.iter_mut().zip(pkts.iter()).take(n) {
-            match flow::extract(&p.data, link) {
-                Ok(parsed) => {
-                    let h = flow_hash(&parsed.key);
-                    *m = Meta { parsed: Some(parsed), hash: h };
-                    self.fib.prefetch(h);
-                    if self.prefetch_loss {
-                        if let Some(t) = &self.ingress {
-                            t.prefetch(h);
-                        }
-                        if let Some(t) = &self.egress {
-                            t.prefetch(h);
-                        }
-                    }
-                }
-                Err(r) => {
-                    *m = Meta { parsed: None, hash: 0 };
-                    if let Some(c) = self.stats.skipped.get_mut(r.index()) {
-                        *c += 1;
-                    }
-                }
+        match self.loss.as_mut() {
+            None => burst::<u8, _, _, _>(&mut self.core, None, pkts, sink, tx, drop_inside),
+            Some(AnyPairTable::U8(t)) => {
+                burst(&mut self.core, Some(t), pkts, sink, tx, drop_inside)
             }
-        }
-        self.stats.rx += n as u64;
-        // Pass 2: mark, observe, look up, act, observe, send.
-        let color_bit = self.cfg.loss.map_or(0, |l| l.color_bit);
-        for (idx, (m, p)) in self.meta.iter_mut().zip(pkts.iter_mut()).take(n).enumerate() {
-            let Some(parsed) = m.parsed.as_mut() else {
-                if !tx.send(self.cfg.default_port, idx) {
-                    self.stats.tx_full += 1;
-                } else {
-                    self.stats.tx += 1;
-                }
-                continue;
-            };
-            let now = p.ts_ns;
-            if let Some(mk) = self.marker.as_mut() {
-                if let Some((c, ord)) = mk.mark(&parsed.key, m.hash, now, sink) {
-                    let d = with_color(parsed.dscp, color_bit, c);
-                    if d != parsed.dscp && flow::set_dscp(&mut p.data, parsed, d).is_ok() {
-                        parsed.dscp = d;
-                    }
-                    p.batch = Some(ord);
-                }
+            Some(AnyPairTable::U16(t)) => {
+                burst(&mut self.core, Some(t), pkts, sink, tx, drop_inside)
             }
-            let color = color_of(parsed.dscp, color_bit);
-            if let Some(t) = self.ingress.as_mut() {
-                t.observe(&parsed.key, m.hash, color, now, sink);
-            }
-            let port = match self.fib.lookup(&parsed.key, m.hash) {
-                Some(port) => port,
-                None => {
-                    self.stats.fib_miss += 1;
-                    self.cfg.default_port
-                }
-            };
-            if self.cfg.action == Action::DecTtl && !dec_ttl(&mut p.data, parsed) {
-                self.stats.dropped += 1;
-                continue;
-            }
-            if drop_inside(&parsed.key, p) {
-                self.stats.dropped += 1;
-                continue;
-            }
-            if let Some(t) = self.egress.as_mut() {
-                t.observe(&parsed.key, m.hash, color, now, sink);
-            }
-            if tx.send(port, idx) {
-                self.stats.tx += 1;
-            } else {
-                self.stats.tx_full += 1;
+            Some(AnyPairTable::U32(t)) => {
+                burst(&mut self.core, Some(t), pkts, sink, tx, drop_inside)
             }
         }
     }
 
-    /// Retires idle flows in every table (call once per interval, off the per-packet path).
+    /// Retires idle flows: the marker's, and the loss state of flows idle at `now` (their
+    /// batches closed and reported); learned flows leave the forwarding table too. Call once
+    /// per interval, off the per-packet path.
     pub fn expire<S: EventSink>(&mut self, now: u64, sink: &mut S) {
-        if let Some(m) = self.marker.as_mut() {
+        if let Some(m) = self.core.marker.as_mut() {
             m.expire(now, sink);
         }
-        for t in [self.ingress.as_mut(), self.egress.as_mut()].into_iter().flatten() {
-            t.expire(now, sink);
-        }
+        let Some(loss) = self.loss.as_mut() else { return };
+        each!(loss, t => expire_flows(&mut self.core, t, now, sink));
     }
 
-    /// Closes every open batch, upstream first (end of capture, shutdown).
-    pub fn flush<S: EventSink>(&mut self, sink: &mut S) {
-        if let Some(m) = self.marker.as_mut() {
+    /// Closes every open batch, upstream first: the marker's, then every flow's at ingress,
+    /// then at egress, each followed by `drain` so an aggregator sees them in that order (end
+    /// of capture, shutdown).
+    pub fn flush<S: EventSink>(&mut self, sink: &mut S, mut drain: impl FnMut(&mut S)) {
+        if let Some(m) = self.core.marker.as_mut() {
             m.flush(sink);
+            drain(sink);
         }
-        for t in [self.ingress.as_mut(), self.egress.as_mut()].into_iter().flatten() {
-            t.flush(sink);
+        let Some(loss) = self.loss.as_mut() else { return };
+        for at in 0..2 {
+            for (slot, e) in self.core.fib.slots.iter().enumerate() {
+                if e.used {
+                    each!(loss, t => t.retire_point(at, slot, &e.key, sink));
+                }
+            }
+            drain(sink);
         }
+    }
+}
+
+fn expire_flows<C: Counter, S: EventSink>(
+    core: &mut Core,
+    t: &mut PairTable<C>,
+    now: u64,
+    sink: &mut S,
+) {
+    let mut slot = 0;
+    while slot < core.fib.slots.len() {
+        let Some(e) = core.fib.slots.get(slot).copied() else { break };
+        if e.used && t.is_idle(slot, now) {
+            t.evict(slot, &e.key, sink);
+            if e.learned {
+                core.fib.remove(slot, |from, to| t.move_slot(from, to));
+                core.stats.unlearned += 1;
+                // A flow may have moved into this slot: look at it again.
+                continue;
+            }
+        }
+        slot += 1;
+    }
+}
+
+/// One burst, generic over the loss counters' width.
+#[inline(always)]
+fn burst<C, S, T, D>(
+    core: &mut Core,
+    mut loss: Option<&mut PairTable<C>>,
+    pkts: &mut [Pkt],
+    sink: &mut S,
+    tx: &mut T,
+    mut drop_inside: D,
+) where
+    C: Counter,
+    S: EventSink,
+    T: Tx,
+    D: FnMut(&FlowKey, &Pkt) -> bool,
+{
+    let n = pkts.len().min(BURST);
+    let link = core.cfg.link;
+    let prefetch_loss = core.prefetch_loss && loss.is_some();
+    // Pass 1: parse, hash, prefetch the flow's home slot in the table and its loss state.
+    for (m, p) in core.meta.iter_mut().zip(pkts.iter()).take(n) {
+        match flow::extract(&p.data, link) {
+            Ok(parsed) => {
+                let h = flow_hash(&parsed.key);
+                *m = Meta { parsed: Some(parsed), hash: h };
+                core.fib.prefetch(h);
+                if prefetch_loss {
+                    if let Some(t) = loss.as_deref() {
+                        t.prefetch(h as usize & core.fib.mask);
+                    }
+                }
+            }
+            Err(r) => {
+                *m = Meta { parsed: None, hash: 0 };
+                if let Some(c) = core.stats.skipped.get_mut(r.index()) {
+                    *c += 1;
+                }
+            }
+        }
+    }
+    core.stats.rx += n as u64;
+    // Pass 2: mark, look up, observe, act, observe, send.
+    let color_bit = core.cfg.loss.map_or(0, |l| l.color_bit);
+    for (idx, (m, p)) in core.meta.iter_mut().zip(pkts.iter_mut()).take(n).enumerate() {
+        let Some(parsed) = m.parsed.as_mut() else {
+            send(tx, &mut core.stats, core.cfg.default_port, idx);
+            continue;
+        };
+        let now = p.ts_ns;
+        if let Some(mk) = core.marker.as_mut() {
+            if let Some((c, ord)) = mk.mark(&parsed.key, m.hash, now, sink) {
+                let d = with_color(parsed.dscp, color_bit, c);
+                if d != parsed.dscp && flow::set_dscp(&mut p.data, parsed, d).is_ok() {
+                    parsed.dscp = d;
+                }
+                p.batch = Some(ord);
+            }
+        }
+        let slot = match core.fib.lookup(&parsed.key, m.hash) {
+            Some(s) => Some(s),
+            None => {
+                core.stats.fib_miss += 1;
+                learn(&core.cfg, &mut core.fib, &mut core.stats, &parsed.key, m.hash)
+            }
+        };
+        let port = slot.and_then(|s| core.fib.port(s)).unwrap_or(core.cfg.default_port);
+        let color = color_of(parsed.dscp, color_bit);
+        let watched = match (loss.as_deref_mut(), slot) {
+            (Some(t), Some(s)) => {
+                t.observe(0, s, &parsed.key, color, now, sink);
+                Some(s)
+            }
+            (Some(t), None) => {
+                // Not in the table (full): forwarded, but not measured.
+                t.refuse(&parsed.key, m.hash, sink);
+                None
+            }
+            _ => None,
+        };
+        if core.cfg.action == Action::DecTtl && !dec_ttl(&mut p.data, parsed) {
+            core.stats.dropped += 1;
+            continue;
+        }
+        if drop_inside(&parsed.key, p) {
+            core.stats.dropped += 1;
+            continue;
+        }
+        if let (Some(t), Some(s)) = (loss.as_deref_mut(), watched) {
+            t.observe(1, s, &parsed.key, color, now, sink);
+        }
+        send(tx, &mut core.stats, port, idx);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn learn(
+    cfg: &SwitchConfig,
+    fib: &mut Fib,
+    stats: &mut SwitchStats,
+    key: &FlowKey,
+    hash: u64,
+) -> Option<usize> {
+    if !cfg.learn {
+        return None;
+    }
+    let slot = fib.put(*key, hash, cfg.default_port, true)?;
+    stats.learned += 1;
+    Some(slot)
+}
+
+#[inline(always)]
+fn send<T: Tx>(tx: &mut T, stats: &mut SwitchStats, port: u16, idx: usize) {
+    if tx.send(port, idx) {
+        stats.tx += 1;
+    } else {
+        stats.tx_full += 1;
     }
 }
 
@@ -333,5 +508,126 @@ fn dec_ttl(data: &mut [u8], parsed: &Parsed) -> bool {
             }
             _ => false,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+    use core::net::{IpAddr, Ipv4Addr};
+    use std::collections::HashMap;
+
+    fn key(i: u32) -> FlowKey {
+        FlowKey {
+            src: IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)),
+            dst: IpAddr::V4(Ipv4Addr::new(10, 9, 9, 9)),
+            sport: 7,
+            dport: 9,
+            proto: 6,
+            spi: None,
+            si: None,
+        }
+    }
+
+    struct Out(Vec<(u16, usize)>);
+    impl Tx for Out {
+        fn send(&mut self, port: u16, idx: usize) -> bool {
+            self.0.push((port, idx));
+            true
+        }
+    }
+
+    /// A learning switch measures flows it has never seen, from their first packet, and when
+    /// they go idle reports their last batches at both points and forgets them.
+    #[test]
+    fn learned_flows_are_measured_then_retired_when_idle() {
+        let loss = LossConfig { idle_ns: 1_000, ..LossConfig::default() };
+        let cfg = SwitchConfig {
+            link: LinkType::Ethernet,
+            action: Action::NoAction,
+            loss: Some(loss),
+            mark: false,
+            default_port: 3,
+            learn: true,
+            points: (0, 1, 2),
+        };
+        let mut sw = Switch::new(cfg, 16);
+        // 3 flows: 250, 120 and 40 packets, colors in batches of 100, interleaved.
+        let sizes = [250u32, 120, 40];
+        let mut pkts = Vec::new();
+        for i in 0..250u32 {
+            for (f, n) in sizes.iter().enumerate() {
+                if i < *n {
+                    let dscp = ((i / 100) % 2) as u8;
+                    let data = crate::gen::build_frame(&key(f as u32), 18, dscp, 64);
+                    pkts.push(Pkt { ts_ns: pkts.len() as u64, data, seq: 0, batch: None });
+                }
+            }
+        }
+        let (mut ev, mut out) = (Vec::new(), Out(Vec::new()));
+        for chunk in pkts.chunks_mut(BURST) {
+            sw.process(chunk, &mut ev, &mut out, |_, _| false);
+        }
+        assert_eq!(out.0.len(), pkts.len());
+        assert!(out.0.iter().all(|(port, _)| *port == 3));
+        assert_eq!((sw.stats().learned, sw.fib().len()), (3, 3));
+        // Not idle yet: nothing retired.
+        sw.expire(pkts.len() as u64, &mut ev);
+        assert_eq!(sw.fib().len(), 3);
+        sw.expire(pkts.len() as u64 + 5_000, &mut ev);
+        assert_eq!((sw.stats().unlearned, sw.fib().len()), (3, 0));
+        for at in 1..=2u8 {
+            for (f, n) in sizes.iter().enumerate() {
+                let counted: u32 = ev
+                    .iter()
+                    .filter(|e| e.point == at && e.key == key(f as u32))
+                    .filter(|e| e.kind == telemark_core::loss::BatchEventKind::Closed)
+                    .map(|e| e.count)
+                    .sum();
+                assert_eq!(counted, *n, "flow {f} at point {at}");
+            }
+        }
+        let [i, e] = sw.point_stats().unwrap();
+        assert_eq!((i.admitted, e.admitted, i.evicted, i.refused), (3, 3, 3, 0));
+    }
+
+    /// Random inserts and removals against a `HashMap` model: every flow the model holds is
+    /// found with its port, none it dropped is, and `moved` keeps a parallel array (as the
+    /// loss state is kept) in step with the table.
+    #[test]
+    fn fib_removal_keeps_every_other_flow_findable() {
+        let mut fib = Fib::with_capacity(64);
+        let mut model: HashMap<u32, u16> = HashMap::new();
+        let mut side = vec![u32::MAX; fib.slots()];
+        let mut rng = Rng::new(5);
+        for step in 0..20_000u32 {
+            let k = rng.below(150) as u32;
+            if rng.chance(0.5) {
+                let port = (step % 7) as u16;
+                let full = model.len() >= 64 && !model.contains_key(&k);
+                let got = fib.put(key(k), flow_hash(&key(k)), port, true);
+                assert_eq!(got.is_none(), full, "insert of {k} with {} held", model.len());
+                if let Some(slot) = got {
+                    model.insert(k, port);
+                    side[slot] = k;
+                }
+            } else if let Some(slot) = fib.lookup(&key(k), flow_hash(&key(k))) {
+                assert_eq!(side[slot], k);
+                fib.remove(slot, |from, to| {
+                    side[to] = side[from];
+                    side[from] = u32::MAX;
+                });
+                model.remove(&k);
+            }
+            assert_eq!(fib.len(), model.len());
+        }
+        for k in 0..150u32 {
+            let slot = fib.lookup(&key(k), flow_hash(&key(k)));
+            assert_eq!(slot.and_then(|s| fib.port(s)), model.get(&k).copied(), "flow {k}");
+            if let Some(s) = slot {
+                assert_eq!(side[s], k, "loss state of flow {k} did not follow it");
+            }
+        }
     }
 }

@@ -67,9 +67,9 @@ fn per_batch_loss_equals_ground_truth_at_every_placement() {
         let drops = Placement::ALL.iter().map(|p| (*p, model)).collect();
         let mut r = run(drops, 0, 7, loss);
         assert_eq!(r.ring_drops(), 0);
-        assert_eq!(r.switch.stats.skipped.iter().sum::<u64>(), 0);
-        let (ing, eg) = r.switch.tables();
-        assert_eq!(ing.unwrap().stats().refused + eg.unwrap().stats().refused, 0);
+        assert_eq!(r.switch.stats().skipped.iter().sum::<u64>(), 0);
+        let [ing, eg] = r.switch.point_stats().unwrap();
+        assert_eq!(ing.refused + eg.refused, 0);
         let recs = loss_records(&mut r);
         let point_index = |name: &str| match name {
             "ingress" => points::INGRESS,

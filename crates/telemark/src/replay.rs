@@ -164,15 +164,20 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64
         let s: Vec<String> = skipped.iter().map(|(k, n)| format!("{k} {n}")).collect();
         writeln!(out, "skipped (no flow key): {}", s.join(", "))?;
     }
-    let (ing, _) = r.switch.tables();
-    if let Some(t) = ing {
-        let st = t.stats();
+    if let Some(m) = r.marker_stats().filter(|m| m.refused > 0) {
         writeln!(
             out,
-            "color table: {} flows admitted, {} packets of flows refused (table of {}), {} telemetry events lost",
+            "marker: {} flows marked, {} packets of flows left unmarked (no room in its table of {}; raise --table-size)",
+            m.admitted, m.refused, a.loss.table_size
+        )?;
+    }
+    if let Some([st, _]) = r.switch.point_stats() {
+        writeln!(
+            out,
+            "flow table: {} flows measured, {} packets of flows refused (room for {}), {} telemetry events lost",
             st.admitted,
             st.refused,
-            t.capacity(),
+            r.switch.capacity(),
             r.ring_drops()
         )?;
     }

@@ -7,7 +7,7 @@
 
 use super::{BatchEvent, BatchEventKind};
 use crate::records::{Flow, FlowLossRecord, LossRecord, Record, SummaryRecord};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use telemark_wire::FlowKey;
 
 /// Resolved batches kept per flow and point for downstream matching.
@@ -86,6 +86,8 @@ pub struct Aggregator {
     totals: HashMap<(FlowKey, u8), FlowTotals>,
     interval: Vec<SummaryRecord>,
     out: VecDeque<Record>,
+    /// Flows a point refused (no room): never reported as lost there.
+    unwatched: HashSet<(FlowKey, u8)>,
     /// Events that named a point the aggregator does not know.
     pub bad_events: u64,
 }
@@ -120,6 +122,7 @@ impl Aggregator {
             totals: HashMap::new(),
             interval,
             out: VecDeque::new(),
+            unwatched: HashSet::new(),
             bad_events: 0,
         }
     }
@@ -168,6 +171,11 @@ impl Aggregator {
                 } else {
                     pf.pending.push_back(b);
                 }
+            }
+            BatchEventKind::Refused => {
+                // Nothing this point says about the flow is a measurement.
+                self.unwatched.insert((ev.key, p));
+                return;
             }
             BatchEventKind::Late => {
                 if let Some(i) = pf.pending.iter().position(|b| b.ordinal == ev.ordinal) {
@@ -350,6 +358,9 @@ impl Aggregator {
         for (k, u) in order {
             for i in 0..self.downstream[usize::from(u)].len() {
                 let q = self.downstream[usize::from(u)][i];
+                if self.unwatched.contains(&(k, q)) {
+                    continue;
+                }
                 let Some(pf) = self.flows.get_mut(&(k, u)) else { continue };
                 let lost: Vec<Batch> = pf
                     .done

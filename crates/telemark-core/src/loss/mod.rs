@@ -9,17 +9,21 @@
 //!
 //! - [`Marker`]: the first hop; count-based (B packets per color) or time-based (period T).
 //! - [`ColorTable`]: one observation point's per-flow, per-color counters and step detector.
+//! - [`PairTable`]: the same for both points of a switch, beside the switch's flow table.
 //! - [`Aggregator`]: off the fast path; lines batches up across points, emits loss records.
 
 mod aggregator;
 mod config;
 mod marker;
+mod pair;
+mod point;
 mod slots;
 mod table;
 
 pub use aggregator::{Aggregator, FlowTotals, PointSpec};
 pub use config::{ConfigError, LossConfig};
 pub use marker::Marker;
+pub use pair::{AnyPairTable, PairTable};
 pub use slots::{Counter, Lookup};
 pub use table::{AnyColorTable, ColorTable, PointStats};
 
@@ -32,6 +36,9 @@ pub enum BatchEventKind {
     Closed,
     /// `count` packets of an already closed batch arrived late; no more will be counted.
     Late,
+    /// The point had no room for the flow and does not measure it: whatever the flow lost
+    /// there is unknown, not lost (sent once per flow, give or take, not per packet).
+    Refused,
 }
 
 /// One message from a fast-path point to the aggregator, sent through an SPSC ring.
@@ -67,6 +74,48 @@ pub trait EventSink {
 impl EventSink for Vec<BatchEvent> {
     fn emit(&mut self, ev: BatchEvent) {
         self.push(ev);
+    }
+}
+
+/// Tells the aggregator, about once per flow, that a point refused the flow. Remembers the
+/// last refused flows in a small direct-mapped set so a refused flow's every packet does not
+/// become an event.
+#[derive(Clone)]
+pub(crate) struct RefusedSet {
+    tags: [u32; 256],
+}
+
+impl Default for RefusedSet {
+    fn default() -> Self {
+        RefusedSet { tags: [0; 256] }
+    }
+}
+
+impl RefusedSet {
+    /// Whether flow `hash` was not among the flows refused last (and remembers it).
+    pub(crate) fn first(&mut self, hash: u64) -> bool {
+        let tag = ((hash >> 32) as u32) | 1;
+        let Some(t) = self.tags.get_mut((hash as usize >> 8) & 255) else { return false };
+        let new = *t != tag;
+        *t = tag;
+        new
+    }
+}
+
+impl BatchEvent {
+    /// The [`BatchEventKind::Refused`] event of `key` at `point`.
+    pub(crate) fn refused(key: &FlowKey, point: u8) -> Self {
+        BatchEvent {
+            key: *key,
+            point,
+            kind: BatchEventKind::Refused,
+            color: 0,
+            ordinal: 0,
+            count: 0,
+            first_ns: 0,
+            last_ns: 0,
+            tail: false,
+        }
     }
 }
 

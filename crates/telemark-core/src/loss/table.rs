@@ -1,52 +1,19 @@
-//! One observation point: per-flow, per-color counters and the reorder-robust step detector.
+//! One observation point: per-flow, per-color counters and the reorder-robust step detector,
+//! in the paper's 2-way layout (see [`slots`]), with the per-flow logic of [`point`].
 
+use super::point::{self, Cold, Hot, Params};
 use super::slots::{self, find_or_admit, Counter, Lookup, Slot};
-use super::{BatchEvent, BatchEventKind, EventSink, LossConfig};
+use super::{BatchEvent, EventSink, LossConfig, RefusedSet};
 use telemark_wire::FlowKey;
-
-const USED: u8 = 1;
-const OPEN_COLOR: u8 = 2;
-const LATE_WINDOW: u8 = 4;
 
 /// One flow at one point: exactly one cache line (64 B) for every counter width.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Default)]
 struct Entry<C: Counter> {
     tag: u32,
-    /// Running number of the open batch.
-    ordinal: u32,
-    state: u8,
-    /// `n[open]`: the open batch; `n[other]`: early packets of the next batch.
-    n: [C; 2],
-    /// Late packets of the batch closed last.
-    late: C,
-    first_ns: u64,
-    last_ns: u64,
-    next_first_ns: u64,
+    hot: Hot<C>,
     seen_ns: u64,
-}
-
-impl<C: Counter> Entry<C> {
-    /// The `Closed` event of the open batch, or (`next`) of the early packets of the next one.
-    fn closed(&self, key: &FlowKey, point: u8, next: bool, tail: bool) -> BatchEvent {
-        let open = (self.state & OPEN_COLOR) / OPEN_COLOR;
-        let (color, ordinal, first_ns, last_ns) = if next {
-            (open ^ 1, self.ordinal.wrapping_add(1), self.next_first_ns, self.seen_ns)
-        } else {
-            (open, self.ordinal, self.first_ns, self.last_ns)
-        };
-        BatchEvent {
-            key: *key,
-            point,
-            kind: BatchEventKind::Closed,
-            color,
-            ordinal,
-            count: self.n[usize::from(color)].get(),
-            first_ns,
-            last_ns,
-            tail,
-        }
-    }
+    cold: Cold,
 }
 
 impl<C: Counter> Slot for Entry<C> {
@@ -61,9 +28,6 @@ impl<C: Counter> Slot for Entry<C> {
 /// What one point counted, for its own cost and health (exported as metrics).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PointStats {
-    /// Packets that took the slow path (admission, late window, next color, step): the hot
-    /// path counts nothing but the flow's own counter.
-    pub slow_path: u64,
     /// Packets of flows the table had no room for (first come, first served).
     pub refused: u64,
     /// Flows admitted.
@@ -72,7 +36,8 @@ pub struct PointStats {
     pub evicted: u64,
     /// Batches closed.
     pub batches: u64,
-    /// Packets that arrived after their batch closed.
+    /// Packets that arrived after their batch closed (added when the batch's late window
+    /// ends).
     pub late: u64,
 }
 
@@ -81,12 +46,9 @@ pub struct ColorTable<C: Counter> {
     slots: Vec<Entry<C>>,
     keys: Vec<FlowKey>,
     bucket_mask: usize,
-    point: u8,
-    close_at: u32,
-    late_limit: u32,
-    period_ns: Option<u64>,
-    close_after_ns: u64,
+    params: Params,
     idle_ns: u64,
+    refused: RefusedSet,
     /// Counters of this point.
     pub stats: PointStats,
 }
@@ -99,12 +61,9 @@ impl<C: Counter> ColorTable<C> {
             slots: vec![Entry::default(); n],
             keys: vec![FlowKey::default(); n],
             bucket_mask: n / 2 - 1,
-            point,
-            close_at: cfg.close_at(),
-            late_limit: cfg.late_limit(),
-            period_ns: cfg.period_ns,
-            close_after_ns: cfg.period_ns.map_or(0, |t| (cfg.threshold * t as f64) as u64),
+            params: Params::new(cfg, point),
             idle_ns: cfg.idle_ns,
+            refused: RefusedSet::default(),
             stats: PointStats::default(),
         }
     }
@@ -126,9 +85,9 @@ impl<C: Counter> ColorTable<C> {
         now: u64,
         sink: &mut S,
     ) -> bool {
-        // Hot path: a known flow, a packet of the open batch, no late window to close. This is
-        // the paper's `pkt_loss_chk`: one tag compare and one counter increment in a line the
-        // switch prefetched a burst earlier.
+        // Hot path: a known flow whose packet needs no event. This is the paper's
+        // `pkt_loss_chk`: one tag compare and one counter increment in a line the switch
+        // prefetched a burst earlier.
         let tag = slots::tag_of(hash);
         let (a, b) = slots::slot_pair(hash, self.bucket_mask);
         let hit = match (self.slots.get(a), self.slots.get(b)) {
@@ -136,42 +95,16 @@ impl<C: Counter> ColorTable<C> {
             (_, Some(y)) if y.tag == tag => Some(b),
             _ => None,
         };
-        if self.period_ns.is_none() {
-            if let Some(e) = hit.and_then(|i| self.slots.get_mut(i)) {
-                let open = (e.state & OPEN_COLOR) / OPEN_COLOR;
-                let o = usize::from(open);
-                let late_window = e.state & LATE_WINDOW != 0;
-                if color & 1 == open {
-                    e.n[o].inc();
-                    e.seen_ns = now;
-                    e.last_ns = now;
-                    if late_window && e.n[o].get() >= self.late_limit {
-                        end_late_window(e, key, self.point, sink);
-                    }
-                    return true;
-                }
-                if late_window && e.n[o].get() < self.late_limit {
-                    e.late.inc();
-                    e.seen_ns = now;
-                    self.stats.late += 1;
-                    return true;
-                }
-                if !late_window && e.n[o ^ 1].get() + 1 < self.close_at {
-                    // An early packet of the next batch, short of the step.
-                    if e.n[o ^ 1].get() == 0 {
-                        e.next_first_ns = now;
-                    }
-                    e.n[o ^ 1].inc();
-                    e.seen_ns = now;
-                    return true;
-                }
+        if let Some(e) = hit.and_then(|i| self.slots.get_mut(i)) {
+            if !point::fast(&mut e.hot, &self.params, color, now) {
+                e.seen_ns = now;
+                return true;
             }
         }
         self.observe_slow(hit, key, hash, color, now, sink)
     }
 
-    /// Everything but the hot path: admission, eviction, the late window, early packets of
-    /// the next batch and the step itself.
+    /// Admission, eviction, and every packet the hot path left alone.
     #[cold]
     #[inline(never)]
     fn observe_slow<S: EventSink>(
@@ -201,57 +134,15 @@ impl<C: Counter> ColorTable<C> {
             }
             Lookup::Full => {
                 self.stats.refused += 1;
+                if self.refused.first(hash) {
+                    sink.emit(BatchEvent::refused(key, self.params.point));
+                }
                 return false;
             }
         };
-        let (point, close_at, late_limit) = (self.point, self.close_at, self.late_limit);
-        let (period, close_after) = (self.period_ns, self.close_after_ns);
         let Some(e) = self.slots.get_mut(i) else { return false };
-        let color = color & 1;
         e.seen_ns = now;
-        if e.state & USED == 0 {
-            // First packet of the flow: it opens the first batch.
-            e.state = USED | (color * OPEN_COLOR);
-            e.first_ns = now;
-        }
-        let open = (e.state & OPEN_COLOR) / OPEN_COLOR;
-        let o = usize::from(open);
-        if color == open {
-            e.n[o].inc();
-            e.last_ns = now;
-            if e.state & LATE_WINDOW != 0 && !in_late_window(e, period, late_limit, now) {
-                end_late_window(e, key, point, sink);
-            }
-            return true;
-        }
-        if e.state & LATE_WINDOW != 0 {
-            if in_late_window(e, period, late_limit, now) {
-                e.late.inc();
-                self.stats.late += 1;
-                return true;
-            }
-            end_late_window(e, key, point, sink);
-        }
-        // An early packet of the next batch.
-        let x = o ^ 1;
-        if e.n[x].get() == 0 {
-            e.next_first_ns = now;
-        }
-        e.n[x].inc();
-        let step = match period {
-            None => e.n[x].get() >= close_at,
-            Some(_) => now.saturating_sub(e.next_first_ns) >= close_after,
-        };
-        if step {
-            sink.emit(e.closed(key, point, false, false));
-            self.stats.batches += 1;
-            e.n[o] = C::default();
-            e.late = C::default();
-            e.ordinal = e.ordinal.wrapping_add(1);
-            e.state = USED | (color * OPEN_COLOR) | LATE_WINDOW;
-            e.first_ns = e.next_first_ns;
-            e.last_ns = now;
-        }
+        point::slow(&mut e.hot, &mut e.cold, key, &self.params, &mut self.stats, color, now, sink);
         true
     }
 
@@ -259,29 +150,13 @@ impl<C: Counter> ColorTable<C> {
         if let (Some(e), Some(k)) = (self.slots.get_mut(i), self.keys.get_mut(i)) {
             *e = Entry { tag: slots::tag_of(hash), ..Entry::default() };
             *k = *key;
-            self.stats.admitted += 1;
         }
     }
 
     /// Closes and reports everything slot `i` holds, then frees it.
     fn retire<S: EventSink>(&mut self, i: usize, sink: &mut S) {
         let (Some(e), Some(key)) = (self.slots.get_mut(i), self.keys.get(i)) else { return };
-        if e.state & USED != 0 {
-            if e.state & LATE_WINDOW != 0 {
-                end_late_window(e, key, self.point, sink);
-            }
-            let o = usize::from((e.state & OPEN_COLOR) / OPEN_COLOR);
-            if e.n[o].get() > 0 {
-                sink.emit(e.closed(key, self.point, false, true));
-                self.stats.batches += 1;
-            }
-            if e.n[o ^ 1].get() > 0 {
-                // Early packets of a batch that never reached the step: report them as that
-                // batch so the totals add up.
-                sink.emit(e.closed(key, self.point, true, true));
-                self.stats.batches += 1;
-            }
-        }
+        point::retire(&mut e.hot, &e.cold, key, &self.params, &mut self.stats, e.seen_ns, sink);
         *e = Entry::default();
     }
 
@@ -321,45 +196,6 @@ impl<C: Counter> ColorTable<C> {
     pub fn capacity(&self) -> usize {
         self.slots.len()
     }
-}
-
-#[inline(always)]
-fn in_late_window<C: Counter>(
-    e: &Entry<C>,
-    period: Option<u64>,
-    late_limit: u32,
-    now: u64,
-) -> bool {
-    match period {
-        // Time-based: RFC 9341 §3.1 reads a period's counters half a period into the next one.
-        Some(t) => now.saturating_sub(e.first_ns) < t / 2,
-        None => e.n[usize::from((e.state & OPEN_COLOR) / OPEN_COLOR)].get() < late_limit,
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn end_late_window<C: Counter, S: EventSink>(
-    e: &mut Entry<C>,
-    key: &FlowKey,
-    point: u8,
-    sink: &mut S,
-) {
-    // Sent even when nothing was late: it tells the aggregator the batch is final now, rather
-    // than one batch later.
-    e.state &= !LATE_WINDOW;
-    sink.emit(BatchEvent {
-        key: *key,
-        point,
-        kind: BatchEventKind::Late,
-        color: ((e.state & OPEN_COLOR) / OPEN_COLOR) ^ 1,
-        ordinal: e.ordinal.wrapping_sub(1),
-        count: e.late.get(),
-        first_ns: 0,
-        last_ns: 0,
-        tail: false,
-    });
-    e.late = C::default();
 }
 
 /// A color table whose counter width is chosen at run time (`--counter-bits`).
@@ -430,6 +266,7 @@ impl AnyColorTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::loss::BatchEventKind;
     use core::net::{IpAddr, Ipv4Addr};
 
     fn key(i: u8) -> FlowKey {
@@ -518,13 +355,26 @@ mod tests {
         }
         assert_eq!(ok, 2);
         assert_eq!(t.stats.refused, 48);
+        // Each refused flow is reported.
+        let refused = ev.iter().filter(|e| e.kind == BatchEventKind::Refused).count();
+        assert_eq!(refused, 48);
+        ev.clear();
+        // Their next packets are mostly not reported again (only flows that collided in the
+        // small set of recently refused flows are).
+        for i in 0..50u8 {
+            let k = key(i);
+            t.observe(&k, crate::flow_hash(&k), 0, 6, &mut ev);
+        }
+        assert!(ev.len() < 12, "{} refused flows reported again", ev.len());
+        ev.clear();
         // 100 ns later both are idle: a new flow takes a slot and the old flow's batch is
         // reported.
         let k = key(200);
         assert!(t.observe(&k, crate::flow_hash(&k), 0, 100, &mut ev));
         assert_eq!(t.stats.evicted, 1);
-        assert_eq!(closed(&ev), vec![1]);
-        assert!(ev.iter().all(|e| e.tail));
+        // (it had two packets, one from each loop above)
+        assert_eq!(closed(&ev), vec![2]);
+        assert!(ev.iter().filter(|e| e.kind == BatchEventKind::Closed).all(|e| e.tail));
     }
 
     #[test]

@@ -1,0 +1,255 @@
+//! The per-flow state machine of one observation point, shared by the stand-alone
+//! [`ColorTable`](super::ColorTable) (one point, the paper's 2-way layout) and the
+//! [`PairTable`](super::PairTable) (both points of a switch, beside its flow table).
+//!
+//! A flow's state at a point is split in two: [`Hot`], what almost every packet reads and
+//! writes (state bits, the two color counters, the late counter, the last packet's time), and
+//! [`Cold`], what only the step, the late window's end and the first early packet touch. The
+//! hot part of both points of a switch fits in one cache line with room to spare.
+
+use super::slots::Counter;
+use super::{BatchEvent, BatchEventKind, EventSink, LossConfig, PointStats};
+use telemark_wire::FlowKey;
+
+pub(crate) const USED: u8 = 1;
+pub(crate) const OPEN_COLOR: u8 = 2;
+pub(crate) const LATE_WINDOW: u8 = 4;
+/// Index of the late counter in [`Hot::c`].
+pub(crate) const LATE: usize = 2;
+
+/// What nearly every packet touches.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Hot<C: Counter> {
+    pub state: u8,
+    /// `c[open]`: the open batch; `c[other]`: early packets of the next batch; `c[LATE]`: late
+    /// packets of the batch closed last.
+    pub c: [C; 3],
+    /// Time of the open batch's last packet.
+    pub last_ns: u64,
+}
+
+/// What only the slow path touches.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Cold {
+    /// Running number of the open batch.
+    pub ordinal: u32,
+    pub first_ns: u64,
+    pub next_first_ns: u64,
+}
+
+/// A point's constants, derived once from the [`LossConfig`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Params {
+    pub point: u8,
+    pub close_at: u32,
+    pub late_limit: u32,
+    pub period_ns: Option<u64>,
+    pub close_after_ns: u64,
+}
+
+impl Params {
+    pub fn new(cfg: &LossConfig, point: u8) -> Self {
+        Params {
+            point,
+            close_at: cfg.close_at(),
+            late_limit: cfg.late_limit(),
+            period_ns: cfg.period_ns,
+            close_after_ns: cfg.period_ns.map_or(0, |t| (cfg.threshold * t as f64) as u64),
+        }
+    }
+}
+
+/// The hot path of a count-based point: a packet of the open batch, a late packet, or an
+/// early packet of the next batch short of the step, none of which emits an event. Anything
+/// else (first packet, the step, the late window's end, time-based periods) returns true (go
+/// to [`slow`]) before changing anything. Late packets are added to the point's statistics
+/// when their window ends, so this path touches nothing but the flow's own line.
+#[inline(always)]
+pub(crate) fn fast<C: Counter>(h: &mut Hot<C>, p: &Params, color: u8, now: u64) -> bool {
+    let s = h.state;
+    if s & USED == 0 || p.period_ns.is_some() {
+        return true;
+    }
+    let open = (s & OPEN_COLOR) / OPEN_COLOR;
+    let o = usize::from(open);
+    let in_window = s & LATE_WINDOW != 0;
+    if color & 1 == open {
+        if in_window && h.c[o].get() + 1 >= p.late_limit {
+            return true;
+        }
+        h.c[o].inc();
+        h.last_ns = now;
+        return false;
+    }
+    if in_window {
+        if h.c[o].get() < p.late_limit {
+            h.c[LATE].inc();
+            return false;
+        }
+        return true;
+    }
+    let x = o ^ 1;
+    let next = h.c[x].get();
+    if next != 0 && next + 1 < p.close_at {
+        h.c[x].inc();
+        return false;
+    }
+    true
+}
+
+/// Every case of one packet at one point, the step included.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn slow<C: Counter, S: EventSink>(
+    h: &mut Hot<C>,
+    c: &mut Cold,
+    key: &FlowKey,
+    p: &Params,
+    stats: &mut PointStats,
+    color: u8,
+    now: u64,
+    sink: &mut S,
+) {
+    let color = color & 1;
+    if h.state & USED == 0 {
+        // First packet of the flow: it opens the first batch.
+        *h = Hot { state: USED | (color * OPEN_COLOR), ..Hot::default() };
+        *c = Cold { first_ns: now, ..Cold::default() };
+        stats.admitted += 1;
+    }
+    let open = (h.state & OPEN_COLOR) / OPEN_COLOR;
+    let o = usize::from(open);
+    if color == open {
+        h.c[o].inc();
+        h.last_ns = now;
+        if h.state & LATE_WINDOW != 0 && !in_late_window(h, c, p, now) {
+            end_late_window(h, c, key, p.point, stats, sink);
+        }
+        return;
+    }
+    if h.state & LATE_WINDOW != 0 {
+        if in_late_window(h, c, p, now) {
+            h.c[LATE].inc();
+            return;
+        }
+        end_late_window(h, c, key, p.point, stats, sink);
+    }
+    // An early packet of the next batch.
+    let x = o ^ 1;
+    if h.c[x].get() == 0 {
+        c.next_first_ns = now;
+    }
+    h.c[x].inc();
+    let step = match p.period_ns {
+        None => h.c[x].get() >= p.close_at,
+        Some(_) => now.saturating_sub(c.next_first_ns) >= p.close_after_ns,
+    };
+    if step {
+        sink.emit(closed(h, c, key, p.point, false, false, now));
+        stats.batches += 1;
+        h.c[o] = C::default();
+        h.c[LATE] = C::default();
+        c.ordinal = c.ordinal.wrapping_add(1);
+        h.state = USED | (color * OPEN_COLOR) | LATE_WINDOW;
+        c.first_ns = c.next_first_ns;
+        h.last_ns = now;
+    }
+}
+
+/// Closes and reports everything a flow holds at a point (flush, idle timeout, eviction);
+/// `seen_ns` is the flow's last packet. The caller frees the state.
+pub(crate) fn retire<C: Counter, S: EventSink>(
+    h: &mut Hot<C>,
+    c: &Cold,
+    key: &FlowKey,
+    p: &Params,
+    stats: &mut PointStats,
+    seen_ns: u64,
+    sink: &mut S,
+) {
+    if h.state & USED == 0 {
+        return;
+    }
+    if h.state & LATE_WINDOW != 0 {
+        end_late_window(h, c, key, p.point, stats, sink);
+    }
+    let o = usize::from((h.state & OPEN_COLOR) / OPEN_COLOR);
+    if h.c[o].get() > 0 {
+        sink.emit(closed(h, c, key, p.point, false, true, seen_ns));
+        stats.batches += 1;
+    }
+    if h.c[o ^ 1].get() > 0 {
+        // Early packets of a batch that never reached the step: report them as that batch so
+        // the totals add up.
+        sink.emit(closed(h, c, key, p.point, true, true, seen_ns));
+        stats.batches += 1;
+    }
+}
+
+/// The `Closed` event of the open batch, or (`next`) of the early packets of the next one,
+/// whose last packet is taken to be `seen_ns`.
+fn closed<C: Counter>(
+    h: &Hot<C>,
+    c: &Cold,
+    key: &FlowKey,
+    point: u8,
+    next: bool,
+    tail: bool,
+    seen_ns: u64,
+) -> BatchEvent {
+    let open = (h.state & OPEN_COLOR) / OPEN_COLOR;
+    let (color, ordinal, first_ns, last_ns) = if next {
+        (open ^ 1, c.ordinal.wrapping_add(1), c.next_first_ns, seen_ns)
+    } else {
+        (open, c.ordinal, c.first_ns, h.last_ns)
+    };
+    BatchEvent {
+        key: *key,
+        point,
+        kind: BatchEventKind::Closed,
+        color,
+        ordinal,
+        count: h.c[usize::from(color)].get(),
+        first_ns,
+        last_ns,
+        tail,
+    }
+}
+
+#[inline(always)]
+fn in_late_window<C: Counter>(h: &Hot<C>, c: &Cold, p: &Params, now: u64) -> bool {
+    match p.period_ns {
+        // Time-based: RFC 9341 §3.1 reads a period's counters half a period into the next one.
+        Some(t) => now.saturating_sub(c.first_ns) < t / 2,
+        None => h.c[usize::from((h.state & OPEN_COLOR) / OPEN_COLOR)].get() < p.late_limit,
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn end_late_window<C: Counter, S: EventSink>(
+    h: &mut Hot<C>,
+    c: &Cold,
+    key: &FlowKey,
+    point: u8,
+    stats: &mut PointStats,
+    sink: &mut S,
+) {
+    stats.late += u64::from(h.c[LATE].get());
+    // Sent even when nothing was late: it tells the aggregator the batch is final now, rather
+    // than one batch later.
+    h.state &= !LATE_WINDOW;
+    sink.emit(BatchEvent {
+        key: *key,
+        point,
+        kind: BatchEventKind::Late,
+        color: ((h.state & OPEN_COLOR) / OPEN_COLOR) ^ 1,
+        ordinal: c.ordinal.wrapping_sub(1),
+        count: h.c[LATE].get(),
+        first_ns: 0,
+        last_ns: 0,
+        tail: false,
+    });
+    h.c[LATE] = C::default();
+}
