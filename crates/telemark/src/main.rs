@@ -1,6 +1,7 @@
 //! `telemark`: the one binary. See `telemark --help`.
 
 mod bench;
+mod collector;
 mod eval;
 mod gen;
 mod opts;
@@ -25,6 +26,9 @@ enum Cmd {
     Replay(replay::Args),
     /// Overhead of the loss check against no_action and dec_ttl (Fig. 6 / Table II), in seconds.
     Bench(bench::Args),
+    /// The telemetry server: acknowledged ingest from agents, SQLite store, loss localisation,
+    /// HTTP JSON API, Prometheus /metrics and a page.
+    Collector(collector::Args),
     /// Reproduce the accuracy figures (Fig. 4a, 4b) as CSV.
     Eval(eval::Args),
 }
@@ -36,6 +40,7 @@ fn main() {
         Cmd::Replay(a) => replay::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Eval(a) => eval::run(a),
+        Cmd::Collector(a) => collector::run(a),
     };
     if let Err(e) = r {
         // One clear line, no backtrace.

@@ -1,0 +1,371 @@
+//! The HTTP API, as a function from a request to a response (no sockets here, so the tests and
+//! the server call the same code). Routes (docs/collector.md has the details):
+//!
+//! - `POST /api/v1/agents` — an agent registers: `{"agent", "version", "boot"}`.
+//! - `POST /api/v1/ingest` — records: `{"agent", "boot", "seq", "export_dropped", "records": […]}`;
+//!   stored durably, then acknowledged with `{"accepted", "duplicates", "next_seq"}`.
+//! - `GET /api/v1/agents`, `GET /api/v1/flows`, `GET /api/v1/loss?<flow>`,
+//!   `GET /api/v1/localise?<flow>` — JSON; `<flow>` is `src=…&dst=…&sport=…&dport=…&proto=…`
+//!   (plus `spi`, `si` for NSH flows).
+//! - `GET /metrics` — Prometheus text; `GET /` — the page.
+
+use crate::metrics::Metrics;
+use crate::store::{Store, StoreError};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::sync::Mutex;
+use telemark_core::records::{Flow, Record};
+
+/// Largest number of records in one ingest request.
+pub const MAX_RECORDS: usize = 10_000;
+
+/// An HTTP response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    /// Status code.
+    pub status: u16,
+    /// Content type.
+    pub content_type: &'static str,
+    /// Body.
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    fn json<T: Serialize>(status: u16, v: &T) -> Response {
+        Response {
+            status,
+            content_type: "application/json",
+            body: serde_json::to_vec(v).unwrap_or_default(),
+        }
+    }
+
+    /// A JSON error `{"error": msg}`.
+    pub fn error(status: u16, msg: impl std::fmt::Display) -> Response {
+        Response::json(status, &json!({ "error": msg.to_string() }))
+    }
+}
+
+/// Everything a request may touch.
+pub struct Api {
+    /// The database (SQLite serialises writers anyway).
+    pub store: Mutex<Store>,
+    /// Counters.
+    pub metrics: Metrics,
+    /// Agents silent for longer than this are reported unhealthy.
+    pub stale_ns: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Register {
+    agent: String,
+    version: String,
+    boot: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Ingest {
+    agent: String,
+    boot: u64,
+    seq: u64,
+    #[serde(default)]
+    export_dropped: u64,
+    records: Vec<Record>,
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+}
+
+impl Api {
+    /// Answers one request. `now` is the wall clock in ns since the epoch.
+    pub fn handle(&self, method: &str, url: &str, body: &[u8], now: u64) -> Response {
+        let (path, query) = url.split_once('?').unwrap_or((url, ""));
+        let route = match path {
+            "/api/v1/agents" | "/api/v1/ingest" | "/api/v1/flows" | "/api/v1/loss"
+            | "/api/v1/localise" | "/metrics" | "/" => path,
+            _ => "other",
+        };
+        let r = match (method, path) {
+            ("POST", "/api/v1/ingest") => self.ingest(body, now),
+            ("POST", "/api/v1/agents") => self.register(body, now),
+            ("GET", "/api/v1/agents") => self.agents(now),
+            ("GET", "/api/v1/flows") => self.flows(query),
+            ("GET", "/api/v1/loss") => self.loss(query),
+            ("GET", "/api/v1/localise") => self.localise(query),
+            ("GET", "/metrics") => self.metrics_page(),
+            ("GET", "/") | ("GET", "/index.html") => Response {
+                status: 200,
+                content_type: "text/html; charset=utf-8",
+                body: crate::page::HTML.as_bytes().to_vec(),
+            },
+            (_, "/api/v1/ingest" | "/api/v1/agents" | "/api/v1/flows" | "/api/v1/loss")
+            | (_, "/api/v1/localise" | "/metrics" | "/") => {
+                Response::error(405, format!("{method} is not allowed on {path}"))
+            }
+            _ => Response::error(404, format!("no such endpoint: {path}")),
+        };
+        self.metrics.request(route, r.status);
+        r
+    }
+
+    fn db_error(&self, e: StoreError) -> Response {
+        self.metrics.count_error("database");
+        Response::error(500, e)
+    }
+
+    fn register(&self, body: &[u8], now: u64) -> Response {
+        let r: Register = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => {
+                self.metrics.count_error("bad_json");
+                return Response::error(400, format!("bad registration: {e}"));
+            }
+        };
+        if !valid_name(&r.agent) || r.version.len() > 64 {
+            self.metrics.count_error("bad_agent_name");
+            return Response::error(
+                400,
+                "agent names are 1-64 characters of letters, digits and - _ . :",
+            );
+        }
+        let mut st = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        match st.register(&r.agent, &r.version, r.boot, now) {
+            Ok(()) => Response::json(200, &json!({ "agent": r.agent, "registered": true })),
+            Err(e) => self.db_error(e),
+        }
+    }
+
+    fn ingest(&self, body: &[u8], now: u64) -> Response {
+        let req: Ingest = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => {
+                self.metrics.count_error("bad_json");
+                return Response::error(400, format!("bad ingest request: {e}"));
+            }
+        };
+        if req.records.len() > MAX_RECORDS {
+            self.metrics.count_error("too_many_records");
+            return Response::error(
+                413,
+                format!("{} records in one request; at most {MAX_RECORDS}", req.records.len()),
+            );
+        }
+        if req.seq.checked_add(req.records.len() as u64).is_none_or(|e| e > i64::MAX as u64) {
+            self.metrics.count_error("bad_seq");
+            return Response::error(400, "seq out of range");
+        }
+        let mut st = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        match st.known(&req.agent) {
+            Ok(true) => {}
+            Ok(false) => {
+                self.metrics.count_error("unknown_agent");
+                return Response::error(
+                    409,
+                    format!(
+                        "unknown agent {:?}: register with POST /api/v1/agents first",
+                        req.agent
+                    ),
+                );
+            }
+            Err(e) => return self.db_error(e),
+        }
+        match st.ingest(&req.agent, req.boot, req.seq, &req.records, req.export_dropped, now) {
+            Ok(s) => {
+                self.metrics.ingested(&req.records, s);
+                Response::json(
+                    200,
+                    &json!({
+                        "accepted": s.accepted,
+                        "duplicates": s.duplicates,
+                        "next_seq": req.seq + req.records.len() as u64,
+                    }),
+                )
+            }
+            Err(e) => self.db_error(e),
+        }
+    }
+
+    fn agents(&self, now: u64) -> Response {
+        let st = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        match st.agents() {
+            Ok(a) => {
+                let v: Vec<_> = a
+                    .into_iter()
+                    .map(|a| {
+                        let healthy = now.saturating_sub(a.last_seen_ns) <= self.stale_ns;
+                        json!({ "healthy": healthy, "agent": a })
+                    })
+                    .collect();
+                Response::json(200, &v)
+            }
+            Err(e) => self.db_error(e),
+        }
+    }
+
+    fn flows(&self, query: &str) -> Response {
+        let q = match Query::parse(query) {
+            Ok(q) => q,
+            Err(e) => return self.bad_query(e),
+        };
+        let (since, limit) = match (q.u64_or("since_ns", 0), q.u64_or("limit", 100)) {
+            (Ok(s), Ok(l)) => (s, l.min(10_000) as u32),
+            (Err(e), _) | (_, Err(e)) => return self.bad_query(e),
+        };
+        let st = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        match st.flows(since, limit) {
+            Ok(f) => Response::json(200, &f),
+            Err(e) => self.db_error(e),
+        }
+    }
+
+    fn loss(&self, query: &str) -> Response {
+        let (q, flow) = match Query::parse(query).and_then(|q| q.flow().map(|f| (q, f))) {
+            Ok(x) => x,
+            Err(e) => return self.bad_query(e),
+        };
+        let (since, bucket) = match (q.u64_or("since_ns", 0), q.u64_or("bucket_ns", 1_000_000_000))
+        {
+            (Ok(s), Ok(b)) if b > 0 => (s, b),
+            (Ok(_), Ok(_)) => return self.bad_query("bucket_ns must be positive".into()),
+            (Err(e), _) | (_, Err(e)) => return self.bad_query(e),
+        };
+        let st = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        match st.series(&flow, since, bucket) {
+            Ok(s) => {
+                Response::json(200, &json!({ "flow": flow, "bucket_ns": bucket, "series": s }))
+            }
+            Err(e) => self.db_error(e),
+        }
+    }
+
+    fn localise(&self, query: &str) -> Response {
+        let (q, flow) = match Query::parse(query).and_then(|q| q.flow().map(|f| (q, f))) {
+            Ok(x) => x,
+            Err(e) => return self.bad_query(e),
+        };
+        let since = match q.u64_or("since_ns", 0) {
+            Ok(s) => s,
+            Err(e) => return self.bad_query(e),
+        };
+        let st = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        match st.segments(&flow, since) {
+            Ok(segs) => {
+                let total: u64 = segs.iter().map(|s| s.lost).sum();
+                // The segment that lost the most, if it lost most of the packets.
+                let verdict = segs.first().filter(|s| s.lost > 0 && s.lost * 2 > total).map(|s| {
+                    let at = match &s.upstream {
+                        Some(u) => format!("inside {} ({} → {})", s.agent, u, s.point),
+                        None => format!("upstream of {} {} (port {})", s.agent, s.point, s.port),
+                    };
+                    json!({ "agent": s.agent, "point": s.point, "where": at, "lost": s.lost })
+                });
+                Response::json(
+                    200,
+                    &json!({ "flow": flow, "lost": total, "segments": segs, "verdict": verdict }),
+                )
+            }
+            Err(e) => self.db_error(e),
+        }
+    }
+
+    fn metrics_page(&self) -> Response {
+        let st = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        let agents = st.agents().unwrap_or_default();
+        let counts = st.counts().unwrap_or_default();
+        drop(st);
+        Response {
+            status: 200,
+            content_type: "text/plain; version=0.0.4",
+            body: self.metrics.render(&agents, counts).into_bytes(),
+        }
+    }
+
+    fn bad_query(&self, e: String) -> Response {
+        self.metrics.count_error("bad_query");
+        Response::error(400, e)
+    }
+}
+
+/// A parsed query string.
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(q: &str) -> Result<Query, String> {
+        let mut v = Vec::new();
+        for part in q.split('&').filter(|p| !p.is_empty()) {
+            let (k, val) = part.split_once('=').unwrap_or((part, ""));
+            v.push((decode(k)?, decode(val)?));
+        }
+        Ok(Query(v))
+    }
+
+    fn get(&self, k: &str) -> Option<&str> {
+        self.0.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str())
+    }
+
+    fn u64_or(&self, k: &str, default: u64) -> Result<u64, String> {
+        match self.get(k) {
+            None => Ok(default),
+            Some(v) => v.parse().map_err(|_| format!("{k} must be a non-negative integer")),
+        }
+    }
+
+    fn num<T: std::str::FromStr>(&self, k: &str) -> Result<Option<T>, String> {
+        match self.get(k) {
+            None | Some("") => Ok(None),
+            Some(v) => v.parse().map(Some).map_err(|_| format!("bad {k}: {v:?}")),
+        }
+    }
+
+    fn flow(&self) -> Result<Flow, String> {
+        let need = |k: &str| {
+            self.get(k)
+                .ok_or_else(|| format!("missing {k} (a flow is src, dst, sport, dport, proto)"))
+        };
+        let addr = |k: &str| -> Result<String, String> {
+            let v = need(k)?;
+            v.parse::<std::net::IpAddr>()
+                .map(|a| a.to_string())
+                .map_err(|_| format!("bad {k}: {v:?}"))
+        };
+        Ok(Flow {
+            src: addr("src")?,
+            dst: addr("dst")?,
+            sport: self.num("sport")?.ok_or("missing sport")?,
+            dport: self.num("dport")?.ok_or("missing dport")?,
+            proto: self.num("proto")?.ok_or("missing proto")?,
+            spi: self.num("spi")?,
+            si: self.num("si")?,
+        })
+    }
+}
+
+/// Percent-decoding of one query component (`+` is a space).
+fn decode(s: &str) -> Result<String, String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while let Some(&c) = b.get(i) {
+        match c {
+            b'%' => {
+                let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+                let v = hex.and_then(|h| u8::from_str_radix(h, 16).ok());
+                out.push(v.ok_or_else(|| format!("bad percent escape in {s:?}"))?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            _ => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| format!("query is not UTF-8: {s:?}"))
+}

@@ -1,0 +1,447 @@
+//! The collector's store: one SQLite database (WAL, `synchronous = FULL`), written in one
+//! transaction per ingest request and committed before the request is acknowledged.
+//!
+//! Every record an agent sends carries (agent, boot, seq): the agent's name, a number that
+//! changes every time the agent starts, and the record's position in that run. The triple is
+//! the primary key, so a batch the agent sends again after a lost acknowledgement is taken once
+//! and counted as duplicate: at-least-once delivery, exactly-once storage.
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Serialize;
+use std::path::Path;
+use telemark_core::records::{Flow, Record};
+
+/// A storage failure (disk full, corrupt database): the request is not acknowledged.
+#[derive(Debug, thiserror::Error)]
+#[error("database: {0}")]
+pub struct StoreError(#[from] rusqlite::Error);
+
+/// What one ingest stored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Stored {
+    /// Records stored now.
+    pub accepted: u64,
+    /// Records already stored earlier (a retry), ignored.
+    pub duplicates: u64,
+}
+
+/// A registered agent and its health.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Agent {
+    /// Name.
+    pub agent: String,
+    /// Software version it reported.
+    pub version: String,
+    /// Its current run.
+    pub boot: u64,
+    /// When it registered first (ns since the epoch).
+    pub first_seen_ns: u64,
+    /// Its last request.
+    pub last_seen_ns: u64,
+    /// Records stored from it.
+    pub records: u64,
+    /// Telemetry it reported having dropped (export buffer full), from its last request.
+    pub export_dropped: u64,
+}
+
+/// One point of a flow's loss time series.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SeriesPoint {
+    /// Agent.
+    pub agent: String,
+    /// Observation point.
+    pub point: String,
+    /// Start of the time bucket (ns).
+    pub t_ns: u64,
+    /// Batches stored in the bucket (lossy ones, unless the agent reports all).
+    pub batches: u64,
+    /// Packets expected.
+    pub expected: u64,
+    /// Packets lost.
+    pub lost: u64,
+    /// Packets late.
+    pub late: u64,
+}
+
+/// A flow with its loss totals.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FlowSummary {
+    /// The flow.
+    pub flow: Flow,
+    /// Lossy batches stored.
+    pub lossy_batches: u64,
+    /// Packets lost, over every point.
+    pub lost: u64,
+    /// First and last batch time.
+    pub first_ns: u64,
+    /// Last batch time.
+    pub last_ns: u64,
+}
+
+/// Loss on one segment of a flow's path: the stretch just upstream of one point.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Segment {
+    /// Agent of the point.
+    pub agent: String,
+    /// The point.
+    pub point: String,
+    /// Its port.
+    pub port: String,
+    /// The point upstream of it in the same agent, if any.
+    pub upstream: Option<String>,
+    /// Packets lost on the segment.
+    pub lost: u64,
+    /// Packets expected.
+    pub expected: u64,
+    /// Lossy batches.
+    pub lossy_batches: u64,
+}
+
+/// The database.
+pub struct Store {
+    db: Connection,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS agents (
+    agent TEXT PRIMARY KEY,
+    version TEXT NOT NULL,
+    boot INTEGER NOT NULL,
+    first_seen_ns INTEGER NOT NULL,
+    last_seen_ns INTEGER NOT NULL,
+    records INTEGER NOT NULL DEFAULT 0,
+    export_dropped INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS loss (
+    agent TEXT NOT NULL, boot INTEGER NOT NULL, seq INTEGER NOT NULL,
+    port TEXT NOT NULL, point TEXT NOT NULL, upstream TEXT,
+    src TEXT NOT NULL, dst TEXT NOT NULL, sport INTEGER NOT NULL, dport INTEGER NOT NULL,
+    proto INTEGER NOT NULL, spi INTEGER, si INTEGER,
+    color INTEGER NOT NULL, batch INTEGER NOT NULL, first_ns INTEGER NOT NULL,
+    last_ns INTEGER NOT NULL, expected INTEGER, observed INTEGER NOT NULL,
+    lost INTEGER NOT NULL, late INTEGER NOT NULL,
+    PRIMARY KEY (agent, boot, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS loss_flow ON loss (src, dst, sport, dport, proto, first_ns);
+CREATE INDEX IF NOT EXISTS loss_time ON loss (first_ns);
+CREATE TABLE IF NOT EXISTS other (
+    agent TEXT NOT NULL, boot INTEGER NOT NULL, seq INTEGER NOT NULL,
+    kind TEXT NOT NULL, time_ns INTEGER NOT NULL, json TEXT NOT NULL,
+    PRIMARY KEY (agent, boot, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS other_time ON other (time_ns);
+";
+
+fn i(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn u(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+impl Store {
+    /// Opens (creating if needed) the database at `path`; `":memory:"` for a throw-away one.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let db = Connection::open(path)?;
+        db.pragma_update(None, "journal_mode", "WAL")?;
+        db.pragma_update(None, "synchronous", "FULL")?;
+        db.busy_timeout(std::time::Duration::from_secs(5))?;
+        db.execute_batch(SCHEMA)?;
+        Ok(Store { db })
+    }
+
+    /// Registers `agent` (or updates it on a new run).
+    pub fn register(
+        &mut self,
+        agent: &str,
+        version: &str,
+        boot: u64,
+        now: u64,
+    ) -> Result<(), StoreError> {
+        self.db.execute(
+            "INSERT INTO agents (agent, version, boot, first_seen_ns, last_seen_ns)
+             VALUES (?1, ?2, ?3, ?4, ?4)
+             ON CONFLICT (agent) DO UPDATE SET version = ?2, boot = ?3, last_seen_ns = ?4",
+            params![agent, version, i(boot), i(now)],
+        )?;
+        Ok(())
+    }
+
+    /// Whether `agent` has registered.
+    pub fn known(&self, agent: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .db
+            .query_row("SELECT 1 FROM agents WHERE agent = ?1", [agent], |_| Ok(()))
+            .optional()?
+            .is_some())
+    }
+
+    /// Stores `records` numbered `seq`, `seq + 1`, … of `agent`'s run `boot`, durably, in one
+    /// transaction; `export_dropped` is the agent's own count of records it had to drop.
+    pub fn ingest(
+        &mut self,
+        agent: &str,
+        boot: u64,
+        seq: u64,
+        records: &[Record],
+        export_dropped: u64,
+        now: u64,
+    ) -> Result<Stored, StoreError> {
+        let tx = self.db.transaction()?;
+        let mut st = Stored::default();
+        {
+            let mut loss = tx.prepare_cached(
+                "INSERT OR IGNORE INTO loss VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,
+                 ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
+            )?;
+            let mut other =
+                tx.prepare_cached("INSERT OR IGNORE INTO other VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?;
+            for (n, r) in records.iter().enumerate() {
+                let s = i(seq.saturating_add(n as u64));
+                let added = match r {
+                    Record::Loss(l) => loss.execute(params![
+                        agent,
+                        i(boot),
+                        s,
+                        l.port,
+                        l.point,
+                        l.upstream,
+                        l.flow.src,
+                        l.flow.dst,
+                        l.flow.sport,
+                        l.flow.dport,
+                        l.flow.proto,
+                        l.flow.spi,
+                        l.flow.si,
+                        l.color,
+                        i(l.batch),
+                        i(l.first_ns),
+                        i(l.last_ns),
+                        l.expected.map(i),
+                        i(l.observed),
+                        i(l.lost),
+                        i(l.late),
+                    ])?,
+                    other_rec => {
+                        let (kind, t) = match other_rec {
+                            Record::Summary(s) => ("summary", s.interval_end_ns),
+                            Record::FlowLoss(_) => ("flow_loss", now),
+                            Record::Cost(_) => ("cost", now),
+                            Record::Loss(_) => ("loss", now),
+                        };
+                        let json = serde_json::to_string(other_rec).unwrap_or_default();
+                        other.execute(params![agent, i(boot), s, kind, i(t), json])?
+                    }
+                };
+                if added == 1 {
+                    st.accepted += 1;
+                } else {
+                    st.duplicates += 1;
+                }
+            }
+            tx.execute(
+                "UPDATE agents SET last_seen_ns = ?2, records = records + ?3, export_dropped = ?4
+                 WHERE agent = ?1",
+                params![agent, i(now), i(st.accepted), i(export_dropped)],
+            )?;
+        }
+        tx.commit()?;
+        Ok(st)
+    }
+
+    /// Deletes records whose time is before `before_ns`; returns how many.
+    pub fn expire(&mut self, before_ns: u64) -> Result<u64, StoreError> {
+        let a = self.db.execute("DELETE FROM loss WHERE first_ns < ?1", [i(before_ns)])?;
+        let b = self.db.execute("DELETE FROM other WHERE time_ns < ?1", [i(before_ns)])?;
+        Ok((a + b) as u64)
+    }
+
+    /// The registered agents.
+    pub fn agents(&self) -> Result<Vec<Agent>, StoreError> {
+        let mut q = self.db.prepare(
+            "SELECT agent, version, boot, first_seen_ns, last_seen_ns, records, export_dropped
+             FROM agents ORDER BY agent",
+        )?;
+        let rows = q.query_map([], |r| {
+            Ok(Agent {
+                agent: r.get(0)?,
+                version: r.get(1)?,
+                boot: u(r.get(2)?),
+                first_seen_ns: u(r.get(3)?),
+                last_seen_ns: u(r.get(4)?),
+                records: u(r.get(5)?),
+                export_dropped: u(r.get(6)?),
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Flows with lossy batches since `since_ns`, most lost first, at most `limit`.
+    pub fn flows(&self, since_ns: u64, limit: u32) -> Result<Vec<FlowSummary>, StoreError> {
+        let mut q = self.db.prepare(
+            "SELECT src, dst, sport, dport, proto, spi, si, SUM(lost > 0), SUM(lost),
+                    MIN(first_ns), MAX(last_ns)
+             FROM loss WHERE first_ns >= ?1
+             GROUP BY src, dst, sport, dport, proto, spi, si
+             ORDER BY SUM(lost) DESC LIMIT ?2",
+        )?;
+        let rows = q.query_map(params![i(since_ns), limit], |r| {
+            Ok(FlowSummary {
+                flow: flow_of(r)?,
+                lossy_batches: u(r.get(7)?),
+                lost: u(r.get(8)?),
+                first_ns: u(r.get(9)?),
+                last_ns: u(r.get(10)?),
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// `flow`'s loss per agent and point in buckets of `bucket_ns`, from `since_ns` on.
+    pub fn series(
+        &self,
+        flow: &Flow,
+        since_ns: u64,
+        bucket_ns: u64,
+    ) -> Result<Vec<SeriesPoint>, StoreError> {
+        let b = i(bucket_ns.max(1));
+        let mut q = self.db.prepare(
+            "SELECT agent, point, (first_ns / ?1) * ?1 AS t, COUNT(*), SUM(COALESCE(expected, 0)),
+                    SUM(lost), SUM(late)
+             FROM loss
+             WHERE src = ?2 AND dst = ?3 AND sport = ?4 AND dport = ?5 AND proto = ?6
+               AND spi IS ?7 AND si IS ?8 AND first_ns >= ?9
+             GROUP BY agent, point, t ORDER BY t, agent, point",
+        )?;
+        let rows = q.query_map(
+            params![
+                b,
+                flow.src,
+                flow.dst,
+                flow.sport,
+                flow.dport,
+                flow.proto,
+                flow.spi,
+                flow.si,
+                i(since_ns)
+            ],
+            |r| {
+                Ok(SeriesPoint {
+                    agent: r.get(0)?,
+                    point: r.get(1)?,
+                    t_ns: u(r.get(2)?),
+                    batches: u(r.get(3)?),
+                    expected: u(r.get(4)?),
+                    lost: u(r.get(5)?),
+                    late: u(r.get(6)?),
+                })
+            },
+        )?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// `flow`'s loss per segment since `since_ns`, most lost first.
+    pub fn segments(&self, flow: &Flow, since_ns: u64) -> Result<Vec<Segment>, StoreError> {
+        let mut q = self.db.prepare(
+            "SELECT agent, point, port, upstream, SUM(lost), SUM(COALESCE(expected, 0)),
+                    SUM(lost > 0)
+             FROM loss
+             WHERE src = ?1 AND dst = ?2 AND sport = ?3 AND dport = ?4 AND proto = ?5
+               AND spi IS ?6 AND si IS ?7 AND first_ns >= ?8
+             GROUP BY agent, point, port, upstream ORDER BY SUM(lost) DESC",
+        )?;
+        let rows = q.query_map(
+            params![
+                flow.src,
+                flow.dst,
+                flow.sport,
+                flow.dport,
+                flow.proto,
+                flow.spi,
+                flow.si,
+                i(since_ns)
+            ],
+            |r| {
+                Ok(Segment {
+                    agent: r.get(0)?,
+                    point: r.get(1)?,
+                    port: r.get(2)?,
+                    upstream: r.get(3)?,
+                    lost: u(r.get(4)?),
+                    expected: u(r.get(5)?),
+                    lossy_batches: u(r.get(6)?),
+                })
+            },
+        )?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Records stored, per table.
+    pub fn counts(&self) -> Result<(u64, u64), StoreError> {
+        let l: i64 = self.db.query_row("SELECT COUNT(*) FROM loss", [], |r| r.get(0))?;
+        let o: i64 = self.db.query_row("SELECT COUNT(*) FROM other", [], |r| r.get(0))?;
+        Ok((u(l), u(o)))
+    }
+}
+
+fn flow_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Flow> {
+    Ok(Flow {
+        src: r.get(0)?,
+        dst: r.get(1)?,
+        sport: r.get(2)?,
+        dport: r.get(3)?,
+        proto: r.get(4)?,
+        spi: r.get(5)?,
+        si: r.get(6)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use telemark_core::records::LossRecord;
+
+    #[test]
+    fn same_seq_is_stored_once() {
+        let mut s = Store::open(Path::new(":memory:")).unwrap();
+        s.register("a", "1", 7, 0).unwrap();
+        let r = Record::Loss(LossRecord {
+            agent: "a".into(),
+            port: "p".into(),
+            point: "ingress".into(),
+            upstream: None,
+            flow: Flow {
+                src: "1.1.1.1".into(),
+                dst: "2.2.2.2".into(),
+                sport: 1,
+                dport: 2,
+                proto: 6,
+                spi: None,
+                si: None,
+            },
+            color: 0,
+            batch: 0,
+            first_ns: 5,
+            last_ns: 6,
+            expected: Some(100),
+            observed: 99,
+            lost: 1,
+            late: 0,
+        });
+        let recs = vec![r.clone(), r.clone(), r.clone()];
+        assert_eq!(
+            s.ingest("a", 7, 0, &recs, 0, 1).unwrap(),
+            Stored { accepted: 3, duplicates: 0 }
+        );
+        assert_eq!(
+            s.ingest("a", 7, 1, &recs[..1], 0, 1).unwrap(),
+            Stored { accepted: 0, duplicates: 1 }
+        );
+        assert_eq!(
+            s.ingest("a", 8, 1, &recs[..1], 0, 1).unwrap(),
+            Stored { accepted: 1, duplicates: 0 }
+        );
+        assert_eq!(s.counts().unwrap(), (4, 0));
+    }
+}

@@ -1,0 +1,72 @@
+//! `telemark collector`: the telemetry server (docs/collector.md).
+
+use anyhow::{Context, Result};
+use clap::Args as ClapArgs;
+use std::path::PathBuf;
+use std::time::Duration;
+use telemark_collector::{Collector, Config};
+
+/// `telemark collector` flags.
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:9900")]
+    pub listen: std::net::SocketAddr,
+    /// SQLite database file (created if missing).
+    #[arg(long, default_value = "telemark.db")]
+    pub db: PathBuf,
+    /// Delete records older than this (e.g. 3600s, 90m, 48h, 7d; 0 keeps everything).
+    #[arg(long, default_value = "7d", value_parser = parse_duration)]
+    pub retention: Duration,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, default_value_t = 8 << 20)]
+    pub max_body: usize,
+    /// Request-handling threads.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub workers: u16,
+}
+
+/// A duration: a number with an optional unit s, m, h or d (seconds by default).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 's')) => (&s[..i], 1),
+        Some((i, 'm')) => (&s[..i], 60),
+        Some((i, 'h')) => (&s[..i], 3600),
+        Some((i, 'd')) => (&s[..i], 86_400),
+        _ => (s, 1),
+    };
+    let n: f64 =
+        num.parse().map_err(|_| format!("not a duration: {s:?} (try 30s, 15m, 48h, 7d)"))?;
+    if !(0.0..=1e10).contains(&n) {
+        return Err(format!("duration out of range: {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(n * f64::from(mult)))
+}
+
+/// Runs the collector until Ctrl-C.
+pub fn run(a: Args) -> Result<()> {
+    let cfg = Config {
+        listen: a.listen,
+        db: a.db,
+        retention: a.retention,
+        max_body: a.max_body,
+        workers: usize::from(a.workers),
+        ..Config::default()
+    };
+    let c = Collector::start(&cfg)?;
+    eprintln!(
+        "telemark collector: http://{} (page, /api/v1/…, /metrics), database {}",
+        c.addr,
+        cfg.db.display()
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    ctrlc::set_handler(move || {
+        let _ = tx.send(());
+    })
+    .context("installing the Ctrl-C handler")?;
+    let _ = rx.recv();
+    eprintln!("telemark collector: stopping");
+    c.stop();
+    Ok(())
+}
