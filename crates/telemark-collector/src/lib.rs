@@ -125,7 +125,7 @@ impl Collector {
                     if last.elapsed() >= Duration::from_secs(60) {
                         last = std::time::Instant::now();
                         let before = now_ns().saturating_sub(keep.as_nanos() as u64);
-                        let mut st = api.store.lock().unwrap_or_else(|p| p.into_inner());
+                        let mut st = api.store();
                         if st.expire(before).is_err() {
                             api.metrics.count_error("retention");
                         }

@@ -6,7 +6,7 @@
 //! the primary key, so a batch the agent sends again after a lost acknowledgement is taken once
 //! and counted as duplicate: at-least-once delivery, exactly-once storage.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension, ToSql};
 use serde::Serialize;
 use std::path::Path;
 use telemark_core::records::{Flow, Record};
@@ -131,6 +131,24 @@ CREATE TABLE IF NOT EXISTS other (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS other_time ON other (time_ns);
 ";
+
+/// One flow's loss records from `:since` on (see [`flow_args`]).
+const FLOW_SINCE: &str = "src = :src AND dst = :dst AND sport = :sport AND dport = :dport
+    AND proto = :proto AND spi IS :spi AND si IS :si AND first_ns >= :since";
+
+/// The arguments of [`FLOW_SINCE`].
+fn flow_args<'a>(f: &'a Flow, since: &'a i64) -> [(&'static str, &'a dyn ToSql); 8] {
+    [
+        (":src", &f.src),
+        (":dst", &f.dst),
+        (":sport", &f.sport),
+        (":dport", &f.dport),
+        (":proto", &f.proto),
+        (":spi", &f.spi),
+        (":si", &f.si),
+        (":since", since),
+    ]
+}
 
 fn i(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
@@ -305,75 +323,56 @@ impl Store {
         since_ns: u64,
         bucket_ns: u64,
     ) -> Result<Vec<SeriesPoint>, StoreError> {
-        let b = i(bucket_ns.max(1));
-        let mut q = self.db.prepare(
-            "SELECT agent, point, (first_ns / ?1) * ?1 AS t, COUNT(*), SUM(COALESCE(expected, 0)),
-                    SUM(lost), SUM(late)
-             FROM loss
-             WHERE src = ?2 AND dst = ?3 AND sport = ?4 AND dport = ?5 AND proto = ?6
-               AND spi IS ?7 AND si IS ?8 AND first_ns >= ?9
-             GROUP BY agent, point, t ORDER BY t, agent, point",
-        )?;
-        let rows = q.query_map(
-            params![
-                b,
-                flow.src,
-                flow.dst,
-                flow.sport,
-                flow.dport,
-                flow.proto,
-                flow.spi,
-                flow.si,
-                i(since_ns)
-            ],
-            |r| {
-                Ok(SeriesPoint {
-                    agent: r.get(0)?,
-                    point: r.get(1)?,
-                    t_ns: u(r.get(2)?),
-                    batches: u(r.get(3)?),
-                    expected: u(r.get(4)?),
-                    lost: u(r.get(5)?),
-                    late: u(r.get(6)?),
-                })
-            },
-        )?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let sql = format!(
+            "SELECT agent, point, (first_ns / :bucket) * :bucket AS t, COUNT(*),
+                    SUM(COALESCE(expected, 0)), SUM(lost), SUM(late)
+             FROM loss WHERE {FLOW_SINCE} GROUP BY agent, point, t ORDER BY t, agent, point"
+        );
+        let (bucket, since) = (i(bucket_ns.max(1)), i(since_ns));
+        let mut args = flow_args(flow, &since).to_vec();
+        args.push((":bucket", &bucket));
+        self.query(&sql, &args, |r| {
+            Ok(SeriesPoint {
+                agent: r.get(0)?,
+                point: r.get(1)?,
+                t_ns: u(r.get(2)?),
+                batches: u(r.get(3)?),
+                expected: u(r.get(4)?),
+                lost: u(r.get(5)?),
+                late: u(r.get(6)?),
+            })
+        })
     }
 
     /// `flow`'s loss per segment since `since_ns`, most lost first.
     pub fn segments(&self, flow: &Flow, since_ns: u64) -> Result<Vec<Segment>, StoreError> {
-        let mut q = self.db.prepare(
+        let sql = format!(
             "SELECT agent, point, port, upstream, SUM(lost), SUM(COALESCE(expected, 0)),
                     SUM(lost > 0)
-             FROM loss
-             WHERE src = ?1 AND dst = ?2 AND sport = ?3 AND dport = ?4 AND proto = ?5
-               AND spi IS ?6 AND si IS ?7 AND first_ns >= ?8
-             GROUP BY agent, point, port, upstream ORDER BY SUM(lost) DESC",
-        )?;
-        let rows = q.query_map(
-            params![
-                flow.src,
-                flow.dst,
-                flow.sport,
-                flow.dport,
-                flow.proto,
-                flow.spi,
-                flow.si,
-                i(since_ns)
-            ],
-            |r| {
-                Ok(Segment {
-                    agent: r.get(0)?,
-                    point: r.get(1)?,
-                    port: r.get(2)?,
-                    upstream: r.get(3)?,
-                    lost: u(r.get(4)?),
-                    expected: u(r.get(5)?),
-                    lossy_batches: u(r.get(6)?),
-                })
-            },
-        )?;
+             FROM loss WHERE {FLOW_SINCE}
+             GROUP BY agent, point, port, upstream ORDER BY SUM(lost) DESC"
+        );
+        self.query(&sql, &flow_args(flow, &i(since_ns)), |r| {
+            Ok(Segment {
+                agent: r.get(0)?,
+                point: r.get(1)?,
+                port: r.get(2)?,
+                upstream: r.get(3)?,
+                lost: u(r.get(4)?),
+                expected: u(r.get(5)?),
+                lossy_batches: u(r.get(6)?),
+            })
+        })
+    }
+
+    fn query<T>(
+        &self,
+        sql: &str,
+        args: &[(&str, &dyn ToSql)],
+        row: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    ) -> Result<Vec<T>, StoreError> {
+        let mut q = self.db.prepare_cached(sql)?;
+        let rows = q.query_map(args, row)?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
 

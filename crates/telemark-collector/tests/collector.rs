@@ -50,23 +50,20 @@ fn start(db: &std::path::Path, listen: SocketAddr) -> Collector {
     Collector::start(&cfg).expect("collector starts")
 }
 
-fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    match ureq::get(&format!("http://{addr}{path}")).call() {
+/// Status and body of a request, error statuses included.
+fn send(method: &str, addr: SocketAddr, path: &str, body: &[u8]) -> (u16, String) {
+    let r = ureq::request(method, &format!("http://{addr}{path}"))
+        .set("Content-Type", "application/json")
+        .send_bytes(body);
+    match r {
         Ok(r) => (r.status(), r.into_string().unwrap()),
         Err(ureq::Error::Status(s, r)) => (s, r.into_string().unwrap()),
-        Err(e) => panic!("{e}"),
+        Err(e) => panic!("{method} {path}: {e}"),
     }
 }
 
-fn post(addr: SocketAddr, path: &str, body: &[u8]) -> (u16, String) {
-    match ureq::post(&format!("http://{addr}{path}"))
-        .set("Content-Type", "application/json")
-        .send_bytes(body)
-    {
-        Ok(r) => (r.status(), r.into_string().unwrap()),
-        Err(ureq::Error::Status(s, r)) => (s, r.into_string().unwrap()),
-        Err(e) => panic!("{e}"),
-    }
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    send("GET", addr, path, b"")
 }
 
 fn metric(addr: SocketAddr, line_prefix: &str) -> u64 {
@@ -111,7 +108,7 @@ fn restart_loses_and_duplicates_nothing() {
         "agent": "sw-b", "boot": 42, "seq": 10,
         "records": [loss("sw-b", "egress", Some("ingress"), 10, 10 % 7)],
     });
-    let (s, body) = post(addr, "/api/v1/ingest", again.to_string().as_bytes());
+    let (s, body) = send("POST", addr, "/api/v1/ingest", again.to_string().as_bytes());
     assert_eq!(s, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!((v["accepted"].as_u64(), v["duplicates"].as_u64()), (Some(0), Some(1)));
@@ -204,12 +201,7 @@ fn bad_input_gets_clear_errors_and_counters() {
         ("GET", "/api/v1/flows?limit=-3", vec![], 400, "limit"),
     ];
     for (method, path, body, status, msg) in &cases {
-        let r = ureq::request(method, &format!("http://{a}{path}")).send_bytes(body);
-        let (s, text) = match r {
-            Ok(r) => (r.status(), r.into_string().unwrap()),
-            Err(ureq::Error::Status(s, r)) => (s, r.into_string().unwrap()),
-            Err(e) => panic!("{method} {path}: {e}"),
-        };
+        let (s, text) = send(method, a, path, body);
         assert_eq!(s, *status, "{method} {path}: {text}");
         let v: serde_json::Value = serde_json::from_str(&text).expect("JSON error body");
         assert!(v["error"].as_str().unwrap().contains(msg), "{method} {path}: {text}");
@@ -222,10 +214,12 @@ fn bad_input_gets_clear_errors_and_counters() {
     ex.push(loss("good", "ingress", None, 1, 3));
     assert_eq!(ex.flush().unwrap(), 1);
     assert_eq!(c.api.store.lock().unwrap().counts().unwrap().0, 1);
-    // The page is served.
+    // The page is served, and draws from the API.
     let (s, page) = get(a, "/");
     assert_eq!(s, 200);
-    assert!(page.contains("<svg") || page.contains("svg"));
+    for endpoint in ["/api/v1/flows", "/api/v1/loss?", "/api/v1/localise?", "/api/v1/agents"] {
+        assert!(page.contains(endpoint), "the page does not use {endpoint}");
+    }
 }
 
 /// Loss reported at two switches: localisation names the segment that lost the packets.

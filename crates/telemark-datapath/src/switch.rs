@@ -22,11 +22,7 @@ use telemark_wire::{ipv4, ipv6, FlowKey};
 
 macro_rules! each {
     ($self:expr, $t:ident => $e:expr) => {
-        match $self {
-            AnyPairTable::U8($t) => $e,
-            AnyPairTable::U16($t) => $e,
-            AnyPairTable::U32($t) => $e,
-        }
+        telemark_core::each_width!(AnyPairTable, $self, $t => $e)
     };
 }
 
@@ -305,15 +301,7 @@ impl Switch {
     {
         match self.loss.as_mut() {
             None => burst::<u8, _, _, _>(&mut self.core, None, pkts, sink, tx, drop_inside),
-            Some(AnyPairTable::U8(t)) => {
-                burst(&mut self.core, Some(t), pkts, sink, tx, drop_inside)
-            }
-            Some(AnyPairTable::U16(t)) => {
-                burst(&mut self.core, Some(t), pkts, sink, tx, drop_inside)
-            }
-            Some(AnyPairTable::U32(t)) => {
-                burst(&mut self.core, Some(t), pkts, sink, tx, drop_inside)
-            }
+            Some(l) => each!(l, t => burst(&mut self.core, Some(t), pkts, sink, tx, drop_inside)),
         }
     }
 

@@ -119,6 +119,21 @@ impl BatchEvent {
     }
 }
 
+/// Flow `i` of the unit tests: 10.0.0.i → 10.0.1.1, UDP 1 → 2.
+#[cfg(test)]
+pub(crate) fn test_key(i: u8) -> FlowKey {
+    use core::net::{IpAddr, Ipv4Addr};
+    FlowKey {
+        src: IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)),
+        dst: IpAddr::V4(Ipv4Addr::new(10, 0, 1, 1)),
+        sport: 1,
+        dport: 2,
+        proto: 17,
+        spi: None,
+        si: None,
+    }
+}
+
 /// Reads the color bit from a DSCP value.
 #[inline(always)]
 pub fn color_of(dscp: u8, color_bit: u8) -> u8 {

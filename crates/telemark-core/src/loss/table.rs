@@ -210,11 +210,7 @@ pub enum AnyColorTable {
 
 macro_rules! each {
     ($self:expr, $t:ident => $e:expr) => {
-        match $self {
-            AnyColorTable::U8($t) => $e,
-            AnyColorTable::U16($t) => $e,
-            AnyColorTable::U32($t) => $e,
-        }
+        crate::each_width!(AnyColorTable, $self, $t => $e)
     };
 }
 
@@ -266,20 +262,7 @@ impl AnyColorTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loss::BatchEventKind;
-    use core::net::{IpAddr, Ipv4Addr};
-
-    fn key(i: u8) -> FlowKey {
-        FlowKey {
-            src: IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)),
-            dst: IpAddr::V4(Ipv4Addr::new(10, 0, 1, 1)),
-            sport: 1,
-            dport: 2,
-            proto: 17,
-            spi: None,
-            si: None,
-        }
-    }
+    use crate::loss::{test_key as key, BatchEventKind};
 
     /// Colors of `batches` batches of `b` packets, alternately 0 and 1.
     fn stream(b: usize, batches: usize) -> Vec<u8> {
