@@ -273,6 +273,14 @@ impl Api {
                 // The segment that lost the most, if it lost most of the packets.
                 let verdict = segs.first().filter(|s| s.lost > 0 && s.lost * 2 > total).map(|s| {
                     let at = match &s.upstream {
+                        // Another agent's point: the path between two switches.
+                        Some(u) if u.contains('/') => format!(
+                            "on the path from {} to {} {} (port {})",
+                            u.replacen('/', " ", 1),
+                            s.agent,
+                            s.point,
+                            s.port
+                        ),
                         Some(u) => format!("inside {} ({} → {})", s.agent, u, s.point),
                         None => format!("upstream of {} {} (port {})", s.agent, s.point, s.port),
                     };

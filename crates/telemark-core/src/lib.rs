@@ -20,6 +20,8 @@ pub mod hash;
 pub mod loss;
 pub mod records;
 pub mod spsc;
+pub mod units;
+pub mod watch;
 
 pub use hash::flow_hash;
 pub use telemark_wire::FlowKey;

@@ -34,6 +34,7 @@ pub fn run(b: u32, batches: u32, p: f64, reorder: u64, seed: u64) -> Outcome {
         upstream,
         marker,
         skew_ns: 0,
+        upstream_label: None,
     };
     let mut agg = Aggregator::new(
         vec![

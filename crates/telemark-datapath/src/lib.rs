@@ -2,6 +2,7 @@
 //! observe@egress, over capture files (this crate) and, later, live ports. The stages call the
 //! sans-IO core; only this crate knows where packets come from.
 
+pub mod afpacket;
 pub mod bench;
 pub mod capture;
 pub mod dropper;

@@ -58,6 +58,13 @@ pub struct RingSink {
     pub dropped: u64,
 }
 
+impl RingSink {
+    /// A sink feeding `prod`.
+    pub fn new(prod: Producer<BatchEvent>) -> Self {
+        RingSink { prod, dropped: 0 }
+    }
+}
+
 impl EventSink for RingSink {
     #[inline]
     fn emit(&mut self, ev: BatchEvent) {
@@ -114,6 +121,7 @@ impl Replay {
             upstream,
             marker,
             skew_ns: 0,
+            upstream_label: None,
         };
         let pts = vec![
             spec("marker", None, true),

@@ -17,6 +17,7 @@ use telemark_core::loss::{
     color_of, with_color, AnyPairTable, Counter, EventSink, LossConfig, Marker, PairTable,
     PointStats,
 };
+use telemark_core::watch::Watch;
 use telemark_wire::flow::{self, LinkType, Parsed};
 use telemark_wire::{ipv4, ipv6, FlowKey};
 
@@ -202,6 +203,8 @@ pub struct SwitchStats {
     pub dropped: u64,
     /// Packets an output ring had no room for.
     pub tx_full: u64,
+    /// Packets of flows the watch rules leave out (forwarded, not marked, not measured).
+    pub unwatched: u64,
 }
 
 /// Switch settings.
@@ -240,6 +243,8 @@ struct Core {
     /// Whether prefetching the loss state pays: only when it does not fit in the L2 cache.
     prefetch_loss: bool,
     stats: SwitchStats,
+    /// Flows to learn and measure (`None`: all, first come first served).
+    watch: Option<Watch>,
 }
 
 /// The switch: forwarding table, optional marker, the loss state of ingress and egress.
@@ -264,10 +269,17 @@ impl Switch {
                 meta: [Meta::default(); BURST],
                 prefetch_loss,
                 stats: SwitchStats::default(),
+                watch: None,
                 cfg,
             },
             loss,
         }
+    }
+
+    /// Learns and measures only the flows `watch` matches (default: all).
+    pub fn with_watch(mut self, watch: Watch) -> Self {
+        self.core.watch = Some(watch).filter(|w| !w.rules.is_empty());
+        self
     }
 
     /// The forwarding table.
@@ -406,6 +418,19 @@ fn burst<C, S, T, D>(
             continue;
         };
         let now = p.ts_ns;
+        let slot = match core.fib.lookup(&parsed.key, m.hash) {
+            Some(s) => Some(s),
+            None => {
+                core.stats.fib_miss += 1;
+                if core.watch.as_ref().is_some_and(|w| !w.matches(&parsed.key)) {
+                    // Not ours to measure: forwarded untouched.
+                    core.stats.unwatched += 1;
+                    send(tx, &mut core.stats, core.cfg.default_port, idx);
+                    continue;
+                }
+                learn(&core.cfg, &mut core.fib, &mut core.stats, &parsed.key, m.hash)
+            }
+        };
         if let Some(mk) = core.marker.as_mut() {
             if let Some((c, ord)) = mk.mark(&parsed.key, m.hash, now, sink) {
                 let d = with_color(parsed.dscp, color_bit, c);
@@ -415,13 +440,6 @@ fn burst<C, S, T, D>(
                 p.batch = Some(ord);
             }
         }
-        let slot = match core.fib.lookup(&parsed.key, m.hash) {
-            Some(s) => Some(s),
-            None => {
-                core.stats.fib_miss += 1;
-                learn(&core.cfg, &mut core.fib, &mut core.stats, &parsed.key, m.hash)
-            }
-        };
         let port = slot.and_then(|s| core.fib.port(s)).unwrap_or(core.cfg.default_port);
         let color = color_of(parsed.dscp, color_bit);
         let watched = match (loss.as_deref_mut(), slot) {
@@ -578,6 +596,48 @@ mod tests {
         }
         let [i, e] = sw.point_stats().unwrap();
         assert_eq!((i.admitted, e.admitted, i.evicted, i.refused), (3, 3, 3, 0));
+    }
+
+    /// With watch rules, a marking switch colors and measures the flows the rules match and
+    /// forwards the others byte for byte, without learning them.
+    #[test]
+    fn only_watched_flows_are_marked_and_measured() {
+        let cfg = SwitchConfig {
+            link: LinkType::Ethernet,
+            action: Action::NoAction,
+            loss: Some(LossConfig::default()),
+            mark: true,
+            default_port: 1,
+            learn: true,
+            points: (0, 1, 2),
+        };
+        let watch = Watch { rules: vec!["src=10.0.0.1/32".parse().unwrap()] };
+        let mut sw = Switch::new(cfg, 16).with_watch(watch);
+        let mut pkts: Vec<Pkt> = (0..300u32)
+            .map(|i| Pkt {
+                ts_ns: u64::from(i),
+                data: crate::gen::build_frame(&key(1 + i % 2), 18, 0, 64),
+                ..Pkt::default()
+            })
+            .collect();
+        let sent: Vec<Vec<u8>> = pkts.iter().map(|p| p.data.clone()).collect();
+        let (mut ev, mut out) = (Vec::new(), Out(Vec::new()));
+        for chunk in pkts.chunks_mut(BURST) {
+            sw.process(chunk, &mut ev, &mut out, |_, _| false);
+        }
+        assert_eq!(out.0.len(), 300);
+        let st = sw.stats();
+        assert_eq!((st.learned, st.unwatched, sw.fib().len()), (1, 150, 1));
+        for (i, (p, orig)) in pkts.iter().zip(&sent).enumerate() {
+            let parsed = flow::extract(&p.data, LinkType::Ethernet).unwrap();
+            if i % 2 == 1 {
+                assert_eq!(&p.data, orig, "unwatched packet {i} was changed");
+            } else {
+                // Watched: its 150 packets colored 0 ×100 then 1 ×50.
+                assert_eq!(color_of(parsed.dscp, 0), u8::from(i / 2 >= 100), "packet {i}");
+            }
+        }
+        assert!(ev.iter().all(|e| e.key == key(1)), "events for an unwatched flow");
     }
 
     /// Random inserts and removals against a `HashMap` model: every flow the model holds is

@@ -26,22 +26,9 @@ pub struct Args {
     pub workers: u16,
 }
 
-/// A duration: a number with an optional unit s, m, h or d (seconds by default).
+/// A duration such as `30s`, `15m`, `48h`, `7d` (seconds without a unit; 0 allowed).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, 's')) => (&s[..i], 1),
-        Some((i, 'm')) => (&s[..i], 60),
-        Some((i, 'h')) => (&s[..i], 3600),
-        Some((i, 'd')) => (&s[..i], 86_400),
-        _ => (s, 1),
-    };
-    let n: f64 =
-        num.parse().map_err(|_| format!("not a duration: {s:?} (try 30s, 15m, 48h, 7d)"))?;
-    if !(0.0..=1e10).contains(&n) {
-        return Err(format!("duration out of range: {s:?}"));
-    }
-    Ok(Duration::from_secs_f64(n * f64::from(mult)))
+    telemark_core::units::parse_duration_ns(s).map(Duration::from_nanos)
 }
 
 /// Runs the collector until Ctrl-C.

@@ -1,7 +1,9 @@
 //! `telemark`: the one binary. See `telemark --help`.
 
+mod agent;
 mod bench;
 mod collector;
+mod demo;
 mod eval;
 mod gen;
 mod opts;
@@ -29,6 +31,12 @@ enum Cmd {
     /// The telemetry server: acknowledged ingest from agents, SQLite store, loss localisation,
     /// HTTP JSON API, Prometheus /metrics and a page.
     Collector(collector::Args),
+    /// The loss monitor on live interfaces (AF_PACKET): a software switch between port pairs,
+    /// or a tap; exports lossy batches to a collector.
+    Agent(agent::Args),
+    /// As root: the congestion experiment in network namespaces (testbed, collector, agents,
+    /// probe and background traffic), detected loss printed next to the kernel's drop counts.
+    Demo(demo::Args),
     /// Reproduce the accuracy figures (Fig. 4a, 4b) as CSV.
     Eval(eval::Args),
 }
@@ -41,6 +49,8 @@ fn main() {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Eval(a) => eval::run(a),
         Cmd::Collector(a) => collector::run(a),
+        Cmd::Agent(a) => agent::run(a),
+        Cmd::Demo(a) => demo::run(a),
     };
     if let Err(e) = r {
         // One clear line, no backtrace.

@@ -47,23 +47,11 @@ impl LossOpts {
     }
 }
 
-/// Parses `1s`, `250ms`, `20us`, `500ns`, or a bare number of seconds.
+/// Parses a non-zero duration (`1s`, `250ms`, `20us`; seconds without a unit).
 pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = if let Some(v) = s.strip_suffix("ns") {
-        (v, 1.0)
-    } else if let Some(v) = s.strip_suffix("us") {
-        (v, 1e3)
-    } else if let Some(v) = s.strip_suffix("ms") {
-        (v, 1e6)
-    } else if let Some(v) = s.strip_suffix('s') {
-        (v, 1e9)
-    } else {
-        (s, 1e9)
-    };
-    match num.trim().parse::<f64>() {
-        Ok(v) if v > 0.0 && v.is_finite() && v * mult < 1.8e19 => Ok((v * mult) as u64),
-        _ => Err(format!("'{s}' is not a duration (like 100ms, 2s, 500us)")),
+    match telemark_core::units::parse_duration_ns(s)? {
+        0 => Err(format!("{s:?}: must be more than zero")),
+        ns => Ok(ns),
     }
 }
 

@@ -347,6 +347,7 @@ fn two_point(a: &Args, loss: LossConfig) -> Result<()> {
         upstream,
         marker: false,
         skew_ns,
+        upstream_label: None,
     };
     let mut agg = Aggregator::new(
         vec![spec(&up.name, None, 0), spec(&down.name, Some(0), skew)],

@@ -31,6 +31,10 @@ pub struct PointSpec {
     /// Nanoseconds to subtract from this point's times to line them up with its upstream's
     /// (clock offset plus path delay between two capture points).
     pub skew_ns: i64,
+    /// Where the expected counts of a point with no upstream here come from, named in its
+    /// records (`sw-b/egress`: another agent's point on the path, so the collector can name
+    /// the link between the two).
+    pub upstream_label: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -318,7 +322,10 @@ impl Aggregator {
             agent: spec.agent.clone(),
             port: spec.port.clone(),
             point: spec.name.clone(),
-            upstream: upstream.map(|u| self.points[usize::from(u)].name.clone()),
+            upstream: match upstream {
+                Some(u) => Some(self.points[usize::from(u)].name.clone()),
+                None => spec.upstream_label.clone().filter(|_| expected.is_some()),
+            },
             flow: Flow::from(key),
             color: b.color,
             batch: id,
@@ -376,6 +383,29 @@ impl Aggregator {
                 }
             }
         }
+    }
+
+    /// Forgets flows whose last batch at a point ended before `before_ns` and that have
+    /// nothing in flight there (a long-running agent's memory stays bounded by its active
+    /// flows); their loss was reported when it happened. Returns the (flow, point) entries
+    /// forgotten.
+    pub fn forget_before(&mut self, before_ns: u64) -> usize {
+        let stale: Vec<(FlowKey, u8)> = self
+            .flows
+            .iter()
+            .filter(|(_, pf)| {
+                pf.pending.is_empty()
+                    && pf.waiting.is_empty()
+                    && pf.done.back().is_none_or(|b| b.last_ns < before_ns)
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for k in &stale {
+            self.flows.remove(k);
+            self.totals.remove(k);
+            self.unwatched.remove(k);
+        }
+        stale.len()
     }
 
     /// Takes the next record to export.
@@ -459,6 +489,7 @@ mod tests {
             upstream,
             marker,
             skew_ns: 0,
+            upstream_label: None,
         }
     }
 

@@ -306,6 +306,46 @@ mod tests {
         assert_eq!(closed(&run(&s, &LossConfig::default())), vec![100, 97, 100, 98]);
     }
 
+    /// A batch that lost more than 1 − threshold of its packets never reaches its step; the
+    /// batch after it (same color as the one before) must not merge into the one before.
+    #[test]
+    fn a_batch_almost_wiped_out_does_not_merge_its_neighbours() {
+        let s = stream(100, 5);
+        // Batch 1 keeps 12 of its packets, batch 3 only 5; batch 2 loses 20.
+        let keep = |i: usize| match i / 100 {
+            1 => i % 100 < 12,
+            2 => i % 100 >= 20,
+            3 => (i % 100).is_multiple_of(20),
+            _ => true,
+        };
+        let s: Vec<u8> = s.iter().enumerate().filter(|(i, _)| keep(*i)).map(|(_, c)| *c).collect();
+        let ev = run(&s, &LossConfig::default());
+        assert_eq!(closed(&ev), vec![100, 12, 80, 5, 100]);
+        let ords: Vec<u32> =
+            ev.iter().filter(|e| e.kind == BatchEventKind::Closed).map(|e| e.ordinal).collect();
+        assert_eq!(ords, vec![0, 1, 2, 3, 4]);
+        // A batch that keeps fewer packets than the late window is long (65 of 100) ends
+        // inside it: the next batch's packets are not all taken as late.
+        let s = stream(100, 4);
+        let s: Vec<u8> = s
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i / 100 != 1 || i % 100 < 40)
+            .map(|(_, c)| *c)
+            .collect();
+        let ev = run(&s, &LossConfig::default());
+        assert_eq!(closed(&ev), vec![100, 40, 100, 100]);
+        assert!(ev.iter().all(|e| e.kind != BatchEventKind::Late || e.count == 0));
+        // With reordering below the threshold instead, the open color's stragglers after the
+        // next batch's first packets stay in their batch.
+        let mut s = stream(100, 3);
+        let moved: Vec<u8> = s.drain(80..100).collect();
+        let tail = s.split_off(80 + 5);
+        s.extend_from_slice(&moved);
+        s.extend(tail);
+        assert_eq!(closed(&run(&s, &LossConfig::default())), vec![100, 100, 100]);
+    }
+
     #[test]
     fn reordering_is_late_not_next_batch() {
         // The last 10 packets of batch 0 arrive after 35 packets of batch 1: after the step

@@ -1,0 +1,8 @@
+//! The Telemark agent: the loss monitor on live ports (AF_PACKET, TPACKET_V3), an off-path
+//! aggregator, and export to the collector. See docs/agent.md.
+pub mod config;
+pub mod run;
+pub mod traffic;
+
+pub use config::{AgentConfig, FileConfig};
+pub use run::{Agent, AgentStats};

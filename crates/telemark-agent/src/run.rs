@@ -1,0 +1,564 @@
+//! The running agent: one fast-path thread that owns the ports and the switches, one
+//! aggregator thread that owns the aggregator and the exporter (DESIGN.md, "Data flow").
+//!
+//! ```text
+//!  RX ring ─► copy into burst ─► Switch (mark, ingress point, forward, egress point) ─► TX ring
+//!                                   │ batch events (SPSC ring; full: counted, never waited on)
+//!                                   ▼
+//!                               aggregator ─► loss / summary / cost records ─► Exporter ─► collector
+//! ```
+//!
+//! The fast path sleeps in `poll` only when every RX ring is empty; it never waits on the
+//! aggregator or the collector. What it cannot hand over (a full event ring, a full TX ring, a
+//! full RX ring in the kernel) is counted and exported as the agent's health.
+
+use crate::config::{AgentConfig, MarkSide};
+use serde::Serialize;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use telemark_collector::client::Exporter;
+use telemark_core::flow_hash;
+use telemark_core::loss::{color_of, Aggregator, AnyColorTable, BatchEvent, PointSpec};
+use telemark_core::records::{CostRecord, Record};
+use telemark_core::spsc::{self, Consumer};
+use telemark_datapath::afpacket::{self, RingConfig, RxRing, TxRing};
+use telemark_datapath::pipeline::RingSink;
+use telemark_datapath::switch::{Action, Switch, SwitchConfig, SwitchStats, Tx, BURST};
+use telemark_datapath::Pkt;
+use telemark_wire::flow::{self, LinkType};
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// A port could not be opened.
+    #[error("{0}")]
+    Port(std::io::Error),
+    /// A thread could not be started.
+    #[error("cannot start thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// Wall-clock time in ns since the Unix epoch (the kernel stamps packets with the same clock).
+pub fn now_ns() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Counters of the running agent, published by its threads a few times a second.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AgentStats {
+    /// Frames read from all RX rings.
+    pub rx: u64,
+    /// Frames queued on TX rings.
+    pub tx: u64,
+    /// Frames the kernel dropped because an RX ring was full.
+    pub rx_ring_drops: u64,
+    /// Frames not sent because a TX ring was full (or too big, or refused by the kernel).
+    pub tx_drops: u64,
+    /// Frames cut short by an RX ring.
+    pub rx_truncated: u64,
+    /// Packets the switches skipped (no flow key: not IP, fragments, malformed).
+    pub skipped: u64,
+    /// Packets of flows outside the watch rules.
+    pub unwatched: u64,
+    /// Flows learned.
+    pub learned: u64,
+    /// Learned flows retired when idle.
+    pub unlearned: u64,
+    /// Batch events lost because the event ring was full.
+    pub event_drops: u64,
+    /// Nanoseconds the fast path spent on packets (not waiting).
+    pub busy_ns: u64,
+    /// Records the aggregator produced.
+    pub records: u64,
+    /// Records the collector acknowledged.
+    pub exported: u64,
+    /// Records dropped because the export buffer was full.
+    pub export_drops: u64,
+    /// Records waiting for an acknowledgement.
+    pub export_pending: u64,
+    /// Failed export attempts.
+    pub export_failures: u64,
+}
+
+/// What processes packets arriving on one port.
+enum Proc {
+    /// A switch direction: forwards to the paired port.
+    Switch(Box<Switch>),
+    /// A tap: observes only.
+    Tap(Box<AnyColorTable>, u8),
+}
+
+/// Packets a switch chose to send: (output port, index in burst).
+struct Outbox(Vec<(u16, usize)>);
+
+impl Tx for Outbox {
+    fn send(&mut self, port: u16, idx: usize) -> bool {
+        self.0.push((port, idx));
+        true
+    }
+}
+
+/// A running agent.
+pub struct Agent {
+    stop: Arc<AtomicBool>,
+    stats: Arc<Mutex<AgentStats>>,
+    fast: Option<JoinHandle<()>>,
+    agg: Option<JoinHandle<()>>,
+}
+
+/// The aggregator's points for the configuration, and for each input port the switch
+/// configuration's point numbers (marker, ingress, egress) or the tap's point.
+fn layout(cfg: &AgentConfig) -> (Vec<PointSpec>, Vec<(u8, u8, u8)>) {
+    let mut pts: Vec<PointSpec> = Vec::new();
+    let add = |pts: &mut Vec<PointSpec>, name: &str, port: &str, up, marker, label| {
+        pts.push(PointSpec {
+            name: name.into(),
+            agent: cfg.agent.clone(),
+            port: port.into(),
+            upstream: up,
+            marker,
+            skew_ns: 0,
+            upstream_label: label,
+        });
+        (pts.len() - 1) as u8
+    };
+    let mut per_port = Vec::new();
+    for p in &cfg.pairs {
+        for (inp, out, mark, label) in [
+            (&p.a, &p.b, matches!(p.mark, MarkSide::A | MarkSide::Both), &p.upstream_a),
+            (&p.b, &p.a, matches!(p.mark, MarkSide::B | MarkSide::Both), &p.upstream_b),
+        ] {
+            let m = mark.then(|| add(&mut pts, "marker", inp, None, true, None));
+            let i = add(&mut pts, "ingress", inp, m, false, label.clone().filter(|_| !mark));
+            let e = add(&mut pts, "egress", out, Some(i), false, None);
+            per_port.push((m.unwrap_or(u8::MAX), i, e));
+        }
+    }
+    for t in &cfg.taps {
+        let i = add(&mut pts, "tap", &t.port, None, false, t.upstream.clone());
+        per_port.push((u8::MAX, i, u8::MAX));
+    }
+    (pts, per_port)
+}
+
+impl Agent {
+    /// Opens every port and starts the threads.
+    pub fn start(cfg: AgentConfig) -> Result<Agent, AgentError> {
+        let ring = RingConfig::default();
+        // Ports in the order pair a, pair b, …, taps; a pair's ports are 2i and 2i+1.
+        let names: Vec<&String> = cfg
+            .pairs
+            .iter()
+            .flat_map(|p| [&p.a, &p.b])
+            .chain(cfg.taps.iter().map(|t| &t.port))
+            .collect();
+        let mut rxs = Vec::new();
+        let mut txs = Vec::new();
+        for n in &names {
+            let (r, t) = afpacket::open(n, cfg.netns.as_deref(), ring).map_err(AgentError::Port)?;
+            rxs.push(r);
+            txs.push(t);
+        }
+        let (points, per_port) = layout(&cfg);
+        let mut procs = Vec::new();
+        for (i, (m, ing, eg)) in per_port.iter().enumerate() {
+            if i < 2 * cfg.pairs.len() {
+                let mark = *m != u8::MAX;
+                let sw = Switch::new(
+                    SwitchConfig {
+                        link: LinkType::Ethernet,
+                        action: Action::NoAction,
+                        loss: Some(cfg.loss),
+                        mark,
+                        default_port: (i ^ 1) as u16,
+                        learn: true,
+                        points: (if mark { *m } else { 0 }, *ing, *eg),
+                    },
+                    cfg.loss.table_size,
+                )
+                .with_watch(cfg.watch.clone());
+                procs.push(Proc::Switch(Box::new(sw)));
+            } else {
+                procs.push(Proc::Tap(
+                    Box::new(AnyColorTable::new(&cfg.loss, *ing)),
+                    cfg.loss.color_bit,
+                ));
+            }
+        }
+        let (prod, cons) = spsc::channel::<BatchEvent>(1 << 16);
+        let stop = Arc::new(AtomicBool::new(false));
+        let fast_done = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(Mutex::new(AgentStats::default()));
+        let fast = FastPath {
+            rxs,
+            txs,
+            procs,
+            watch: cfg.watch.clone(),
+            sink: RingSink::new(prod),
+            idle_check_ns: (cfg.loss.idle_ns / 4).clamp(10_000_000, 1_000_000_000),
+        };
+        let (s1, d1, st1) = (stop.clone(), fast_done.clone(), stats.clone());
+        let fast = std::thread::Builder::new()
+            .name("tm-fastpath".into())
+            .spawn(move || fast.run(&s1, &d1, &st1))
+            .map_err(AgentError::Thread)?;
+        let batch = Some(cfg.loss.batch).filter(|_| cfg.loss.period_ns.is_none());
+        let agg = Aggregator::new(points, batch, 0).report_all(cfg.report_all);
+        let slow = Slow { cfg, agg, cons };
+        let st2 = stats.clone();
+        let agg = std::thread::Builder::new()
+            .name("tm-aggregator".into())
+            .spawn(move || slow.run(&fast_done, &st2))
+            .map_err(AgentError::Thread)?;
+        Ok(Agent { stop, stats, fast: Some(fast), agg: Some(agg) })
+    }
+
+    /// The flag that stops the agent (for a signal handler).
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> AgentStats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Stops the fast path, closes every open batch, exports what is left (trying for a few
+    /// seconds), and returns the final counters.
+    pub fn stop(mut self) -> AgentStats {
+        self.stop.store(true, Ordering::Release);
+        self.join();
+        self.stats()
+    }
+
+    /// Waits until the stop flag is set (by [`Agent::stop_flag`]), then stops.
+    pub fn wait(self) -> AgentStats {
+        while !self.stop.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.stop()
+    }
+
+    fn join(&mut self) {
+        if let Some(h) = self.fast.take() {
+            let _ = h.join();
+        }
+        if let Some(h) = self.agg.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.join();
+    }
+}
+
+struct FastPath {
+    rxs: Vec<RxRing>,
+    txs: Vec<TxRing>,
+    procs: Vec<Proc>,
+    watch: telemark_core::watch::Watch,
+    sink: RingSink,
+    idle_check_ns: u64,
+}
+
+impl FastPath {
+    fn run(mut self, stop: &AtomicBool, done: &AtomicBool, shared: &Mutex<AgentStats>) {
+        let mut burst: Vec<Pkt> =
+            (0..BURST).map(|_| Pkt { data: Vec::with_capacity(2048), ..Pkt::default() }).collect();
+        let mut out = Outbox(Vec::with_capacity(BURST));
+        let fds: Vec<i32> = self.rxs.iter().map(|r| r.fd()).collect();
+        let mut busy_ns = 0u64;
+        let mut last_pub = Instant::now();
+        let mut next_idle = now_ns() + self.idle_check_ns;
+        while !stop.load(Ordering::Relaxed) {
+            let t0 = Instant::now();
+            let mut got = 0;
+            for pi in 0..self.rxs.len() {
+                // At most a few blocks per port per round, so no port starves the others.
+                for _ in 0..4 {
+                    let n = self.read_block(pi, &mut burst, &mut out);
+                    got += n;
+                    if n == 0 {
+                        break;
+                    }
+                }
+            }
+            if got > 0 {
+                busy_ns += t0.elapsed().as_nanos() as u64;
+            } else {
+                afpacket::wait_readable(&fds, 10);
+            }
+            let now = now_ns();
+            if now >= next_idle {
+                next_idle = now + self.idle_check_ns;
+                self.expire(now);
+            }
+            if last_pub.elapsed() >= Duration::from_millis(100) {
+                last_pub = Instant::now();
+                self.publish(shared, busy_ns);
+            }
+        }
+        // Shutdown: close every open batch, upstream first, so nothing counted is lost.
+        for p in &mut self.procs {
+            match p {
+                Proc::Switch(sw) => sw.flush(&mut self.sink, |_| {}),
+                Proc::Tap(t, _) => t.flush(&mut self.sink),
+            }
+        }
+        self.publish(shared, busy_ns);
+        done.store(true, Ordering::Release);
+    }
+
+    /// Reads one RX block of port `pi` in bursts through its processor; frames read.
+    fn read_block(&mut self, pi: usize, burst: &mut [Pkt], out: &mut Outbox) -> usize {
+        let (rxs, procs, txs, sink, watch) =
+            (&mut self.rxs, &mut self.procs, &mut self.txs, &mut self.sink, &self.watch);
+        let Some(rx) = rxs.get_mut(pi) else { return 0 };
+        let Some(proc) = procs.get_mut(pi) else { return 0 };
+        let mut n = 0;
+        let got = rx.rx_block(|frame, ts| {
+            if let Some(p) = burst.get_mut(n) {
+                p.data.clear();
+                p.data.extend_from_slice(frame);
+                p.ts_ns = ts;
+                p.batch = None;
+                n += 1;
+            }
+            if n == BURST {
+                run_burst(proc, &mut burst[..n], sink, out, txs, watch);
+                n = 0;
+            }
+        });
+        if n > 0 {
+            run_burst(proc, &mut burst[..n], sink, out, txs, watch);
+        }
+        got
+    }
+
+    fn expire(&mut self, now: u64) {
+        for p in &mut self.procs {
+            match p {
+                Proc::Switch(sw) => sw.expire(now, &mut self.sink),
+                Proc::Tap(t, _) => {
+                    t.expire(now, &mut self.sink);
+                }
+            }
+        }
+    }
+
+    fn publish(&mut self, shared: &Mutex<AgentStats>, busy_ns: u64) {
+        let mut s = AgentStats { busy_ns, event_drops: self.sink.dropped, ..Default::default() };
+        for r in &mut self.rxs {
+            let st = r.stats();
+            s.rx += st.rx;
+            s.rx_ring_drops += st.rx_ring_drops;
+            s.rx_truncated += st.rx_truncated;
+        }
+        for t in &self.txs {
+            let st = t.stats();
+            s.tx += st.tx;
+            s.tx_drops += st.tx_full + st.tx_too_big + st.tx_errors;
+        }
+        for p in &self.procs {
+            if let Proc::Switch(sw) = p {
+                let st: SwitchStats = sw.stats();
+                s.skipped += st.skipped.iter().sum::<u64>();
+                s.unwatched += st.unwatched;
+                s.learned += st.learned;
+                s.unlearned += st.unlearned;
+            }
+        }
+        // Never wait for the lock: the aggregator holds it only to copy.
+        if let Ok(mut g) = shared.try_lock() {
+            let keep = (g.records, g.exported, g.export_drops, g.export_pending, g.export_failures);
+            *g = s;
+            (g.records, g.exported, g.export_drops, g.export_pending, g.export_failures) = keep;
+        }
+    }
+}
+
+/// One burst through a switch direction (then onto the output TX ring) or a tap.
+#[inline]
+fn run_burst(
+    proc: &mut Proc,
+    pkts: &mut [Pkt],
+    sink: &mut RingSink,
+    out: &mut Outbox,
+    txs: &mut [TxRing],
+    watch: &telemark_core::watch::Watch,
+) {
+    match proc {
+        Proc::Switch(sw) => {
+            out.0.clear();
+            sw.process(pkts, sink, out, |_, _| false);
+            let mut kick = [false; 16];
+            for &(port, idx) in &out.0 {
+                if let (Some(tx), Some(p)) = (txs.get_mut(usize::from(port)), pkts.get(idx)) {
+                    tx.tx(&p.data);
+                    if let Some(k) = kick.get_mut(usize::from(port)) {
+                        *k = true;
+                    }
+                }
+            }
+            for (tx, k) in txs.iter_mut().zip(kick) {
+                if k {
+                    tx.kick();
+                }
+            }
+        }
+        Proc::Tap(t, color_bit) => {
+            for p in pkts.iter() {
+                let Ok(parsed) = flow::extract(&p.data, LinkType::Ethernet) else { continue };
+                if !watch.matches(&parsed.key) {
+                    continue;
+                }
+                let h = flow_hash(&parsed.key);
+                t.observe(&parsed.key, h, color_of(parsed.dscp, *color_bit), p.ts_ns, sink);
+            }
+        }
+    }
+}
+
+/// Where records go.
+enum Out {
+    Collector(Box<Exporter>),
+    Stdout,
+}
+
+struct Slow {
+    cfg: AgentConfig,
+    agg: Aggregator,
+    cons: Consumer<BatchEvent>,
+}
+
+impl Slow {
+    fn run(mut self, fast_done: &AtomicBool, shared: &Mutex<AgentStats>) {
+        let boot = now_ns();
+        let mut out = match &self.cfg.collector {
+            Some(c) => {
+                Out::Collector(Box::new(Exporter::new(c, &self.cfg.agent, boot, self.cfg.buffer)))
+            }
+            None => Out::Stdout,
+        };
+        let mut records = 0u64;
+        let mut interval_start = boot;
+        let mut next_summary = boot + self.cfg.summary_interval_ns;
+        let mut next_export = boot + self.cfg.export_interval_ns;
+        let mut last_cost = (0u64, 0u64);
+        let mut was_failing = false;
+        // Per-flow state of flows silent this long is forgotten (it was reported already).
+        let forget_ns = self.cfg.loss.idle_ns.saturating_mul(4).max(30_000_000_000);
+        loop {
+            let finished = fast_done.load(Ordering::Acquire);
+            let n = self.cons.drain(|ev| self.agg.handle(ev));
+            if finished && n == 0 {
+                break;
+            }
+            while let Some(r) = self.agg.poll_record() {
+                records += 1;
+                emit(&mut out, r);
+            }
+            let now = now_ns();
+            if now >= next_summary {
+                let snap = shared.lock().map(|s| s.clone()).unwrap_or_default();
+                for r in self.agg.summaries(interval_start, now) {
+                    emit(&mut out, r);
+                }
+                emit(
+                    &mut out,
+                    Record::Cost(CostRecord {
+                        agent: self.cfg.agent.clone(),
+                        stage: "switch".into(),
+                        packets: snap.rx - last_cost.0,
+                        cycles: snap.busy_ns - last_cost.1,
+                        interval_ns: now - interval_start,
+                    }),
+                );
+                last_cost = (snap.rx, snap.busy_ns);
+                self.agg.forget_before(now.saturating_sub(forget_ns));
+                interval_start = now;
+                next_summary = now + self.cfg.summary_interval_ns;
+            }
+            if now >= next_export {
+                next_export = now + self.cfg.export_interval_ns;
+                if let Out::Collector(e) = &mut out {
+                    match e.flush() {
+                        Ok(_) if was_failing => {
+                            eprintln!("telemark agent: collector reachable again");
+                            was_failing = false;
+                        }
+                        Ok(_) => {}
+                        Err(err) if !was_failing => {
+                            eprintln!("telemark agent: export failed, will retry: {err}");
+                            was_failing = true;
+                        }
+                        Err(_) => {}
+                    }
+                }
+            }
+            self.publish(shared, &out, records);
+            if n == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        // The fast path closed every batch: resolve and export the rest.
+        self.cons.drain(|ev| self.agg.handle(ev));
+        self.agg.flush();
+        while let Some(r) = self.agg.poll_record() {
+            records += 1;
+            emit(&mut out, r);
+        }
+        let now = now_ns();
+        for r in self.agg.summaries(interval_start, now) {
+            emit(&mut out, r);
+        }
+        if let Out::Collector(e) = &mut out {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while e.pending() > 0 && Instant::now() < deadline {
+                if e.flush().is_err() {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+            if e.pending() > 0 {
+                eprintln!(
+                    "telemark agent: {} records not acknowledged by the collector at exit",
+                    e.pending()
+                );
+            }
+        }
+        self.publish(shared, &out, records);
+    }
+
+    fn publish(&self, shared: &Mutex<AgentStats>, out: &Out, records: u64) {
+        if let Ok(mut g) = shared.lock() {
+            g.records = records;
+            if let Out::Collector(e) = out {
+                g.exported = e.acked;
+                g.export_drops = e.dropped;
+                g.export_pending = e.pending() as u64;
+                g.export_failures = e.failures;
+            }
+        }
+    }
+}
+
+fn emit(out: &mut Out, r: Record) {
+    match out {
+        Out::Collector(e) => {
+            e.push(r);
+        }
+        Out::Stdout => {
+            if let Ok(s) = serde_json::to_string(&r) {
+                let mut o = std::io::stdout().lock();
+                let _ = writeln!(o, "{s}");
+            }
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! Human-written quantities shared by every command line and config file.
+
+/// Parses a duration: a number with a unit `ns`, `us`, `ms`, `s`, `m`, `h` or `d` (seconds
+/// when there is none), e.g. `250ms`, `2s`, `7d`. Zero is allowed; negative, non-finite or
+/// absurdly long durations are not.
+pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let units: [(&str, f64); 7] = [
+        ("ns", 1.0),
+        ("us", 1e3),
+        ("ms", 1e6),
+        ("s", 1e9),
+        ("m", 60e9),
+        ("h", 3600e9),
+        ("d", 86_400e9),
+    ];
+    let (num, mult) =
+        units.iter().find_map(|(u, m)| s.strip_suffix(u).map(|n| (n, *m))).unwrap_or((s, 1e9));
+    match num.trim().parse::<f64>() {
+        Ok(v) if v >= 0.0 && v.is_finite() && v * mult < 1.8e19 => Ok((v * mult) as u64),
+        _ => Err(format!("{s:?} is not a duration (like 100ms, 2s, 15m, 7d)")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_in_every_unit() {
+        for (s, ns) in [
+            ("1s", 1_000_000_000),
+            ("250ms", 250_000_000),
+            ("20us", 20_000),
+            ("500ns", 500),
+            ("3", 3_000_000_000),
+            ("1.5m", 90_000_000_000),
+            ("2h", 7_200_000_000_000),
+            ("7d", 604_800_000_000_000),
+            ("0", 0),
+        ] {
+            assert_eq!(parse_duration_ns(s), Ok(ns), "{s}");
+        }
+        for bad in ["", "x", "-1s", "1e30d", "NaNs", "5 parsecs"] {
+            assert!(parse_duration_ns(bad).is_err(), "{bad}");
+        }
+    }
+}

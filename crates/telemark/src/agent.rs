@@ -1,0 +1,124 @@
+//! `telemark agent`: the loss monitor on live interfaces (docs/agent.md).
+
+use anyhow::{bail, Context, Result};
+use clap::Args as ClapArgs;
+use std::path::PathBuf;
+use telemark_agent::config::{
+    ExportSection, FileConfig, MarkSide, PairConfig, TapConfig, WatchSection,
+};
+use telemark_agent::Agent;
+
+/// `telemark agent` flags. Flags add to (or override) what the config file says.
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// TOML configuration (see examples/agent.toml).
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// Agent name in records (overrides the file).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Network namespace of the ports (a name under /run/netns).
+    #[arg(long)]
+    pub netns: Option<String>,
+    /// Forward between two ports, both ways: A,B or A,B,MARK with MARK = a|b|both|none (which
+    /// side's arriving traffic this switch colors). Repeatable.
+    #[arg(long, value_name = "A,B[,MARK]")]
+    pub pair: Vec<String>,
+    /// Observe a port without forwarding. Repeatable.
+    #[arg(long, value_name = "PORT")]
+    pub tap: Vec<String>,
+    /// Watch only matching flows, e.g. dst=10.0.0.7/32,proto=udp,dport=5201. Repeatable.
+    #[arg(long, value_name = "RULE")]
+    pub watch: Vec<String>,
+    /// Collector URL (http://host:port); without one, records go to stdout as JSON lines.
+    #[arg(long)]
+    pub collector: Option<String>,
+}
+
+fn pair(s: &str) -> Result<PairConfig> {
+    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+    let mark = match parts.get(2).copied() {
+        None | Some("none") => MarkSide::None,
+        Some("a") => MarkSide::A,
+        Some("b") => MarkSide::B,
+        Some("both") => MarkSide::Both,
+        Some(m) => bail!("--pair {s}: mark {m:?} is not a, b, both or none"),
+    };
+    match parts[..] {
+        [a, b] | [a, b, _] => {
+            Ok(PairConfig { a: a.into(), b: b.into(), mark, upstream_a: None, upstream_b: None })
+        }
+        _ => bail!("--pair {s}: write A,B or A,B,MARK"),
+    }
+}
+
+fn watch(s: &str) -> Result<WatchSection> {
+    let r: telemark_core::watch::Rule = s.parse().with_context(|| format!("--watch {s}"))?;
+    Ok(WatchSection {
+        src: r.src.map(|p| p.to_string()),
+        dst: r.dst.map(|p| p.to_string()),
+        proto: r.proto.map(|p| p.to_string()),
+        sport: r.sport,
+        dport: r.dport,
+    })
+}
+
+/// Builds the configuration from the file and the flags.
+pub fn config(a: &Args) -> Result<telemark_agent::AgentConfig> {
+    let mut f = match &a.config {
+        Some(p) => FileConfig::load(p)?,
+        None => FileConfig {
+            agent: String::new(),
+            netns: None,
+            pair: Vec::new(),
+            tap: Vec::new(),
+            watch: Vec::new(),
+            loss: None,
+            export: None,
+        },
+    };
+    if let Some(n) = &a.name {
+        f.agent = n.clone();
+    }
+    if f.agent.is_empty() {
+        bail!("give the agent a name: --name or `agent = ...` in the config");
+    }
+    if a.netns.is_some() {
+        f.netns = a.netns.clone();
+    }
+    for p in &a.pair {
+        f.pair.push(pair(p)?);
+    }
+    for t in &a.tap {
+        f.tap.push(TapConfig { port: t.clone(), upstream: None });
+    }
+    for w in &a.watch {
+        f.watch.push(watch(w)?);
+    }
+    if let Some(c) = &a.collector {
+        let mut e = f.export.take().unwrap_or(ExportSection {
+            collector: None,
+            interval: None,
+            summary_interval: None,
+            buffer: None,
+            report_all: None,
+        });
+        e.collector = Some(c.clone());
+        f.export = Some(e);
+    }
+    Ok(f.validate()?)
+}
+
+/// Runs the agent until Ctrl-C.
+pub fn run(a: Args) -> Result<()> {
+    let cfg = config(&a)?;
+    let name = cfg.agent.clone();
+    let agent = Agent::start(cfg).context("starting the agent")?;
+    let stop = agent.stop_flag();
+    ctrlc::set_handler(move || stop.store(true, std::sync::atomic::Ordering::Release))
+        .context("installing the Ctrl-C handler")?;
+    eprintln!("telemark agent {name}: running (Ctrl-C stops, exporting what is left)");
+    let s = agent.wait();
+    eprintln!("telemark agent {name}: stopped: {}", serde_json::to_string(&s)?);
+    Ok(())
+}
