@@ -25,13 +25,13 @@ const PROBE_PORT: u16 = 5201;
 #[derive(ClapArgs, Debug, Clone)]
 pub struct Args {
     /// Probe flow alone at first, e.g. 15s.
-    #[arg(long, default_value = "15s", value_parser = crate::opts::parse_duration_ns)]
+    #[arg(long, default_value = "15s", value_parser = telemark_core::units::parse_duration_ns)]
     pub before: u64,
-    /// Then background traffic on, congesting the underlay link.
-    #[arg(long, default_value = "30s", value_parser = crate::opts::parse_duration_ns)]
+    /// Then background traffic on, congesting the underlay link (0: none).
+    #[arg(long, default_value = "30s", value_parser = telemark_core::units::parse_duration_ns)]
     pub background: u64,
     /// Then background off again.
-    #[arg(long, default_value = "15s", value_parser = crate::opts::parse_duration_ns)]
+    #[arg(long, default_value = "15s", value_parser = telemark_core::units::parse_duration_ns)]
     pub after: u64,
     /// Probe flow rate, packets per second.
     #[arg(long, default_value_t = 10_000)]
@@ -40,10 +40,10 @@ pub struct Args {
     #[arg(long, default_value_t = 100)]
     pub probe_payload: usize,
     /// Background rate (iperf3 -b), e.g. 30M.
-    #[arg(long, default_value = "30M")]
+    #[arg(long, default_value = "20M")]
     pub background_rate: String,
     /// Rate of the tbf qdisc on the underlay link (tc syntax).
-    #[arg(long, default_value = "20mbit")]
+    #[arg(long, default_value = "25mbit")]
     pub tbf_rate: String,
     /// Random loss of the probe flow on the underlay link, per mille (nftables numgen), instead
     /// of or on top of congestion.
@@ -250,6 +250,9 @@ pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Co
     // Truth: the kernel's counters at every whole second.
     let start = (now_ns() / 1_000_000_000 + 1) * 1_000_000_000;
     let total = a.before + a.background + a.after;
+    if total < 2_000_000_000 {
+        bail!("the experiment needs at least 2 s in all (--before + --background + --after)");
+    }
     let samples: Arc<Mutex<Vec<(u64, Truth)>>> = Arc::default();
     let sampler = {
         let (samples, stop, path) = (samples.clone(), stop.clone(), tb.script.path().to_owned());
@@ -296,7 +299,7 @@ pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Co
     let mut bg: Option<Child> = None;
     while now_ns() < start + total && !stop.load(Ordering::Relaxed) {
         let now = now_ns();
-        if bg.is_none() && now >= bg_start && now < bg_end {
+        if bg.is_none() && a.background > 0 && now >= bg_start && now < bg_end {
             eprintln!("demo: background on");
             tb.run(&["iperf-server"])?;
             let secs = format!("{:.1}", (bg_end - now) as f64 / 1e9);
