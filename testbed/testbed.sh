@@ -80,7 +80,9 @@ up() {
     x tm-u bridge fdb replace "${MAC[c]}" dev u2-l master static
     x tm-u bridge fdb replace "${MAC[e]}" dev u2-e master static
     x tm-u bridge fdb replace "${MAC[g]}" dev u2-f master static
-    x tm-u tc qdisc add dev u1-l root tbf rate "$rate" burst 32kbit latency 20ms
+    # A short queue (5 ms): what it holds shifts loss in time between where packets are dropped
+    # (entering it) and where a downstream switch sees the gap (leaving it).
+    x tm-u tc qdisc add dev u1-l root tbf rate "$rate" burst 32kbit latency "${TBF_LATENCY:-5ms}"
     x tm-u nft -f - <<NFT
 table bridge tm {
     counter probe_in {}
@@ -103,11 +105,12 @@ loss() {
 }
 
 truth() { # one netlink dump for all three counters, then the qdisc
-    local t q now
-    now=$(date +%s%N)
+    local t q t0 t1
+    t0=$(date +%s%N)
     t=$(x tm-u nft -j list counters table bridge tm)
+    t1=$(date +%s%N)
     q=$(x tm-u tc -j -s qdisc show dev u1-l)
-    python3 - "$t" "$q" "$now" "$(date +%s%N)" <<'PY'
+    python3 - "$t" "$q" "$t0" "$t1" <<'PY'
 import json, sys
 c = {o["counter"]["name"]: o["counter"]["packets"] for o in json.loads(sys.argv[1])["nftables"] if "counter" in o}
 q = json.loads(sys.argv[2])[0]

@@ -493,6 +493,33 @@ mod tests {
         }
     }
 
+    /// Flows silent since before the cut are forgotten (memory follows the active flows);
+    /// a flow with a batch in flight or active after the cut is kept.
+    #[test]
+    fn idle_flows_are_forgotten() {
+        let mut agg = Aggregator::new(vec![spec("ingress", None, false)], Some(100), 0);
+        let ev = |i: u8, kind, t: u64| BatchEvent {
+            key: crate::loss::test_key(i),
+            point: 0,
+            kind,
+            color: 0,
+            ordinal: 0,
+            count: 97,
+            first_ns: t,
+            last_ns: t + 10,
+            tail: true,
+        };
+        agg.handle(ev(1, BatchEventKind::Closed, 100));
+        agg.handle(ev(2, BatchEventKind::Closed, 1_000));
+        agg.handle(ev(3, BatchEventKind::Refused, 0));
+        assert_eq!(agg.totals(&crate::loss::test_key(1), 0).batches, 1);
+        assert_eq!(agg.forget_before(500), 2, "flow 1 and the refused flow 3");
+        assert_eq!(agg.totals(&crate::loss::test_key(1), 0), FlowTotals::default());
+        assert_eq!(agg.totals(&crate::loss::test_key(2), 0).batches, 1);
+        assert_eq!(agg.forget_before(500), 0);
+        assert_eq!(agg.forget_before(2_000), 1);
+    }
+
     /// Marker → ingress → egress with a deterministic drop pattern at each segment.
     #[test]
     fn per_segment_loss_equals_drops() {
