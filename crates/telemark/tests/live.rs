@@ -57,7 +57,7 @@ fn congestion_loss_per_second_matches_the_kernel_and_survives_a_collector_restar
         let (truth, det, t) = (u(&s["truth_lost"]), u(&s["detected_lost"]), u(&s["t"]));
         let bg = s["background"].as_bool().unwrap();
         // The second after the background stops may still see its queue drain.
-        let near_bg = bg || (t >= 3 && t <= 9);
+        let near_bg = bg || (3..=9).contains(&t);
         if !near_bg {
             assert_eq!(det, 0, "loss reported at {t} s, outside the background traffic");
         }
