@@ -146,6 +146,8 @@ pub struct FileConfig {
     /// Flows to watch; none: all flows, first come first served.
     #[serde(default)]
     pub watch: Vec<WatchSection>,
+    /// Measure (default); false: forward only, the baseline of `telemark bench-live`.
+    pub measure: Option<bool>,
     /// Loss monitor.
     pub loss: Option<LossSection>,
     /// Export.
@@ -177,6 +179,10 @@ pub struct AgentConfig {
     pub buffer: usize,
     /// Report every batch.
     pub report_all: bool,
+    /// Measure; false: forward only.
+    pub measure: bool,
+    /// Discard records instead of printing them when there is no collector (benchmarks).
+    pub quiet: bool,
 }
 
 fn duration(what: &str, s: &Option<String>, default: u64) -> Result<u64, ConfigError> {
@@ -324,6 +330,8 @@ impl FileConfig {
             )?,
             buffer,
             report_all: e.report_all.unwrap_or(false),
+            measure: self.measure.unwrap_or(true),
+            quiet: false,
         })
     }
 }

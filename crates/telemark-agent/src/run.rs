@@ -171,7 +171,7 @@ impl Agent {
                     SwitchConfig {
                         link: LinkType::Ethernet,
                         action: Action::NoAction,
-                        loss: Some(cfg.loss),
+                        loss: Some(cfg.loss).filter(|_| cfg.measure),
                         mark,
                         default_port: (i ^ 1) as u16,
                         learn: true,
@@ -430,6 +430,7 @@ fn run_burst(
 enum Out {
     Collector(Box<Exporter>),
     Stdout,
+    Discard,
 }
 
 struct Slow {
@@ -445,6 +446,7 @@ impl Slow {
             Some(c) => {
                 Out::Collector(Box::new(Exporter::new(c, &self.cfg.agent, boot, self.cfg.buffer)))
             }
+            None if self.cfg.quiet => Out::Discard,
             None => Out::Stdout,
         };
         let mut records = 0u64;
@@ -554,6 +556,7 @@ fn emit(out: &mut Out, r: Record) {
         Out::Collector(e) => {
             e.push(r);
         }
+        Out::Discard => {}
         Out::Stdout => {
             if let Ok(s) = serde_json::to_string(&r) {
                 let mut o = std::io::stdout().lock();

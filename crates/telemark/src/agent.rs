@@ -73,6 +73,7 @@ pub fn config(a: &Args) -> Result<telemark_agent::AgentConfig> {
             pair: Vec::new(),
             tap: Vec::new(),
             watch: Vec::new(),
+            measure: None,
             loss: None,
             export: None,
         },

@@ -2,6 +2,7 @@
 
 mod agent;
 mod bench;
+mod bench_live;
 mod collector;
 mod demo;
 mod eval;
@@ -28,6 +29,9 @@ enum Cmd {
     Replay(replay::Args),
     /// Overhead of the loss check against no_action and dec_ttl (Fig. 6 / Table II), in seconds.
     Bench(bench::Args),
+    /// As root: packets per second through a Telemark switch on AF_PACKET with and without
+    /// measurement, and through a Linux bridge on the same veth pair.
+    BenchLive(bench_live::Args),
     /// The telemetry server: acknowledged ingest from agents, SQLite store, loss localisation,
     /// HTTP JSON API, Prometheus /metrics and a page.
     Collector(collector::Args),
@@ -47,6 +51,7 @@ fn main() {
         Cmd::Gen(a) => gen::run(a),
         Cmd::Replay(a) => replay::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::BenchLive(a) => bench_live::run(a),
         Cmd::Eval(a) => eval::run(a),
         Cmd::Collector(a) => collector::run(a),
         Cmd::Agent(a) => agent::run(a),
