@@ -117,6 +117,7 @@ q = json.loads(sys.argv[2])[0]
 c["tbf_drops"] = q.get("drops", 0)
 c["backlog"] = q.get("qlen", 0)
 c["t_ns"] = (int(sys.argv[3]) + int(sys.argv[4])) // 2  # about when nft read the counters
+c["read_ns"] = int(sys.argv[4]) - int(sys.argv[3])  # how long the read took: its uncertainty
 print(json.dumps(c))
 PY
 }

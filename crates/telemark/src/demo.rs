@@ -82,6 +82,9 @@ pub struct Second {
     pub detected_lost: u64,
     /// Packets of any flow the tbf qdisc dropped.
     pub tbf_drops: u64,
+    /// How long the kernel counters took to read at the second's two ends (ns): when exactly
+    /// they were read is that uncertain.
+    pub truth_read_ns: u64,
 }
 
 /// The demo's results.
@@ -152,6 +155,7 @@ struct Truth {
     tbf_drops: u64,
     backlog: u64,
     t_ns: u64,
+    read_ns: u64,
 }
 
 /// Probe packets lost by each sample's time: into the link, minus out of it, minus those
@@ -361,6 +365,7 @@ pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Co
                 truth_lost: (l[1] - l[0]).round().max(0.0) as u64,
                 detected_lost: detected.range(window).map(|(_, v)| v).sum(),
                 tbf_drops: a1.tbf_drops.saturating_sub(a0.tbf_drops),
+                truth_read_ns: a0.read_ns + a1.read_ns,
             }
         })
         .collect();
