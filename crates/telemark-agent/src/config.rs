@@ -78,7 +78,7 @@ pub struct TapConfig {
 }
 
 /// Loss-monitor parameters (defaults from the loss paper).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LossSection {
     /// Packets per color, B.
@@ -114,7 +114,7 @@ pub struct WatchSection {
 }
 
 /// Export settings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExportSection {
     /// Collector base URL, `http://127.0.0.1:9900`; absent: records go to stdout as JSON lines.
@@ -130,7 +130,7 @@ pub struct ExportSection {
 }
 
 /// The file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     /// Agent name in records (1–64 of letters, digits, `- _ . :`).
@@ -276,15 +276,7 @@ impl FileConfig {
             watch.rules.push(rule);
         }
         let d = LossConfig::default();
-        let l = self.loss.unwrap_or(LossSection {
-            batch: None,
-            period: None,
-            color_bit: None,
-            threshold: None,
-            table_size: None,
-            counter_bits: None,
-            idle: None,
-        });
+        let l = self.loss.unwrap_or_default();
         let loss = LossConfig {
             batch: l.batch.unwrap_or(d.batch),
             period_ns: match &l.period {
@@ -298,13 +290,7 @@ impl FileConfig {
             idle_ns: duration("loss.idle", &l.idle, d.idle_ns)?,
         };
         loss.validate().map_err(|e| invalid(format!("[loss]: {e}")))?;
-        let e = self.export.unwrap_or(ExportSection {
-            collector: None,
-            interval: None,
-            summary_interval: None,
-            buffer: None,
-            report_all: None,
-        });
+        let e = self.export.unwrap_or_default();
         if let Some(c) = &e.collector {
             if !(c.starts_with("http://")) {
                 return Err(invalid(format!("export.collector {c:?}: write http://host:port")));

@@ -5,4 +5,4 @@ pub mod run;
 pub mod traffic;
 
 pub use config::{AgentConfig, FileConfig};
-pub use run::{Agent, AgentStats};
+pub use run::{Agent, AgentStats, ExportStats, PathStats};

@@ -18,8 +18,9 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use telemark_collector::client::Exporter;
+use telemark_collector::now_ns;
 use telemark_core::flow_hash;
 use telemark_core::loss::{color_of, Aggregator, AnyColorTable, BatchEvent, PointSpec};
 use telemark_core::records::{CostRecord, Record};
@@ -41,14 +42,9 @@ pub enum AgentError {
     Thread(std::io::Error),
 }
 
-/// Wall-clock time in ns since the Unix epoch (the kernel stamps packets with the same clock).
-pub fn now_ns() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-}
-
-/// Counters of the running agent, published by its threads a few times a second.
+/// Counters of the fast path, published by it ten times a second.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct AgentStats {
+pub struct PathStats {
     /// Frames read from all RX rings.
     pub rx: u64,
     /// Frames queued on TX rings.
@@ -71,7 +67,12 @@ pub struct AgentStats {
     pub event_drops: u64,
     /// Nanoseconds the fast path spent on packets (not waiting).
     pub busy_ns: u64,
-    /// Records the aggregator produced.
+}
+
+/// Counters of the aggregator and exporter.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ExportStats {
+    /// Loss records the aggregator produced.
     pub records: u64,
     /// Records the collector acknowledged.
     pub exported: u64,
@@ -81,6 +82,24 @@ pub struct AgentStats {
     pub export_pending: u64,
     /// Failed export attempts.
     pub export_failures: u64,
+}
+
+/// Counters of the running agent (one flat JSON object).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AgentStats {
+    /// The fast path's.
+    #[serde(flatten)]
+    pub path: PathStats,
+    /// The aggregator's and exporter's.
+    #[serde(flatten)]
+    pub export: ExportStats,
+}
+
+/// Where each thread publishes its counters; each writes only its own.
+#[derive(Default)]
+struct Shared {
+    path: Mutex<PathStats>,
+    export: Mutex<ExportStats>,
 }
 
 /// What processes packets arriving on one port.
@@ -104,7 +123,7 @@ impl Tx for Outbox {
 /// A running agent.
 pub struct Agent {
     stop: Arc<AtomicBool>,
-    stats: Arc<Mutex<AgentStats>>,
+    stats: Arc<Shared>,
     fast: Option<JoinHandle<()>>,
     agg: Option<JoinHandle<()>>,
 }
@@ -191,7 +210,7 @@ impl Agent {
         let (prod, cons) = spsc::channel::<BatchEvent>(1 << 16);
         let stop = Arc::new(AtomicBool::new(false));
         let fast_done = Arc::new(AtomicBool::new(false));
-        let stats = Arc::new(Mutex::new(AgentStats::default()));
+        let stats = Arc::new(Shared::default());
         let fast = FastPath {
             rxs,
             txs,
@@ -203,7 +222,7 @@ impl Agent {
         let (s1, d1, st1) = (stop.clone(), fast_done.clone(), stats.clone());
         let fast = std::thread::Builder::new()
             .name("tm-fastpath".into())
-            .spawn(move || fast.run(&s1, &d1, &st1))
+            .spawn(move || fast.run(&s1, &d1, &st1.path))
             .map_err(AgentError::Thread)?;
         let batch = Some(cfg.loss.batch).filter(|_| cfg.loss.period_ns.is_none());
         let agg = Aggregator::new(points, batch, 0).report_all(cfg.report_all);
@@ -223,7 +242,10 @@ impl Agent {
 
     /// Current counters.
     pub fn stats(&self) -> AgentStats {
-        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+        AgentStats {
+            path: self.stats.path.lock().map(|s| s.clone()).unwrap_or_default(),
+            export: self.stats.export.lock().map(|s| s.clone()).unwrap_or_default(),
+        }
     }
 
     /// Stops the fast path, closes every open batch, exports what is left (trying for a few
@@ -269,7 +291,7 @@ struct FastPath {
 }
 
 impl FastPath {
-    fn run(mut self, stop: &AtomicBool, done: &AtomicBool, shared: &Mutex<AgentStats>) {
+    fn run(mut self, stop: &AtomicBool, done: &AtomicBool, shared: &Mutex<PathStats>) {
         let mut burst: Vec<Pkt> =
             (0..BURST).map(|_| Pkt { data: Vec::with_capacity(2048), ..Pkt::default() }).collect();
         let mut out = Outbox(Vec::with_capacity(BURST));
@@ -353,8 +375,8 @@ impl FastPath {
         }
     }
 
-    fn publish(&mut self, shared: &Mutex<AgentStats>, busy_ns: u64) {
-        let mut s = AgentStats { busy_ns, event_drops: self.sink.dropped, ..Default::default() };
+    fn publish(&mut self, shared: &Mutex<PathStats>, busy_ns: u64) {
+        let mut s = PathStats { busy_ns, event_drops: self.sink.dropped, ..Default::default() };
         for r in &mut self.rxs {
             let st = r.stats();
             s.rx += st.rx;
@@ -377,9 +399,7 @@ impl FastPath {
         }
         // Never wait for the lock: the aggregator holds it only to copy.
         if let Ok(mut g) = shared.try_lock() {
-            let keep = (g.records, g.exported, g.export_drops, g.export_pending, g.export_failures);
             *g = s;
-            (g.records, g.exported, g.export_drops, g.export_pending, g.export_failures) = keep;
         }
     }
 }
@@ -440,7 +460,7 @@ struct Slow {
 }
 
 impl Slow {
-    fn run(mut self, fast_done: &AtomicBool, shared: &Mutex<AgentStats>) {
+    fn run(mut self, fast_done: &AtomicBool, shared: &Shared) {
         let boot = now_ns();
         let mut out = match &self.cfg.collector {
             Some(c) => {
@@ -469,7 +489,7 @@ impl Slow {
             }
             let now = now_ns();
             if now >= next_summary {
-                let snap = shared.lock().map(|s| s.clone()).unwrap_or_default();
+                let snap = shared.path.lock().map(|s| s.clone()).unwrap_or_default();
                 for r in self.agg.summaries(interval_start, now) {
                     emit(&mut out, r);
                 }
@@ -538,8 +558,8 @@ impl Slow {
         self.publish(shared, &out, records);
     }
 
-    fn publish(&self, shared: &Mutex<AgentStats>, out: &Out, records: u64) {
-        if let Ok(mut g) = shared.lock() {
+    fn publish(&self, shared: &Shared, out: &Out, records: u64) {
+        if let Ok(mut g) = shared.export.lock() {
             g.records = records;
             if let Out::Collector(e) = out {
                 g.exported = e.acked;

@@ -3,9 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args as ClapArgs;
 use std::path::PathBuf;
-use telemark_agent::config::{
-    ExportSection, FileConfig, MarkSide, PairConfig, TapConfig, WatchSection,
-};
+use telemark_agent::config::{FileConfig, MarkSide, PairConfig, TapConfig};
 use telemark_agent::Agent;
 
 /// `telemark agent` flags. Flags add to (or override) what the config file says.
@@ -52,31 +50,11 @@ fn pair(s: &str) -> Result<PairConfig> {
     }
 }
 
-fn watch(s: &str) -> Result<WatchSection> {
-    let r: telemark_core::watch::Rule = s.parse().with_context(|| format!("--watch {s}"))?;
-    Ok(WatchSection {
-        src: r.src.map(|p| p.to_string()),
-        dst: r.dst.map(|p| p.to_string()),
-        proto: r.proto.map(|p| p.to_string()),
-        sport: r.sport,
-        dport: r.dport,
-    })
-}
-
 /// Builds the configuration from the file and the flags.
 pub fn config(a: &Args) -> Result<telemark_agent::AgentConfig> {
     let mut f = match &a.config {
         Some(p) => FileConfig::load(p)?,
-        None => FileConfig {
-            agent: String::new(),
-            netns: None,
-            pair: Vec::new(),
-            tap: Vec::new(),
-            watch: Vec::new(),
-            measure: None,
-            loss: None,
-            export: None,
-        },
+        None => FileConfig::default(),
     };
     if let Some(n) = &a.name {
         f.agent = n.clone();
@@ -93,21 +71,14 @@ pub fn config(a: &Args) -> Result<telemark_agent::AgentConfig> {
     for t in &a.tap {
         f.tap.push(TapConfig { port: t.clone(), upstream: None });
     }
-    for w in &a.watch {
-        f.watch.push(watch(w)?);
-    }
     if let Some(c) = &a.collector {
-        let mut e = f.export.take().unwrap_or(ExportSection {
-            collector: None,
-            interval: None,
-            summary_interval: None,
-            buffer: None,
-            report_all: None,
-        });
-        e.collector = Some(c.clone());
-        f.export = Some(e);
+        f.export.get_or_insert_with(Default::default).collector = Some(c.clone());
     }
-    Ok(f.validate()?)
+    let mut cfg = f.validate()?;
+    for w in &a.watch {
+        cfg.watch.rules.push(w.parse().with_context(|| format!("--watch {w}"))?);
+    }
+    Ok(cfg)
 }
 
 /// Runs the agent until Ctrl-C.
@@ -122,4 +93,51 @@ pub fn run(a: Args) -> Result<()> {
     let s = agent.wait();
     eprintln!("telemark agent {name}: stopped: {}", serde_json::to_string(&s)?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: Args,
+    }
+
+    fn cfg(args: &[&str]) -> Result<telemark_agent::AgentConfig> {
+        config(&Cli::try_parse_from(std::iter::once("agent").chain(args.iter().copied()))?.a)
+    }
+
+    /// Flags alone make a whole configuration; bad flags say which one.
+    #[test]
+    fn flags_build_a_configuration() {
+        let c = cfg(&[
+            "--name",
+            "sw-x",
+            "--pair",
+            "p0,p1,b",
+            "--tap",
+            "t0",
+            "--watch",
+            "dport=5201",
+            "--collector",
+            "http://127.0.0.1:1",
+        ])
+        .unwrap();
+        assert_eq!((c.pairs[0].a.as_str(), c.pairs[0].mark), ("p0", MarkSide::B));
+        assert_eq!(c.taps[0].port, "t0");
+        assert_eq!(c.watch.rules[0].dport, Some(5201));
+        assert_eq!(c.collector.as_deref(), Some("http://127.0.0.1:1"));
+        for (bad, want) in [
+            (&["--pair", "p0,p1"][..], "name"),
+            (&["--name", "s", "--pair", "p0"], "A,B"),
+            (&["--name", "s", "--pair", "p0,p1,up"], "mark"),
+            (&["--name", "s", "--tap", "t0", "--watch", "port=1"], "--watch"),
+        ] {
+            let e = format!("{:#}", cfg(bad).unwrap_err());
+            assert!(e.contains(want), "{bad:?}: {e}");
+        }
+    }
 }

@@ -11,7 +11,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args as ClapArgs;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 use telemark_agent::traffic::{self, FlowSpec};
@@ -32,11 +32,7 @@ pub struct Args {
 }
 
 fn sh(cmd: &str) -> Result<String> {
-    let out = Command::new("sh").args(["-c", cmd]).stdin(Stdio::null()).output()?;
-    if !out.status.success() {
-        bail!("`{cmd}`: {}", String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    crate::opts::output(Command::new("sh").args(["-c", cmd]), &format!("`{cmd}`"))
 }
 
 struct Bed;
@@ -117,7 +113,7 @@ fn round(mode: &str, a: &Args) -> Result<(f64, f64, f64)> {
     let ns = match agent {
         Some(ag) => {
             let st = ag.stop();
-            st.busy_ns as f64 / st.rx.max(1) as f64
+            st.path.busy_ns as f64 / st.path.rx.max(1) as f64
         }
         None => {
             sh("ip -n tmb-w link del br0")?;

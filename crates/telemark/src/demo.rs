@@ -118,16 +118,8 @@ struct Testbed {
 
 impl Testbed {
     fn run(&self, args: &[&str]) -> Result<String> {
-        let out = Command::new("bash")
-            .arg(self.script.path())
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .context("running bash")?;
-        if !out.status.success() {
-            bail!("testbed.sh {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        let what = format!("testbed.sh {}", args.join(" "));
+        crate::opts::output(Command::new("bash").arg(self.script.path()).args(args), &what)
     }
     fn spawn(&self, args: &[&str]) -> Result<Child> {
         Command::new("bash")

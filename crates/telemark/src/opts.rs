@@ -1,6 +1,6 @@
 //! Flags shared by every command that runs the loss monitor.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use telemark_core::loss::LossConfig;
 
@@ -85,6 +85,19 @@ pub fn parse_drop(
         }
     };
     Ok((placement, model))
+}
+
+/// Runs `cmd` (stdin closed) and returns its standard output; an error naming `what` and
+/// quoting its standard error when it fails.
+pub fn output(cmd: &mut std::process::Command, what: &str) -> Result<String> {
+    let out = cmd
+        .stdin(std::process::Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {what}"))?;
+    if !out.status.success() {
+        bail!("{what}: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 #[cfg(test)]

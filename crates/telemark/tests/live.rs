@@ -10,7 +10,7 @@ use std::sync::Mutex;
 /// The testbed's namespaces and the collector's port are shared: one experiment at a time.
 static TESTBED: Mutex<()> = Mutex::new(());
 
-fn demo(args: &[&str]) -> serde_json::Value {
+fn demo(args: &[&str]) -> (serde_json::Value, String) {
     let _guard = TESTBED.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("out.json");
@@ -27,7 +27,7 @@ fn demo(args: &[&str]) -> serde_json::Value {
     // Nothing of the testbed is left behind.
     let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
     assert!(!String::from_utf8_lossy(&ns.stdout).contains("tm-"), "namespaces left over");
-    serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap()
+    (serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap(), err.into_owned())
 }
 
 fn u(v: &serde_json::Value) -> u64 {
@@ -40,7 +40,7 @@ fn u(v: &serde_json::Value) -> u64 {
 /// the middle of it all loses and duplicates no record.
 #[test]
 fn congestion_loss_per_second_matches_the_kernel_and_survives_a_collector_restart() {
-    let o = demo(&[
+    let (o, log) = demo(&[
         "--before",
         "3s",
         "--background",
@@ -82,7 +82,9 @@ fn congestion_loss_per_second_matches_the_kernel_and_survives_a_collector_restar
     assert!((det as f64 - truth as f64).abs() <= truth as f64 * 0.01, "total {det} vs {truth}");
     let verdict = o["verdict"].as_str().unwrap();
     assert!(verdict.contains("sw-b egress") && verdict.contains("sw-f ingress"), "{verdict}");
-    // Restart: every record an agent had acknowledged is stored exactly once, none dropped.
+    // Restart: it happened, and every record an agent had acknowledged is stored exactly
+    // once, none dropped.
+    assert!(log.contains("collector back"), "the collector was not restarted:\n{log}");
     for agent in ["sw-b", "sw-f"] {
         let a = &o["agents"][agent];
         assert_eq!(u(&a["export_drops"]), 0, "{agent}");
@@ -98,7 +100,7 @@ fn congestion_loss_per_second_matches_the_kernel_and_survives_a_collector_restar
 #[test]
 fn random_nftables_loss_is_measured_and_localised() {
     for (permille, secs) in [("20", "4s"), ("1", "8s")] {
-        let o = demo(&[
+        let (o, _) = demo(&[
             "--before",
             secs,
             "--background",

@@ -161,18 +161,40 @@ pub(crate) fn slow<C: Counter, S: EventSink>(
     };
     if step {
         // Packets of the open color that came between the early ones were its late packets.
-        for _ in 0..h.c[LATE].get() {
-            h.c[o].inc();
-        }
+        fold_resumed(h, o);
         sink.emit(closed(h, c, key, p.point, false, false, now));
         stats.batches += 1;
-        h.c[o] = C::default();
-        h.c[LATE] = C::default();
-        c.ordinal = c.ordinal.wrapping_add(1);
-        h.state = USED | (color * OPEN_COLOR) | LATE_WINDOW;
-        c.first_ns = c.next_first_ns;
-        h.last_ns = now;
+        let first = c.next_first_ns;
+        open_batch(h, c, color, h.c[x], 1, first, now);
     }
+}
+
+/// Adds the open color's packets counted apart by [`resumed`] back to the open batch.
+fn fold_resumed<C: Counter>(h: &mut Hot<C>, o: usize) {
+    for _ in 0..h.c[LATE].get() {
+        h.c[o].inc();
+    }
+    h.c[LATE] = C::default();
+}
+
+/// Opens the batch of `color`, `advance` batches after the one open so far, with `count`
+/// packets already in it and its first at `first_ns`; it starts in its late window, and every
+/// other counter starts at zero.
+fn open_batch<C: Counter>(
+    h: &mut Hot<C>,
+    c: &mut Cold,
+    color: u8,
+    count: C,
+    advance: u32,
+    first_ns: u64,
+    now: u64,
+) {
+    h.c = [C::default(); 3];
+    h.c[usize::from(color)] = count;
+    c.ordinal = c.ordinal.wrapping_add(advance);
+    c.first_ns = first_ns;
+    h.last_ns = now;
+    h.state = USED | (color * OPEN_COLOR) | LATE_WINDOW;
 }
 
 /// As many "late" packets as the step threshold: no reordering the detector is built for
@@ -199,12 +221,7 @@ fn late_step<C: Counter, S: EventSink>(
     sink.emit(closed(h, c, key, p.point, false, false, now));
     stats.batches += 1;
     let open = (h.state & OPEN_COLOR) / OPEN_COLOR;
-    h.c[usize::from(open)] = C::default();
-    h.c[usize::from(open ^ 1)] = n;
-    c.ordinal = c.ordinal.wrapping_add(1);
-    c.first_ns = now;
-    h.last_ns = now;
-    h.state = USED | ((open ^ 1) * OPEN_COLOR) | LATE_WINDOW;
+    open_batch(h, c, open ^ 1, n, 1, now, now);
 }
 
 /// A packet of the open color after early packets of the next batch (count-based periods,
@@ -228,7 +245,6 @@ fn resumed<C: Counter, S: EventSink>(
     sink: &mut S,
 ) {
     let open = (h.state & OPEN_COLOR) / OPEN_COLOR;
-    let (o, x) = (usize::from(open), usize::from(open ^ 1));
     h.c[LATE].inc();
     if h.c[LATE].get() < p.close_at {
         return;
@@ -238,14 +254,8 @@ fn resumed<C: Counter, S: EventSink>(
     sink.emit(closed(h, c, key, p.point, false, false, now));
     sink.emit(closed(h, c, key, p.point, true, false, now));
     stats.batches += 2;
-    h.c[o] = h.c[LATE];
-    h.c[x] = C::default();
-    h.c[LATE] = C::default();
-    c.ordinal = c.ordinal.wrapping_add(2);
-    c.first_ns = now;
-    h.last_ns = now;
     // Stragglers of the batch just closed count as its late packets.
-    h.state = USED | (open * OPEN_COLOR) | LATE_WINDOW;
+    open_batch(h, c, open, h.c[LATE], 2, now, now);
 }
 
 /// Closes and reports everything a flow holds at a point (flush, idle timeout, eviction);
@@ -267,10 +277,7 @@ pub(crate) fn retire<C: Counter, S: EventSink>(
     }
     let o = usize::from((h.state & OPEN_COLOR) / OPEN_COLOR);
     // Resumed packets short of a double step: taken as the open batch's.
-    for _ in 0..h.c[LATE].get() {
-        h.c[o].inc();
-    }
-    h.c[LATE] = C::default();
+    fold_resumed(h, o);
     if h.c[o].get() > 0 {
         sink.emit(closed(h, c, key, p.point, false, true, seen_ns));
         stats.batches += 1;
