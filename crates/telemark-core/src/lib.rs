@@ -19,6 +19,7 @@ macro_rules! each_width {
 pub mod hash;
 pub mod loss;
 pub mod records;
+pub mod sketch;
 pub mod spsc;
 pub mod units;
 pub mod watch;

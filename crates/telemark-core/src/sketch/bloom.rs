@@ -1,0 +1,125 @@
+//! Bloom filter (Bloom, CACM 1970): a bit array that answers "possibly seen" or "surely not
+//! seen". With m bits, k hash functions and n keys inserted, the false positive rate is about
+//! (1 − e^(−kn/m))^k; there are no false negatives.
+
+use super::{Hasher, MergeError};
+use serde::{Deserialize, Serialize};
+
+/// A Bloom filter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bloom {
+    bits: Vec<u64>,
+    m: usize,
+    k: usize,
+    hasher: Hasher,
+    inserted: u64,
+}
+
+impl Bloom {
+    /// `m` bits (≥ 1), `k` hash functions (1..=16).
+    pub fn new(m: usize, k: usize, hasher: Hasher) -> Bloom {
+        let m = m.max(1);
+        Bloom { bits: vec![0; m.div_ceil(64)], m, k: k.clamp(1, 16), hasher, inserted: 0 }
+    }
+
+    #[inline]
+    fn positions(&self, key: &[u8]) -> [usize; 16] {
+        let mut h = [0u32; 16];
+        self.hasher.rows(key, &mut h[..self.k]);
+        let mut out = [0usize; 16];
+        for i in 0..self.k {
+            out[i] = super::column(h[i], self.m);
+        }
+        out
+    }
+
+    /// Inserts `key`; returns whether it was (possibly) there already.
+    #[inline]
+    pub fn insert(&mut self, key: &[u8]) -> bool {
+        let pos = self.positions(key);
+        let mut present = true;
+        for p in &pos[..self.k] {
+            let (w, b) = (p / 64, 1u64 << (p % 64));
+            present &= self.bits[w] & b != 0;
+            self.bits[w] |= b;
+        }
+        if !present {
+            self.inserted += 1;
+        }
+        present
+    }
+
+    /// Whether `key` was possibly inserted.
+    #[inline]
+    pub fn contains(&self, key: &[u8]) -> bool {
+        let pos = self.positions(key);
+        pos[..self.k].iter().all(|p| self.bits[p / 64] & (1 << (p % 64)) != 0)
+    }
+
+    /// Keys inserted that were not already (possibly) present.
+    pub fn inserted(&self) -> u64 {
+        self.inserted
+    }
+
+    /// The expected false positive rate with `n` keys inserted: (1 − e^(−kn/m))^k.
+    pub fn false_positive_rate(&self, n: u64) -> f64 {
+        (1.0 - (-(self.k as f64) * n as f64 / self.m as f64).exp()).powi(self.k as i32)
+    }
+
+    /// Bytes of state.
+    pub fn memory(&self) -> usize {
+        self.bits.len() * 8
+    }
+
+    /// ORs in `other`: exactly the filter of the union.
+    pub fn merge(&mut self, other: &Bloom) -> Result<(), MergeError> {
+        if (self.m, self.k, self.hasher) != (other.m, other.k, other.hasher) {
+            return Err(MergeError::Shape("bloom filter size, k or hasher differ"));
+        }
+        for (a, b) in self.bits.iter_mut().zip(&other.bits) {
+            *a |= b;
+        }
+        self.inserted += other.inserted;
+        Ok(())
+    }
+
+    /// Empties the filter.
+    pub fn clear(&mut self) {
+        self.bits.fill(0);
+        self.inserted = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_false_negatives_and_the_predicted_false_positive_rate() {
+        let mut b = Bloom::new(16_384, 4, Hasher::default());
+        for i in 0u32..2_000 {
+            b.insert(&i.to_le_bytes());
+        }
+        assert!((0u32..2_000).all(|i| b.contains(&i.to_le_bytes())));
+        let fp = (1_000_000u32..1_100_000).filter(|i| b.contains(&i.to_le_bytes())).count();
+        let want = b.false_positive_rate(2_000) * 100_000.0; // ≈ 1.9 %
+        assert!((fp as f64 - want).abs() < 0.2 * want, "{fp} false positives, predicted {want:.0}");
+    }
+
+    #[test]
+    fn merge_is_the_filter_of_the_union() {
+        let h = Hasher::default();
+        let (mut a, mut b, mut u) =
+            (Bloom::new(1500, 3, h), Bloom::new(1500, 3, h), Bloom::new(1500, 3, h));
+        for i in 0u32..200 {
+            if i % 2 == 0 {
+                a.insert(&i.to_le_bytes());
+            } else {
+                b.insert(&i.to_le_bytes());
+            }
+            u.insert(&i.to_le_bytes());
+        }
+        a.merge(&b).unwrap();
+        assert_eq!(a.bits, u.bits);
+    }
+}

@@ -1,0 +1,350 @@
+//! Invertible Bloom Lookup Table (Goodrich & Mitzenmacher, "Invertible Bloom lookup tables",
+//! Allerton 2011): a Bloom-filter-like table of key-value pairs that can list its contents.
+//!
+//! Every key lives in k cells, one in each of k equal sub-tables. A cell keeps how many keys it
+//! holds, the XOR of their keys, the XOR of a check hash of their keys, and the sums of their
+//! values (here packets and bytes, as SFCMon). A cell holding exactly one key ("pure": count ±1
+//! and the check hash matches the key) gives that key and its values away; removing the key from
+//! its other cells may make more cells pure ("peeling"). Listing succeeds with high probability
+//! while the number of keys n stays below about m / c_k (c_3 ≈ 1.222, c_4 ≈ 1.295); past that,
+//! peeling gets stuck and [`Listing::complete`] is false: the listed entries are correct but
+//! others were not recovered, and the listing says so. It never returns a silently partial
+//! answer.
+
+use super::{Hasher, KeyBytes, MergeError, KEY_MAX};
+use serde::{Deserialize, Serialize};
+
+/// One cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cell {
+    count: i32,
+    #[serde(with = "key_array")]
+    key_sum: [u8; KEY_MAX],
+    hash_sum: u32,
+    packets: u64,
+    bytes: u64,
+}
+
+mod key_array {
+    use super::KEY_MAX;
+    use serde::{Deserialize, Deserializer, Serializer};
+    pub fn serialize<S: Serializer>(k: &[u8; KEY_MAX], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(k)
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; KEY_MAX], D::Error> {
+        let v: Vec<u8> = Deserialize::deserialize(d)?;
+        v.try_into().map_err(|_| serde::de::Error::custom("IBLT key sum of the wrong length"))
+    }
+}
+
+const EMPTY: Cell = Cell { count: 0, key_sum: [0; KEY_MAX], hash_sum: 0, packets: 0, bytes: 0 };
+
+impl Cell {
+    fn is_empty(&self) -> bool {
+        *self == EMPTY
+    }
+}
+
+/// One listed key with its values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    /// The key.
+    pub key: KeyBytes,
+    /// Sum of packets added for it.
+    pub packets: u64,
+    /// Sum of bytes added for it.
+    pub bytes: u64,
+}
+
+/// The result of listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listing {
+    /// Keys recovered, with their values.
+    pub entries: Vec<Entry>,
+    /// Keys found deleted more often than inserted (a caller's inconsistency).
+    pub negative: Vec<KeyBytes>,
+    /// Whether everything in the table was recovered.
+    pub complete: bool,
+    /// Cells left non-empty when peeling stopped (0 when complete).
+    pub stuck_cells: usize,
+}
+
+/// An IBLT with packet and byte values.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Iblt {
+    cells: Vec<Cell>,
+    k: usize,
+    sub: usize,
+    hasher: Hasher,
+}
+
+impl Iblt {
+    /// About `m` cells (rounded up to a multiple of `k`), `k` (2..=8) cells per key.
+    pub fn new(m: usize, k: usize, hasher: Hasher) -> Iblt {
+        let k = k.clamp(2, 8);
+        let sub = m.div_ceil(k).max(1);
+        Iblt { cells: vec![EMPTY; sub * k], k, sub, hasher }
+    }
+
+    /// Cells.
+    pub fn cells(&self) -> usize {
+        self.cells.len()
+    }
+
+    /// Bytes of state.
+    pub fn memory(&self) -> usize {
+        self.cells.len() * core::mem::size_of::<Cell>()
+    }
+
+    /// Keys it can list with high probability: m / c_k.
+    pub fn capacity(&self) -> usize {
+        let c = match self.k {
+            2 => 2.0,
+            3 => 1.222,
+            4 => 1.295,
+            5 => 1.425,
+            6 => 1.570,
+            7 => 1.721,
+            _ => 1.87,
+        };
+        (self.cells.len() as f64 / c) as usize
+    }
+
+    #[inline]
+    fn slots(&self, key: &[u8]) -> [usize; 8] {
+        let mut h = [0u32; 8];
+        self.hasher.rows(key, &mut h[..self.k]);
+        let mut out = [0usize; 8];
+        for i in 0..self.k {
+            out[i] = i * self.sub + super::column(h[i], self.sub);
+        }
+        out
+    }
+
+    fn check(&self, key: &[u8]) -> u32 {
+        super::murmur3_32(key, self.hasher.seed ^ 0xc4ec_4a51)
+    }
+
+    fn toggle(&mut self, key: &KeyBytes, dc: i32) {
+        let check = self.check(key.as_bytes());
+        for s in &self.slots(key.as_bytes())[..self.k] {
+            let c = &mut self.cells[*s];
+            c.count = c.count.wrapping_add(dc);
+            for (a, b) in c.key_sum.iter_mut().zip(key.padded()) {
+                *a ^= b;
+            }
+            c.hash_sum ^= check;
+        }
+    }
+
+    /// Adds `key` (with no values yet).
+    pub fn insert(&mut self, key: &KeyBytes) {
+        self.toggle(key, 1);
+    }
+
+    /// Removes `key` and the values given (which must be all its values for it to disappear).
+    pub fn delete(&mut self, key: &KeyBytes, packets: u64, bytes: u64) {
+        self.toggle(key, -1);
+        self.update(key, packets.wrapping_neg(), bytes.wrapping_neg());
+    }
+
+    /// Adds values to an inserted `key` (SFCMon's UpdateIBLT).
+    #[inline]
+    pub fn update(&mut self, key: &KeyBytes, packets: u64, bytes: u64) {
+        for s in &self.slots(key.as_bytes())[..self.k] {
+            let c = &mut self.cells[*s];
+            c.packets = c.packets.wrapping_add(packets);
+            c.bytes = c.bytes.wrapping_add(bytes);
+        }
+    }
+
+    /// The values of `key` if one of its cells is pure (None: absent or cannot tell).
+    pub fn get(&self, key: &KeyBytes) -> Option<(u64, u64)> {
+        let check = self.check(key.as_bytes());
+        for s in &self.slots(key.as_bytes())[..self.k] {
+            let c = &self.cells[*s];
+            if c.is_empty() {
+                return None;
+            }
+            if c.count == 1 && c.hash_sum == check && &c.key_sum == key.padded() {
+                return Some((c.packets, c.bytes));
+            }
+        }
+        None
+    }
+
+    /// Lists every key with its values by peeling (on a copy; the table is unchanged).
+    pub fn list(&self) -> Listing {
+        let mut t = self.clone();
+        let mut entries = Vec::new();
+        let mut negative = Vec::new();
+        let mut queue: Vec<usize> = (0..t.cells.len()).collect();
+        while let Some(i) = queue.pop() {
+            let c = t.cells[i];
+            if c.count != 1 && c.count != -1 {
+                continue;
+            }
+            let Some(key) = KeyBytes::from_padded(&c.key_sum) else { continue };
+            if t.check(key.as_bytes()) != c.hash_sum {
+                continue;
+            }
+            let slots = t.slots(key.as_bytes());
+            if !slots[..t.k].contains(&i) {
+                continue; // a coincidence, not this key's cell
+            }
+            if c.count == 1 {
+                entries.push(Entry { key, packets: c.packets, bytes: c.bytes });
+                t.delete(&key, c.packets, c.bytes);
+            } else {
+                negative.push(key);
+                t.toggle(&key, 1);
+                t.update(&key, c.packets.wrapping_neg(), c.bytes.wrapping_neg());
+            }
+            queue.extend_from_slice(&slots[..t.k]);
+        }
+        let stuck_cells = t.cells.iter().filter(|c| !c.is_empty()).count();
+        entries.sort_by(|a, b| b.packets.cmp(&a.packets).then(a.key.cmp(&b.key)));
+        Listing { entries, negative, complete: stuck_cells == 0, stuck_cells }
+    }
+
+    /// Adds `other` cell by cell: the table of the union of two disjoint key sets (a key in both
+    /// cancels out of the keys but not out of the values, so merge tables of disjoint keys, e.g.
+    /// different agents' flows, or subtract with [`Iblt::subtract`]).
+    pub fn merge(&mut self, other: &Iblt) -> Result<(), MergeError> {
+        self.combine(other, 1)
+    }
+
+    /// Subtracts `other` cell by cell: listing the result gives keys only in `self` (count 1) and
+    /// only in `other` (listed as negative).
+    pub fn subtract(&mut self, other: &Iblt) -> Result<(), MergeError> {
+        self.combine(other, -1)
+    }
+
+    fn combine(&mut self, other: &Iblt, sign: i32) -> Result<(), MergeError> {
+        if (self.cells.len(), self.k, self.hasher) != (other.cells.len(), other.k, other.hasher) {
+            return Err(MergeError::Shape("IBLT size, k or hasher differ"));
+        }
+        for (a, b) in self.cells.iter_mut().zip(&other.cells) {
+            a.count = a.count.wrapping_add(sign.wrapping_mul(b.count));
+            for (x, y) in a.key_sum.iter_mut().zip(&b.key_sum) {
+                *x ^= y;
+            }
+            a.hash_sum ^= b.hash_sum;
+            if sign > 0 {
+                a.packets = a.packets.wrapping_add(b.packets);
+                a.bytes = a.bytes.wrapping_add(b.bytes);
+            } else {
+                a.packets = a.packets.wrapping_sub(b.packets);
+                a.bytes = a.bytes.wrapping_sub(b.bytes);
+            }
+        }
+        Ok(())
+    }
+
+    /// Empties the table.
+    pub fn clear(&mut self) {
+        self.cells.fill(EMPTY);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::net::{IpAddr, Ipv4Addr};
+    use std::collections::BTreeMap;
+    use telemark_wire::FlowKey;
+
+    fn flow(i: u32) -> KeyBytes {
+        KeyBytes::flow_of(&FlowKey {
+            src: IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)),
+            dst: IpAddr::V4(Ipv4Addr::new(10, 9, 9, 9)),
+            sport: (i % 60_000) as u16,
+            dport: 443,
+            proto: 6,
+            spi: None,
+            si: None,
+        })
+    }
+
+    fn fill(t: &mut Iblt, keys: std::ops::Range<u32>) -> BTreeMap<KeyBytes, (u64, u64)> {
+        let mut truth = BTreeMap::new();
+        for i in keys {
+            let k = flow(i);
+            t.insert(&k);
+            for p in 0..=(i % 7) {
+                t.update(&k, 1, 100 + u64::from(p));
+                let e = truth.entry(k).or_insert((0, 0));
+                e.0 += 1;
+                e.1 += 100 + u64::from(p);
+            }
+        }
+        truth
+    }
+
+    fn listed(l: &Listing) -> BTreeMap<KeyBytes, (u64, u64)> {
+        l.entries.iter().map(|e| (e.key, (e.packets, e.bytes))).collect()
+    }
+
+    #[test]
+    fn lists_everything_below_capacity() {
+        for seed in 0..20 {
+            let mut t = Iblt::new(245, 3, Hasher::new(crate::sketch::Hashing::Murmur3, seed));
+            let truth = fill(&mut t, seed * 1000..seed * 1000 + 150);
+            let l = t.list();
+            assert!(l.complete, "seed {seed}: {} stuck", l.stuck_cells);
+            assert_eq!(listed(&l), truth);
+            for (k, v) in truth.iter().take(10) {
+                assert!(t.get(k).is_none_or(|got| got == *v));
+            }
+        }
+    }
+
+    #[test]
+    fn overload_is_reported_never_silently_partial() {
+        let mut t = Iblt::new(245, 3, Hasher::default());
+        let truth = fill(&mut t, 0..400);
+        let l = t.list();
+        assert!(!l.complete);
+        assert!(l.stuck_cells > 0);
+        // What was listed is right.
+        for e in &l.entries {
+            assert_eq!(truth.get(&e.key), Some(&(e.packets, e.bytes)));
+        }
+        assert!(l.entries.len() < truth.len());
+    }
+
+    #[test]
+    fn delete_and_subtract() {
+        let h = Hasher::default();
+        let mut a = Iblt::new(300, 4, h);
+        let truth = fill(&mut a, 0..100);
+        for (k, (p, b)) in truth.iter().take(40) {
+            a.delete(k, *p, *b);
+        }
+        let l = a.list();
+        assert!(l.complete);
+        assert_eq!(listed(&l), truth.iter().skip(40).map(|(k, v)| (*k, *v)).collect());
+
+        let (mut x, mut y) = (Iblt::new(300, 3, h), Iblt::new(300, 3, h));
+        fill(&mut x, 0..60);
+        fill(&mut y, 50..70);
+        x.subtract(&y).unwrap();
+        let l = x.list();
+        assert!(l.complete);
+        assert_eq!(l.entries.len(), 50); // 0..50 only in x
+        assert_eq!(l.negative.len(), 10); // 60..70 only in y
+    }
+
+    #[test]
+    fn merge_of_disjoint_tables_lists_the_union_and_survives_serde() {
+        let h = Hasher::default();
+        let (mut a, mut b) = (Iblt::new(400, 3, h), Iblt::new(400, 3, h));
+        let mut truth = fill(&mut a, 0..100);
+        truth.extend(fill(&mut b, 100..200));
+        a.merge(&b).unwrap();
+        let a: Iblt = serde_json::from_slice(&serde_json::to_vec(&a).unwrap()).unwrap();
+        let l = a.list();
+        assert!(l.complete);
+        assert_eq!(listed(&l), truth);
+    }
+}

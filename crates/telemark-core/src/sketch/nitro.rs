@@ -1,0 +1,302 @@
+//! NitroSketch (Liu, Ben Basat, Einziger, Kassner, Braverman & Friedman, SIGCOMM 2019): a sketch
+//! made cheap enough for a software switch by touching only a sample of its counter arrays.
+//!
+//! Each (packet, row) pair is updated with probability p, by 1/p, so every counter stays an
+//! unbiased estimate. Which pairs are updated is drawn by geometric skipping: one random draw
+//! gives how many row visits to skip, so a packet between samples costs a counter decrement and
+//! no hashing at all. A packet whose skip lands inside the row range hashes only the rows it
+//! touches.
+//!
+//! AlwaysCorrect mode updates every row until sampling stops hurting (each sketch states its
+//! rule in [`RowSketch::sampling_is_safe`]; docs/sketches.md derives them), then samples.
+//!
+//! The fast path can also just draw the sample ([`Sampler::sample`], a row mask) and hand the
+//! key and mask to a sketch thread through an SPSC ring ([`Nitro::apply`]): the paper's
+//! separate-thread variant (telemark-datapath's `nitro_thread`).
+
+use super::topk::TopK;
+use super::{median, KeyBytes, MergeError, RowSketch};
+use serde::{Deserialize, Serialize};
+
+/// Draws which rows each packet updates.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sampler {
+    p: f64,
+    inc: i64,
+    ln_q: f64,
+    depth: u32,
+    /// Row visits left to skip.
+    skip: u64,
+    rng: u64,
+    /// Every row, every packet (AlwaysCorrect before convergence).
+    pub full: bool,
+}
+
+impl Sampler {
+    /// Samples row visits with probability `p`, rounded so that 1/p is a whole number (counters
+    /// stay integers); `full` starts in full-update mode.
+    pub fn new(p: f64, depth: usize, seed: u64, full: bool) -> Sampler {
+        let inc = (1.0 / p.clamp(1e-6, 1.0)).round().max(1.0) as i64;
+        let p = 1.0 / inc as f64;
+        let mut s = Sampler {
+            p,
+            inc,
+            ln_q: (1.0 - p).ln(),
+            depth: depth as u32,
+            skip: 0,
+            rng: seed ^ 0x2545_f491_4f6c_dd1d,
+            full,
+        };
+        s.skip = s.geometric();
+        s
+    }
+
+    /// The sampling probability actually used.
+    pub fn p(&self) -> f64 {
+        self.p
+    }
+
+    /// What a sampled row visit adds: 1/p.
+    pub fn increment(&self) -> i64 {
+        if self.full {
+            1
+        } else {
+            self.inc
+        }
+    }
+
+    #[inline]
+    fn next_u64(&mut self) -> u64 {
+        // SplitMix64 (Steele, Lea & Flood, OOPSLA 2014).
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Failures before the next success of a Bernoulli(p) trial: ⌊ln U / ln(1 − p)⌋.
+    fn geometric(&mut self) -> u64 {
+        if self.inc == 1 {
+            return 0;
+        }
+        let u = ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        (u.ln() / self.ln_q) as u64
+    }
+
+    /// Leaves full-update mode and starts sampling.
+    pub fn start_sampling(&mut self) {
+        if self.full {
+            self.full = false;
+            self.skip = self.geometric();
+        }
+    }
+
+    /// The rows this packet updates, as a bit mask (0: none, the common case).
+    #[inline]
+    pub fn sample(&mut self) -> u32 {
+        let d = u64::from(self.depth);
+        if self.full {
+            return if d >= 32 { u32::MAX } else { (1u32 << d) - 1 };
+        }
+        if self.skip >= d {
+            self.skip -= d;
+            return 0;
+        }
+        let mut mask = 0u32;
+        let mut r = self.skip;
+        while r < d {
+            mask |= 1 << r;
+            r += 1 + self.geometric();
+        }
+        self.skip = r - d;
+        mask
+    }
+}
+
+/// A sketch updated NitroSketch's way, with an optional top-k heap of heavy keys.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Nitro<S> {
+    /// The sketch.
+    pub sketch: S,
+    sampler: Sampler,
+    always_correct: bool,
+    /// Packets seen (L1).
+    seen: u64,
+    /// Σ counter² per row, tracked while updating every row (AlwaysCorrect's L2 estimate).
+    sumsq: Vec<f64>,
+    /// Heavy keys by estimate, refreshed when a packet touched the sketch.
+    pub top: TopK,
+}
+
+impl<S: RowSketch> Nitro<S> {
+    /// Wraps `sketch`: rows sampled with probability `p`; `always_correct` updates every row
+    /// until sampling is safe; `top` heavy keys are tracked (0 for none).
+    pub fn new(sketch: S, p: f64, always_correct: bool, top: usize, seed: u64) -> Nitro<S> {
+        let d = sketch.depth();
+        Nitro {
+            sampler: Sampler::new(p, d, seed, always_correct),
+            sketch,
+            always_correct,
+            seen: 0,
+            sumsq: vec![0.0; d],
+            top: TopK::new(top),
+        }
+    }
+
+    /// Packets seen.
+    pub fn seen(&self) -> u64 {
+        self.seen
+    }
+
+    /// Whether it has switched to sampling (always, unless AlwaysCorrect has not converged).
+    pub fn sampling(&self) -> bool {
+        !self.sampler.full
+    }
+
+    /// The sampler (the separate-thread variant draws on the fast path).
+    pub fn sampler_mut(&mut self) -> &mut Sampler {
+        &mut self.sampler
+    }
+
+    /// Counts one packet of `key` (the all-in-one variant).
+    #[inline]
+    pub fn update(&mut self, key: &KeyBytes) {
+        let mask = self.sampler.sample();
+        self.seen += 1;
+        if mask != 0 {
+            self.apply_counted(key, mask);
+        }
+    }
+
+    /// Applies a packet drawn elsewhere: `mask` from [`Sampler::sample`] (the separate-thread
+    /// variant's sketch side). `seen` counts every packet the fast path saw, sampled or not.
+    pub fn apply(&mut self, key: &KeyBytes, mask: u32, seen: u64) {
+        self.seen = seen;
+        if mask != 0 {
+            self.apply_counted(key, mask);
+        }
+    }
+
+    fn apply_counted(&mut self, key: &KeyBytes, mask: u32) {
+        let inc = self.sampler.increment();
+        let d = self.sketch.depth();
+        let full = self.sampler.full;
+        for r in 0..d {
+            if mask & (1 << r) != 0 {
+                let h = self.sketch.hasher().row(key.as_bytes(), r);
+                let old = self.sketch.add_row(r, h, inc);
+                if full {
+                    self.sumsq[r] += (2 * old * inc + inc * inc) as f64;
+                }
+            }
+        }
+        if self.top.capacity() > 0 {
+            let est = self.sketch.estimate(key.as_bytes());
+            self.top.offer(key, est);
+        }
+        if full && self.seen.is_multiple_of(256) {
+            let mut s: Vec<i64> = self.sumsq.iter().map(|v| *v as i64).collect();
+            let l2sq = median(&mut s) as f64;
+            if self.sketch.sampling_is_safe(self.seen, l2sq, self.sampler.p) {
+                self.sampler.start_sampling();
+            }
+        }
+    }
+
+    /// The estimated count of `key`.
+    pub fn estimate(&self, key: &[u8]) -> i64 {
+        self.sketch.estimate(key)
+    }
+
+    /// Whether AlwaysCorrect mode was asked for.
+    pub fn always_correct(&self) -> bool {
+        self.always_correct
+    }
+}
+
+/// Merging sampled sketches adds their counters (each is an unbiased estimate of its stream).
+pub trait Mergeable {
+    /// Adds `other` into `self`.
+    fn merge_from(&mut self, other: &Self) -> Result<(), MergeError>;
+}
+
+impl Mergeable for super::countmin::CountMin {
+    fn merge_from(&mut self, o: &Self) -> Result<(), MergeError> {
+        self.merge(o)
+    }
+}
+impl Mergeable for super::countsketch::CountSketch {
+    fn merge_from(&mut self, o: &Self) -> Result<(), MergeError> {
+        self.merge(o)
+    }
+}
+impl Mergeable for super::kary::Kary {
+    fn merge_from(&mut self, o: &Self) -> Result<(), MergeError> {
+        self.merge(o)
+    }
+}
+
+impl<S: RowSketch + Mergeable> Nitro<S> {
+    /// Merges another window or agent's sketch (heaps are combined by re-estimating).
+    pub fn merge(&mut self, other: &Nitro<S>) -> Result<(), MergeError> {
+        self.sketch.merge_from(&other.sketch)?;
+        self.seen += other.seen;
+        let keys: Vec<KeyBytes> = self.top.keys().chain(other.top.keys()).copied().collect();
+        for k in keys {
+            let e = self.sketch.estimate(k.as_bytes());
+            self.top.offer(&k, e);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sketch::countmin::CountMin;
+    use crate::sketch::countsketch::CountSketch;
+    use crate::sketch::Hasher;
+
+    #[test]
+    fn samples_row_visits_with_probability_p() {
+        let mut s = Sampler::new(0.01, 5, 7, false);
+        let n = 2_000_000u64;
+        let visits: u64 = (0..n).map(|_| u64::from(s.sample().count_ones())).sum();
+        let want = n as f64 * 5.0 * 0.01;
+        // Binomial: σ = √(n·d·p·(1−p)) ≈ 315; 5σ.
+        assert!((visits as f64 - want).abs() < 1600.0, "{visits} sampled visits, want {want}");
+    }
+
+    #[test]
+    fn sampled_counts_are_unbiased() {
+        let mut n = Nitro::new(CountSketch::new(5, 2048, Hasher::default()), 0.05, false, 0, 3);
+        let heavy = KeyBytes::from_slice(b"elephant").unwrap();
+        for i in 0u32..400_000 {
+            if i % 4 == 0 {
+                n.update(&heavy);
+            } else {
+                n.update(&KeyBytes::from_slice(&(i % 50_000).to_le_bytes()).unwrap());
+            }
+        }
+        let e = n.estimate(heavy.as_bytes());
+        // 100,000 true; sampling σ ≈ √(100,000·19) ≈ 1,380 per row, the median of 5 tighter.
+        assert!((e - 100_000).abs() < 5_000, "estimate {e}");
+    }
+
+    #[test]
+    fn always_correct_is_exact_until_it_converges() {
+        let mut n = Nitro::new(CountMin::new(4, 1024, Hasher::default()), 0.01, true, 10, 1);
+        let k = KeyBytes::from_slice(b"k").unwrap();
+        for _ in 0..10_000 {
+            n.update(&k);
+        }
+        assert!(!n.sampling(), "CMS waits for N ≥ w/p = 102,400");
+        assert_eq!(n.estimate(k.as_bytes()), 10_000);
+        for _ in 0..100_000 {
+            n.update(&k);
+        }
+        assert!(n.sampling());
+        assert_eq!(n.top.sorted()[0].0, k);
+    }
+}
