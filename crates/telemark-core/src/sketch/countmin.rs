@@ -96,6 +96,12 @@ impl CountMin {
         }
     }
 
+    /// The estimated count of `key`.
+    pub fn estimate_u64(&self, key: &[u8]) -> u64 {
+        use super::RowSketch;
+        self.estimate(key).max(0) as u64
+    }
+
     /// Adds the counters of `other` (same shape and hasher): for vanilla sketches exactly the
     /// sketch of the union of both streams.
     pub fn merge(&mut self, other: &CountMin) -> Result<(), MergeError> {

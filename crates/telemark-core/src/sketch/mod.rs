@@ -16,6 +16,7 @@ pub mod iblt;
 pub mod kary;
 pub mod murmur;
 pub mod nitro;
+pub mod sfcmon;
 pub mod topk;
 pub mod univmon;
 
