@@ -79,6 +79,10 @@ pub struct GenConfig {
     pub mark: Option<LossConfig>,
     /// Start time, ns since the epoch.
     pub start_ns: u64,
+    /// Backbone-like: flows arrive as a Poisson process over the whole span (and before it, so
+    /// the trace starts in steady state) instead of in its first half; packets outside the span
+    /// are not emitted ([`for_each_packet`]).
+    pub stationary: bool,
 }
 
 impl Default for GenConfig {
@@ -92,6 +96,7 @@ impl Default for GenConfig {
             ipv6_share: 0.1,
             mark: None,
             start_ns: 1_763_740_800_000_000_000,
+            stationary: false,
         }
     }
 }
@@ -140,8 +145,14 @@ pub fn plan(cfg: &GenConfig, dist: &SizeDist) -> Vec<FlowPlan> {
             };
             let bytes = dist.sample(&mut r);
             let packets = bytes.div_ceil(cfg.mtu_payload as u64).clamp(1, cfg.max_packets);
-            let start_ns = cfg.start_ns + r.below(cfg.duration_ns / 2 + 1);
-            // Spread each flow over 10–100 % of the remaining span: big flows are fast flows.
+            // Start times uniform given their number: a Poisson arrival process. Stationary
+            // traces start flows from half a span before the trace on, so it opens mid-stream.
+            let start_ns = if cfg.stationary {
+                (cfg.start_ns - cfg.duration_ns / 2) + r.below(cfg.duration_ns * 3 / 2 + 1)
+            } else {
+                cfg.start_ns + r.below(cfg.duration_ns / 2 + 1)
+            };
+            // Spread each flow over 10–100 % of half the span: big flows are fast flows.
             let span = (cfg.duration_ns / 2) as f64 * (0.1 + 0.9 * r.f64());
             let gap_ns = ((span / packets as f64) as u64).max(1_000);
             FlowPlan {
@@ -220,6 +231,32 @@ pub fn build_frame(key: &FlowKey, payload: usize, dscp: u8, ttl: u8) -> Vec<u8> 
             .emit(&mut f[l4o..]);
     }
     f
+}
+
+/// Calls `f(time, flow, frame length)` for every packet of `plans` in time order, without
+/// building frames (hundreds of millions of packets fit in no memory as frames). With
+/// `cfg.stationary`, only packets inside the span are passed.
+pub fn for_each_packet(cfg: &GenConfig, plans: &[FlowPlan], mut f: impl FnMut(u64, &FlowKey, u32)) {
+    let mut heap: BinaryHeap<Reverse<(u64, u32, u64)>> =
+        plans.iter().enumerate().map(|(i, p)| Reverse((p.start_ns, i as u32, 0))).collect();
+    let end = cfg.start_ns + cfg.duration_ns;
+    let mtu = cfg.mtu_payload as u64;
+    while let Some(Reverse((t, i, n))) = heap.pop() {
+        let Some(p) = plans.get(i as usize) else { continue };
+        let last = n + 1 == p.packets;
+        if cfg.stationary && t >= end {
+            continue;
+        }
+        if !cfg.stationary || t >= cfg.start_ns {
+            let payload = if last { p.bytes.saturating_sub(n * mtu).clamp(1, mtu) } else { mtu };
+            let hdr = if p.key.src.is_ipv6() { 14 + 40 } else { 14 + 20 };
+            let l4 = if p.key.proto == 6 { 20 } else { 8 };
+            f(t, &p.key, (hdr + l4 + payload) as u32);
+        }
+        if !last {
+            heap.push(Reverse((t + p.gap_ns, i, n + 1)));
+        }
+    }
 }
 
 /// Generates the packets of `plans` in time order. With `cfg.mark`, packets carry alternate

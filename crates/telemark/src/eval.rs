@@ -11,6 +11,8 @@ use telemark_datapath::eval::{self as ev, mean_ci95};
 pub enum Which {
     /// Fig. 4a and 4b: relative error of the estimated drop probability.
     Accuracy,
+    /// SFCMon Fig. 3: heavy-hitter FPR, accuracy, recall, precision against the window length.
+    HeavyHitters,
 }
 
 /// `telemark eval` flags.
@@ -28,6 +30,15 @@ pub struct Args {
     /// Reordering depths to run, in packets (0 = none).
     #[arg(long, value_delimiter = ',', default_values_t = [0u64, 33])]
     pub reorder: Vec<u64>,
+    /// heavy-hitters: flows in the generated backbone-like trace.
+    #[arg(long, default_value_t = 300_000)]
+    pub flows: usize,
+    /// heavy-hitters: length of the trace, seconds.
+    #[arg(long, default_value_t = 60)]
+    pub seconds: u64,
+    /// heavy-hitters: seed of the trace.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
 }
 
 const PROBS: [f64; 4] = [0.001, 0.01, 0.05, 0.10];
@@ -87,5 +98,15 @@ pub fn run_eval(a: Args) -> Result<()> {
 
 /// Entry point used by main.
 pub fn run(a: Args) -> Result<()> {
-    run_eval(a)
+    match a.which {
+        Which::Accuracy => run_eval(a),
+        Which::HeavyHitters => {
+            if a.flows == 0 || a.seconds == 0 {
+                anyhow::bail!("--flows and --seconds must be at least 1");
+            }
+            std::fs::create_dir_all(&a.out)
+                .with_context(|| format!("creating {}", a.out.display()))?;
+            crate::eval_hh::run(&a.out, a.flows, a.seconds, a.seed)
+        }
+    }
 }

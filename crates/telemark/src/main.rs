@@ -3,9 +3,11 @@
 mod agent;
 mod bench;
 mod bench_live;
+mod bench_sketch;
 mod collector;
 mod demo;
 mod eval;
+mod eval_hh;
 mod gen;
 mod opts;
 mod replay;
@@ -43,6 +45,9 @@ enum Cmd {
     Demo(demo::Args),
     /// Reproduce the accuracy figures (Fig. 4a, 4b) as CSV.
     Eval(eval::Args),
+    /// Sketch update rates, vanilla against NitroSketch, and the heavy-hitter pipeline against
+    /// an exact table as active flows grow (one core).
+    BenchSketch(bench_sketch::Args),
 }
 
 fn main() {
@@ -51,6 +56,7 @@ fn main() {
         Cmd::Gen(a) => gen::run(a),
         Cmd::Replay(a) => replay::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::BenchSketch(a) => bench_sketch::run(a),
         Cmd::BenchLive(a) => bench_live::run(a),
         Cmd::Eval(a) => eval::run(a),
         Cmd::Collector(a) => collector::run(a),

@@ -23,6 +23,7 @@ pub struct Cell {
     hash_sum: u32,
     packets: u64,
     bytes: u64,
+    base: u64,
 }
 
 mod key_array {
@@ -37,7 +38,8 @@ mod key_array {
     }
 }
 
-const EMPTY: Cell = Cell { count: 0, key_sum: [0; KEY_MAX], hash_sum: 0, packets: 0, bytes: 0 };
+const EMPTY: Cell =
+    Cell { count: 0, key_sum: [0; KEY_MAX], hash_sum: 0, packets: 0, bytes: 0, base: 0 };
 
 impl Cell {
     fn is_empty(&self) -> bool {
@@ -54,6 +56,8 @@ pub struct Entry {
     pub packets: u64,
     /// Sum of bytes added for it.
     pub bytes: u64,
+    /// The value given at insertion ([`Iblt::insert_with_base`]; 0 otherwise).
+    pub base: u64,
 }
 
 /// The result of listing.
@@ -142,10 +146,22 @@ impl Iblt {
         self.toggle(key, 1);
     }
 
+    /// Adds `key` with a value fixed at insertion (SFCMon: the source's count before the flow
+    /// was admitted), listed back as [`Entry::base`].
+    pub fn insert_with_base(&mut self, key: &KeyBytes, base: u64) {
+        self.toggle(key, 1);
+        self.add_values(key, 0, 0, base);
+    }
+
     /// Removes `key` and the values given (which must be all its values for it to disappear).
     pub fn delete(&mut self, key: &KeyBytes, packets: u64, bytes: u64) {
+        self.delete_with_base(key, packets, bytes, 0);
+    }
+
+    /// Removes `key` inserted with `base`, and its values.
+    pub fn delete_with_base(&mut self, key: &KeyBytes, packets: u64, bytes: u64, base: u64) {
         self.toggle(key, -1);
-        self.update(key, packets.wrapping_neg(), bytes.wrapping_neg());
+        self.add_values(key, packets.wrapping_neg(), bytes.wrapping_neg(), base.wrapping_neg());
     }
 
     /// Adds values to an inserted `key` (SFCMon's UpdateIBLT).
@@ -155,6 +171,15 @@ impl Iblt {
             let c = &mut self.cells[*s];
             c.packets = c.packets.wrapping_add(packets);
             c.bytes = c.bytes.wrapping_add(bytes);
+        }
+    }
+
+    fn add_values(&mut self, key: &KeyBytes, packets: u64, bytes: u64, base: u64) {
+        for s in &self.slots(key.as_bytes())[..self.k] {
+            let c = &mut self.cells[*s];
+            c.packets = c.packets.wrapping_add(packets);
+            c.bytes = c.bytes.wrapping_add(bytes);
+            c.base = c.base.wrapping_add(base);
         }
     }
 
@@ -193,12 +218,17 @@ impl Iblt {
                 continue; // a coincidence, not this key's cell
             }
             if c.count == 1 {
-                entries.push(Entry { key, packets: c.packets, bytes: c.bytes });
-                t.delete(&key, c.packets, c.bytes);
+                entries.push(Entry { key, packets: c.packets, bytes: c.bytes, base: c.base });
+                t.delete_with_base(&key, c.packets, c.bytes, c.base);
             } else {
                 negative.push(key);
                 t.toggle(&key, 1);
-                t.update(&key, c.packets.wrapping_neg(), c.bytes.wrapping_neg());
+                t.add_values(
+                    &key,
+                    c.packets.wrapping_neg(),
+                    c.bytes.wrapping_neg(),
+                    c.base.wrapping_neg(),
+                );
             }
             queue.extend_from_slice(&slots[..t.k]);
         }
@@ -233,9 +263,11 @@ impl Iblt {
             if sign > 0 {
                 a.packets = a.packets.wrapping_add(b.packets);
                 a.bytes = a.bytes.wrapping_add(b.bytes);
+                a.base = a.base.wrapping_add(b.base);
             } else {
                 a.packets = a.packets.wrapping_sub(b.packets);
                 a.bytes = a.bytes.wrapping_sub(b.bytes);
+                a.base = a.base.wrapping_sub(b.base);
             }
         }
         Ok(())

@@ -74,11 +74,11 @@ impl Default for HhConfig {
             min_packets: 16,
             final_check: true,
             cms_depth: 4,
-            cms_width: 4096,
+            cms_width: 4000,
             conservative: true,
             bloom_bits: 16_384,
             bloom_k: 4,
-            iblt_cells: 480,
+            iblt_cells: 420,
             iblt_k: 3,
             hashing: Hashing::Murmur3,
             seed: 0x5fc0_0001,
@@ -137,6 +137,10 @@ pub struct HeavyFlow {
     pub bytes: u64,
     /// The flow's true packets are in `packets ..= packets + error_bound`.
     pub error_bound: u64,
+    /// Best estimate of the flow's packets: those counted plus its source's Count-Min count
+    /// when it was admitted, capped by the bound (exact up to the sketch's overcount for a
+    /// source with one flow).
+    pub estimate: u64,
     /// The source's (FlowID1's) estimated packets in the window.
     pub source_estimate: u64,
 }
@@ -158,6 +162,9 @@ pub struct HhWindow {
     pub admitted: u64,
     /// Listed flows the final check dropped.
     pub dropped_by_check: u64,
+    /// Every source admitted in the window, when [`Sfcmon::log_admissions`] is on (SFCMon's
+    /// own evaluation reported these, as if the IBLT never overflowed).
+    pub admitted_sources: Vec<KeyBytes>,
 }
 
 /// The pipeline for one observation point.
@@ -170,9 +177,16 @@ pub struct Sfcmon {
     packets: u64,
     bar_floor: f64,
     admitted: u64,
+    admission_log: Option<std::collections::HashSet<KeyBytes>>,
 }
 
 impl Sfcmon {
+    /// Also remembers every admitted source (evaluation only: unbounded memory).
+    pub fn log_admissions(mut self) -> Sfcmon {
+        self.admission_log = Some(Default::default());
+        self
+    }
+
     /// A pipeline with `cfg` (call [`HhConfig::validate`] first; bad values are clamped).
     pub fn new(cfg: HhConfig) -> Sfcmon {
         let h = |i: u32| Hasher::new(cfg.hashing, cfg.seed.wrapping_add(i));
@@ -184,6 +198,7 @@ impl Sfcmon {
             packets: 0,
             bar_floor: 0.0,
             admitted: 0,
+            admission_log: None,
         }
     }
 
@@ -212,9 +227,12 @@ impl Sfcmon {
         if f64::from(est) < bar {
             return;
         }
+        if let Some(log) = &mut self.admission_log {
+            log.insert(id1);
+        }
         let id2 = KeyBytes::flow_of(key);
         if !self.bloom.insert(id2.as_bytes()) {
-            self.iblt.insert(&id2);
+            self.iblt.insert_with_base(&id2, u64::from(est) - 1);
             self.admitted += 1;
         }
         self.iblt.update(&id2, 1, u64::from(len));
@@ -242,6 +260,7 @@ impl Sfcmon {
                 packets: e.packets,
                 bytes: e.bytes,
                 error_bound: 0,
+                estimate: e.packets + e.base,
                 source_estimate: est,
             });
         }
@@ -262,6 +281,11 @@ impl Sfcmon {
             stuck_cells: listing.stuck_cells,
             admitted: self.admitted,
             dropped_by_check: dropped,
+            admitted_sources: self
+                .admission_log
+                .as_mut()
+                .map(|l| l.drain().collect())
+                .unwrap_or_default(),
         };
         self.bar_floor = self.cfg.expect * n as f64;
         self.packets = 0;

@@ -1,0 +1,192 @@
+//! `telemark bench-sketch`: sketch update rates on one core, vanilla against NitroSketch
+//! (NitroSketch §7), and the SFCMon pipeline against an exact hash table as the number of
+//! active flows grows (SFCMon Fig. 4). Medians of several passes over a pool of keys built
+//! before timing; one run of this command gives every ratio it prints.
+
+use anyhow::Result;
+use clap::Args as ClapArgs;
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Instant;
+use telemark_core::sketch::countmin::CountMin;
+use telemark_core::sketch::countsketch::CountSketch;
+use telemark_core::sketch::kary::Kary;
+use telemark_core::sketch::nitro::Nitro;
+use telemark_core::sketch::sfcmon::{ExactFlows, HhConfig, Sfcmon};
+use telemark_core::sketch::univmon::UnivMon;
+use telemark_core::sketch::{Hasher, Hashing, KeyBytes, RowSketch};
+use telemark_core::FlowKey;
+
+/// `telemark bench-sketch` flags.
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Packets per pass.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub packets: usize,
+    /// Passes per measurement; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    /// NitroSketch sampling probability.
+    #[arg(long, default_value_t = 0.01)]
+    pub p: f64,
+    /// Hash family for the sketches.
+    #[arg(long, value_enum, default_value = "murmur3")]
+    pub hashing: HashArg,
+    /// Active-flow counts for the pipeline measurement.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 100, 10_000, 100_000, 1_000_000])]
+    pub flows: Vec<usize>,
+}
+
+/// Hash family flag.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum HashArg {
+    /// Seeded MurmurHash3 per row.
+    Murmur3,
+    /// One multiply-fold hash, rows by double hashing.
+    Fast,
+}
+
+fn key(i: u64) -> FlowKey {
+    FlowKey {
+        src: IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + (i as u32))),
+        dst: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
+        sport: 1024 + (i % 50_000) as u16,
+        dport: 443,
+        proto: 6,
+        spi: None,
+        si: None,
+    }
+}
+
+/// A Zipf(1)-like stream over `n` keys (xorshift draws through the inverse CDF).
+fn zipf_keys(n: usize, len: usize) -> Vec<KeyBytes> {
+    let mut r = 0x9e37_79b9_7f4a_7c15u64;
+    let h = (n as f64).ln() + 0.5772;
+    (0..len)
+        .map(|_| {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            let u = (r >> 11) as f64 / (1u64 << 53) as f64;
+            let rank = ((u * h).exp() - 0.5).clamp(0.0, n as f64 - 1.0) as u64;
+            KeyBytes::flow_of(&key(rank))
+        })
+        .collect()
+}
+
+fn median_ns_per(rounds: usize, n: usize, mut f: impl FnMut()) -> f64 {
+    let mut v: Vec<f64> = (0..rounds.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_nanos() as f64 / n as f64
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs `telemark bench-sketch`.
+pub fn run(a: Args) -> Result<()> {
+    if a.packets == 0 || a.rounds == 0 || !(a.p > 0.0 && a.p <= 1.0) || a.flows.contains(&0) {
+        anyhow::bail!("--packets, --rounds and --flows must be ≥ 1 and --p in (0, 1]");
+    }
+    let hasher = Hasher::new(
+        match a.hashing {
+            HashArg::Murmur3 => Hashing::Murmur3,
+            HashArg::Fast => Hashing::Fast,
+        },
+        7,
+    );
+    // The keys of a switch's current packets are in cache; a pool of 65,536 (2.8 MB) replayed
+    // keeps this measurement about the sketch, not about streaming keys from memory.
+    let pool = zipf_keys(100_000, 65_536);
+    let reps = a.packets.div_ceil(pool.len());
+    let n = reps * pool.len();
+    let keys = &pool;
+    println!(
+        "one core; {n} packets per pass (a pool of 65,536 from a Zipf stream over 100,000 flows, replayed); median of {} passes; {:?} hashing; p = {}",
+        a.rounds, hasher.kind, a.p
+    );
+    println!("{:<12} {:>14} {:>14} {:>8}", "sketch", "vanilla Mpps", "nitro Mpps", "speedup");
+    fn pair<S: RowSketch + Clone>(
+        name: &str,
+        s: S,
+        (keys, reps): (&[KeyBytes], usize),
+        rounds: usize,
+        p: f64,
+    ) {
+        let n = keys.len() * reps;
+        let mut v = s.clone();
+        let van = median_ns_per(rounds, n, || {
+            for _ in 0..reps {
+                for k in keys {
+                    v.update(k.as_bytes(), 1);
+                }
+            }
+        });
+        let mut ni = Nitro::new(s, p, false, 0, 1);
+        let nit = median_ns_per(rounds, n, || {
+            for _ in 0..reps {
+                for k in keys {
+                    ni.update(k);
+                }
+            }
+        });
+        black_box((&v, &ni.sketch));
+        println!("{name:<12} {:>14.1} {:>14.1} {:>7.1}×", 1e3 / van, 1e3 / nit, van / nit);
+    }
+    pair("count-min", CountMin::new(5, 5436, hasher), (keys, reps), a.rounds, a.p);
+    pair("count-sketch", CountSketch::new(5, 5436, hasher), (keys, reps), a.rounds, a.p);
+    pair("k-ary", Kary::new(5, 5436, hasher), (keys, reps), a.rounds, a.p);
+    {
+        let mut v = UnivMon::new(16, 5, 2048, 100, hasher);
+        let van = median_ns_per(a.rounds, n, || {
+            for _ in 0..reps {
+                for k in keys {
+                    v.update(k);
+                }
+            }
+        });
+        let mut ni = UnivMon::new(16, 5, 2048, 100, hasher).nitro(a.p, false, 1);
+        let nit = median_ns_per(a.rounds, n, || {
+            for _ in 0..reps {
+                for k in keys {
+                    ni.update(k);
+                }
+            }
+        });
+        black_box((&v, &ni));
+        println!("{:<12} {:>14.1} {:>14.1} {:>7.1}×", "univmon", 1e3 / van, 1e3 / nit, van / nit);
+    }
+
+    println!("\npipeline vs exact table, uniform traffic over N active flows (SFCMon Fig. 4)");
+    println!("{:>9} {:>14} {:>14} {:>10}", "flows", "sfcmon Mpps", "exact Mpps", "ratio");
+    let cfg = HhConfig { hashing: hasher.kind, ..HhConfig::default() };
+    for &flows in &a.flows {
+        let mut r = 0x2545_f491_4f6c_dd1du64;
+        let pool: Vec<FlowKey> = (0..n)
+            .map(|i| {
+                r ^= r << 13;
+                r ^= r >> 7;
+                r ^= r << 17;
+                key(if flows >= n { r % flows as u64 } else { (i % flows) as u64 })
+            })
+            .collect();
+        let mut s = Sfcmon::new(cfg.clone());
+        let sf = median_ns_per(a.rounds, n, || {
+            for k in &pool {
+                s.observe(k, 64);
+            }
+        });
+        let mut e = ExactFlows::default();
+        let ex = median_ns_per(a.rounds, n, || {
+            for k in &pool {
+                e.observe(k, 64);
+            }
+        });
+        black_box((s.end_window(), e.packets()));
+        println!("{flows:>9} {:>14.1} {:>14.1} {:>9.2}×", 1e3 / sf, 1e3 / ex, ex / sf);
+    }
+    Ok(())
+}
