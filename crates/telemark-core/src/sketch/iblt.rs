@@ -10,6 +10,9 @@
 //! peeling gets stuck and [`Listing::complete`] is false: the listed entries are correct but
 //! others were not recovered, and the listing says so. It never returns a silently partial
 //! answer.
+//!
+//! Keys are flow encodings ([`KeyBytes::flow_of`], [`KeyBytes::source_of`]): listing decodes a
+//! pure cell's key sum back into one, which is also what rejects cells that only look pure.
 
 use super::{Hasher, KeyBytes, MergeError, KEY_MAX};
 use serde::{Deserialize, Serialize};
