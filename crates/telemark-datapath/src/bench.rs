@@ -111,17 +111,7 @@ impl Case {
             points: (0, 1, 2),
         };
         let mut switch = Switch::new(cfg, flows);
-        let keys: Vec<FlowKey> = (0..flows)
-            .map(|i| FlowKey {
-                src: IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i as u32)),
-                dst: IpAddr::V4(Ipv4Addr::new(10, 200, 0, 1)),
-                sport: 1024 + (i % 60_000) as u16,
-                dport: 5201,
-                proto: 17,
-                spi: None,
-                si: None,
-            })
-            .collect();
+        let keys: Vec<FlowKey> = (0..flows as u64).map(synthetic_flow).collect();
         for (i, k) in keys.iter().enumerate() {
             switch.fib().insert(*k, 1 + (i % 2) as u16);
         }
@@ -195,6 +185,19 @@ impl Case {
     /// Packets that were not forwarded (should be 0).
     pub fn lost(&self) -> u64 {
         self.switch.stats().dropped + self.rings.full + self.events.dropped
+    }
+}
+
+/// The i-th of a family of distinct UDP flows (benchmarks' traffic).
+pub fn synthetic_flow(i: u64) -> FlowKey {
+    FlowKey {
+        src: IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i as u32)),
+        dst: IpAddr::V4(Ipv4Addr::new(10, 200, 0, 1)),
+        sport: 1024 + (i % 60_000) as u16,
+        dport: 5201,
+        proto: 17,
+        spi: None,
+        si: None,
     }
 }
 

@@ -233,25 +233,22 @@ pub fn build_frame(key: &FlowKey, payload: usize, dscp: u8, ttl: u8) -> Vec<u8> 
     f
 }
 
-/// Calls `f(time, flow, frame length)` for every packet of `plans` in time order, without
-/// building frames (hundreds of millions of packets fit in no memory as frames). With
-/// `cfg.stationary`, only packets inside the span are passed.
-pub fn for_each_packet(cfg: &GenConfig, plans: &[FlowPlan], mut f: impl FnMut(u64, &FlowKey, u32)) {
+/// Walks the packets of `plans` in time order: `f(time, plan, n, payload bytes)` for the n-th
+/// packet of each flow. With `cfg.stationary`, only packets inside the span are passed.
+fn walk(cfg: &GenConfig, plans: &[FlowPlan], mut f: impl FnMut(u64, &FlowPlan, u64, usize)) {
     let mut heap: BinaryHeap<Reverse<(u64, u32, u64)>> =
         plans.iter().enumerate().map(|(i, p)| Reverse((p.start_ns, i as u32, 0))).collect();
     let end = cfg.start_ns + cfg.duration_ns;
     let mtu = cfg.mtu_payload as u64;
     while let Some(Reverse((t, i, n))) = heap.pop() {
         let Some(p) = plans.get(i as usize) else { continue };
-        let last = n + 1 == p.packets;
         if cfg.stationary && t >= end {
             continue;
         }
+        let last = n + 1 == p.packets;
         if !cfg.stationary || t >= cfg.start_ns {
             let payload = if last { p.bytes.saturating_sub(n * mtu).clamp(1, mtu) } else { mtu };
-            let hdr = if p.key.src.is_ipv6() { 14 + 40 } else { 14 + 20 };
-            let l4 = if p.key.proto == 6 { 20 } else { 8 };
-            f(t, &p.key, (hdr + l4 + payload) as u32);
+            f(t, p, n, payload as usize);
         }
         if !last {
             heap.push(Reverse((t + p.gap_ns, i, n + 1)));
@@ -259,21 +256,21 @@ pub fn for_each_packet(cfg: &GenConfig, plans: &[FlowPlan], mut f: impl FnMut(u6
     }
 }
 
+/// Calls `f(time, flow, frame length)` for every packet of `plans` in time order, without
+/// building frames (hundreds of millions of packets fit in no memory as frames).
+pub fn for_each_packet(cfg: &GenConfig, plans: &[FlowPlan], mut f: impl FnMut(u64, &FlowKey, u32)) {
+    walk(cfg, plans, |t, p, _, payload| {
+        let ip = if p.key.src.is_ipv6() { ipv6::HEADER_LEN } else { ipv4::MIN_HEADER_LEN };
+        let l4 = if p.key.proto == 6 { tcp::MIN_HEADER_LEN } else { udp::HEADER_LEN };
+        f(t, &p.key, (14 + ip + l4 + payload) as u32);
+    });
+}
+
 /// Generates the packets of `plans` in time order. With `cfg.mark`, packets carry alternate
 /// marking colors (B per color, or period T) and `Pkt::batch` says which batch.
 pub fn packets(cfg: &GenConfig, plans: &[FlowPlan]) -> Vec<Pkt> {
-    let mut heap: BinaryHeap<Reverse<(u64, usize, u64)>> =
-        plans.iter().enumerate().map(|(i, p)| Reverse((p.start_ns, i, 0))).collect();
     let mut out = Vec::with_capacity(plans.iter().map(|p| p.packets as usize).sum());
-    while let Some(Reverse((t, i, n))) = heap.pop() {
-        let Some(p) = plans.get(i) else { continue };
-        let last = n + 1 == p.packets;
-        let payload = if last {
-            (p.bytes.saturating_sub(n * cfg.mtu_payload as u64)).clamp(1, cfg.mtu_payload as u64)
-                as usize
-        } else {
-            cfg.mtu_payload
-        };
+    walk(cfg, plans, |t, p, n, payload| {
         let (dscp, batch) = match &cfg.mark {
             Some(l) => {
                 let (color, b) = match l.period_ns {
@@ -290,10 +287,7 @@ pub fn packets(cfg: &GenConfig, plans: &[FlowPlan]) -> Vec<Pkt> {
             seq: out.len() as u64,
             batch,
         });
-        if !last {
-            heap.push(Reverse((t + p.gap_ns, i, n + 1)));
-        }
-    }
+    });
     out
 }
 
@@ -317,6 +311,22 @@ mod tests {
                 assert!(ipv4::Packet::new_checked(&p.data[14..]).unwrap().verify_checksum());
             }
         }
+    }
+
+    /// The frame-less walk sees the same packets as the frames built: time, flow and length.
+    #[test]
+    fn for_each_packet_matches_the_built_frames() {
+        let cfg = GenConfig { flows: 40, ipv6_share: 0.3, ..GenConfig::default() };
+        let plans = plan(&cfg, &SizeDist::pareto(3));
+        let built: Vec<(u64, FlowKey, u32)> = packets(&cfg, &plans)
+            .iter()
+            .map(|p| {
+                (p.ts_ns, extract(&p.data, LinkType::Ethernet).unwrap().key, p.data.len() as u32)
+            })
+            .collect();
+        let mut walked = Vec::new();
+        for_each_packet(&cfg, &plans, |t, k, len| walked.push((t, *k, len)));
+        assert_eq!(walked, built);
     }
 
     #[test]

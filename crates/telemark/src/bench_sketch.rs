@@ -6,7 +6,6 @@
 use anyhow::Result;
 use clap::Args as ClapArgs;
 use std::hint::black_box;
-use std::net::{IpAddr, Ipv4Addr};
 use std::time::Instant;
 use telemark_core::sketch::countmin::CountMin;
 use telemark_core::sketch::countsketch::CountSketch;
@@ -16,6 +15,7 @@ use telemark_core::sketch::sfcmon::{ExactFlows, HhConfig, Sfcmon};
 use telemark_core::sketch::univmon::UnivMon;
 use telemark_core::sketch::{Hasher, Hashing, KeyBytes, RowSketch};
 use telemark_core::FlowKey;
+use telemark_datapath::bench::{median, synthetic_flow};
 
 /// `telemark bench-sketch` flags.
 #[derive(ClapArgs, Debug)]
@@ -46,18 +46,6 @@ pub enum HashArg {
     Fast,
 }
 
-fn key(i: u64) -> FlowKey {
-    FlowKey {
-        src: IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + (i as u32))),
-        dst: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
-        sport: 1024 + (i % 50_000) as u16,
-        dport: 443,
-        proto: 6,
-        spi: None,
-        si: None,
-    }
-}
-
 /// A Zipf(1)-like stream over `n` keys (xorshift draws through the inverse CDF).
 fn zipf_keys(n: usize, len: usize) -> Vec<KeyBytes> {
     let mut r = 0x9e37_79b9_7f4a_7c15u64;
@@ -69,7 +57,7 @@ fn zipf_keys(n: usize, len: usize) -> Vec<KeyBytes> {
             r ^= r << 17;
             let u = (r >> 11) as f64 / (1u64 << 53) as f64;
             let rank = ((u * h).exp() - 0.5).clamp(0.0, n as f64 - 1.0) as u64;
-            KeyBytes::flow_of(&key(rank))
+            KeyBytes::flow_of(&synthetic_flow(rank))
         })
         .collect()
 }
@@ -82,8 +70,7 @@ fn median_ns_per(rounds: usize, n: usize, mut f: impl FnMut()) -> f64 {
             t.elapsed().as_nanos() as f64 / n as f64
         })
         .collect();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    median(&mut v)
 }
 
 /// Runs `telemark bench-sketch`.
@@ -170,7 +157,7 @@ pub fn run(a: Args) -> Result<()> {
                 r ^= r << 13;
                 r ^= r >> 7;
                 r ^= r << 17;
-                key(if flows >= n { r % flows as u64 } else { (i % flows) as u64 })
+                synthetic_flow(if flows >= n { r % flows as u64 } else { (i % flows) as u64 })
             })
             .collect();
         let mut s = Sfcmon::new(cfg.clone());

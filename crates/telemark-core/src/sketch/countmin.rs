@@ -11,36 +11,24 @@
 //! longer linear, so a merge of conservative sketches is an upper bound, not the sketch of the
 //! union.
 
-use super::{column, Hasher, MergeError, RowSketch};
+use super::{Hasher, MergeError, RowSketch, Rows};
 use serde::{Deserialize, Serialize};
+
+pub use super::MAX_DEPTH;
 
 /// A Count-Min sketch with 32-bit counters.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CountMin {
-    depth: usize,
-    width: usize,
-    hasher: Hasher,
+    rows: Rows<u32>,
     conservative: bool,
-    counters: Vec<u32>,
     /// Sum of all increments (N).
     total: u64,
 }
 
-/// Deepest sketch supported (row hashes live on the stack).
-pub const MAX_DEPTH: usize = 16;
-
 impl CountMin {
     /// `depth` rows (1..=16) of `width` counters (≥ 1).
     pub fn new(depth: usize, width: usize, hasher: Hasher) -> CountMin {
-        let (depth, width) = (depth.clamp(1, MAX_DEPTH), width.max(1));
-        CountMin {
-            depth,
-            width,
-            hasher,
-            conservative: false,
-            counters: vec![0; depth * width],
-            total: 0,
-        }
+        CountMin { rows: Rows::new(depth, width, 1, hasher), conservative: false, total: 0 }
     }
 
     /// Dimensions for an error of at most `eps`·N with probability `1 − delta`.
@@ -63,32 +51,27 @@ impl CountMin {
 
     /// The additive error bound ε·N = (e / width)·N, exceeded with probability ≤ e^(−depth).
     pub fn error_bound(&self) -> u64 {
-        (core::f64::consts::E / self.width as f64 * self.total as f64).ceil() as u64
+        (core::f64::consts::E / self.rows.width() as f64 * self.total as f64).ceil() as u64
     }
 
     /// Counts `inc` for `key` and returns the key's new estimate (one pass over the rows).
     #[inline]
     pub fn update_estimate(&mut self, key: &[u8], inc: u32) -> u32 {
-        let mut h = [0u32; MAX_DEPTH];
-        let h = &mut h[..self.depth];
-        self.hasher.rows(key, h);
+        let h = self.rows.hashes(key);
+        let h = &h[..self.rows.depth()];
         self.total += u64::from(inc);
-        let w = self.width;
         if self.conservative {
-            let mut min = u32::MAX;
-            for (r, hr) in h.iter().enumerate() {
-                min = min.min(self.counters[r * w + column(*hr, w)]);
-            }
+            let min = h.iter().enumerate().map(|(r, hr)| self.rows.get(r, *hr)).min().unwrap_or(0);
             let target = min.saturating_add(inc);
             for (r, hr) in h.iter().enumerate() {
-                let c = &mut self.counters[r * w + column(*hr, w)];
+                let c = self.rows.at(r, *hr);
                 *c = (*c).max(target);
             }
             target
         } else {
             let mut min = u32::MAX;
             for (r, hr) in h.iter().enumerate() {
-                let c = &mut self.counters[r * w + column(*hr, w)];
+                let c = self.rows.at(r, *hr);
                 *c = c.saturating_add(inc);
                 min = min.min(*c);
             }
@@ -98,43 +81,29 @@ impl CountMin {
 
     /// The estimated count of `key`.
     pub fn estimate_u64(&self, key: &[u8]) -> u64 {
-        use super::RowSketch;
         self.estimate(key).max(0) as u64
-    }
-
-    /// Adds the counters of `other` (same shape and hasher): for vanilla sketches exactly the
-    /// sketch of the union of both streams.
-    pub fn merge(&mut self, other: &CountMin) -> Result<(), MergeError> {
-        if (self.depth, self.width, self.hasher) != (other.depth, other.width, other.hasher) {
-            return Err(MergeError::Shape("count-min dimensions or hasher differ"));
-        }
-        for (a, b) in self.counters.iter_mut().zip(&other.counters) {
-            *a = a.saturating_add(*b);
-        }
-        self.total += other.total;
-        Ok(())
     }
 
     /// Zeroes every counter (a new window).
     pub fn clear(&mut self) {
-        self.counters.fill(0);
+        self.rows.clear();
         self.total = 0;
     }
 }
 
 impl RowSketch for CountMin {
     fn depth(&self) -> usize {
-        self.depth
+        self.rows.depth()
     }
     fn width(&self) -> usize {
-        self.width
+        self.rows.width()
     }
     fn hasher(&self) -> &Hasher {
-        &self.hasher
+        self.rows.hasher()
     }
     #[inline]
     fn add_row(&mut self, row: usize, h: u32, inc: i64) -> i64 {
-        let c = &mut self.counters[row * self.width + column(h, self.width)];
+        let c = self.rows.at(row, h);
         let old = *c;
         *c = old.saturating_add(inc.clamp(0, i64::from(u32::MAX)) as u32);
         if row == 0 {
@@ -146,19 +115,32 @@ impl RowSketch for CountMin {
         self.update_estimate(key, inc.clamp(0, i64::from(u32::MAX)) as u32);
     }
     fn estimate(&self, key: &[u8]) -> i64 {
-        let w = self.width;
-        (0..self.depth)
-            .map(|r| self.counters[r * w + column(self.hasher.row(key, r), w)])
+        let h = self.rows.hashes(key);
+        h[..self.rows.depth()]
+            .iter()
+            .enumerate()
+            .map(|(r, hr)| self.rows.get(r, *hr))
             .min()
             .map_or(0, i64::from)
     }
     /// A Count-Min estimate is off by about N/width already; sampling adds a standard deviation
     /// of about √(N/(width·p)) per counter, which is smaller once N ≥ width/p.
     fn sampling_is_safe(&self, l1: u64, _l2_squared: f64, p: f64) -> bool {
-        l1 as f64 >= self.width as f64 / p
+        l1 as f64 >= self.rows.width() as f64 / p
     }
     fn memory(&self) -> usize {
-        self.counters.len() * 4
+        self.rows.memory()
+    }
+    /// For vanilla sketches exactly the sketch of the union of both streams; for conservative
+    /// ones an upper bound of it.
+    fn merge(&mut self, other: &CountMin) -> Result<(), MergeError> {
+        self.rows.merge_with(
+            &other.rows,
+            "count-min dimensions or hasher differ",
+            u32::saturating_add,
+        )?;
+        self.total += other.total;
+        Ok(())
     }
 }
 

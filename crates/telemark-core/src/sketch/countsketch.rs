@@ -7,97 +7,80 @@
 //! frequency norm, √Σ f²) with probability at most δ: each row's error has variance at most
 //! L2²/width, and the median of `depth` rows concentrates it.
 
-use super::{column, median, sign, Hasher, MergeError, RowSketch};
+use super::{median_of, sign, Hasher, MergeError, RowSketch, Rows};
 use serde::{Deserialize, Serialize};
 
 /// A Count Sketch with 32-bit signed counters.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CountSketch {
-    pub(crate) depth: usize,
-    pub(crate) width: usize,
-    pub(crate) hasher: Hasher,
-    pub(crate) counters: Vec<i32>,
+    rows: Rows<i32>,
+}
+
+/// `c + d`, held within the i32 range.
+#[inline]
+pub(crate) fn add_i32(c: i32, d: i64) -> i32 {
+    (i64::from(c) + d).clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32
 }
 
 impl CountSketch {
     /// `depth` rows (1..=16) of `width` counters (≥ 1).
     pub fn new(depth: usize, width: usize, hasher: Hasher) -> CountSketch {
-        let (depth, width) = (depth.clamp(1, super::countmin::MAX_DEPTH), width.max(1));
-        CountSketch { depth, width, hasher, counters: vec![0; depth * width] }
+        CountSketch { rows: Rows::new(depth, width, 1, hasher) }
     }
 
     /// Counts `inc` for `key` and returns the key's new estimate.
     #[inline]
     pub fn update_estimate(&mut self, key: &[u8], inc: i64) -> i64 {
-        let mut h = [0u32; super::countmin::MAX_DEPTH];
-        let h = &mut h[..self.depth];
-        self.hasher.rows(key, h);
-        let mut est = [0i64; super::countmin::MAX_DEPTH];
-        let w = self.width;
+        let h = self.rows.hashes(key);
+        let h = &h[..self.rows.depth()];
         for (r, hr) in h.iter().enumerate() {
-            let c = &mut self.counters[r * w + column(*hr, w)];
-            let s = sign(*hr);
-            *c = (i64::from(*c) + s * inc).clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32;
-            est[r] = s * i64::from(*c);
+            let c = self.rows.at(r, *hr);
+            *c = add_i32(*c, sign(*hr) * inc);
         }
-        median(&mut est[..self.depth])
+        median_of(h.iter().enumerate().map(|(r, hr)| sign(*hr) * i64::from(self.rows.get(r, *hr))))
     }
 
     /// The median over rows of Σ counter², an estimate of the stream's L2² (AMS, STOC 1996).
     pub fn l2_squared(&self) -> f64 {
-        let mut rows: Vec<i64> = self
-            .counters
-            .chunks(self.width)
-            .map(|r| r.iter().map(|c| i64::from(*c) * i64::from(*c)).sum::<i64>())
-            .collect();
-        median(&mut rows) as f64
-    }
-
-    /// Adds the counters of `other`: exactly the sketch of the union of both streams.
-    pub fn merge(&mut self, other: &CountSketch) -> Result<(), MergeError> {
-        if (self.depth, self.width, self.hasher) != (other.depth, other.width, other.hasher) {
-            return Err(MergeError::Shape("count sketch dimensions or hasher differ"));
-        }
-        for (a, b) in self.counters.iter_mut().zip(&other.counters) {
-            *a = a.saturating_add(*b);
-        }
-        Ok(())
+        median_of(
+            self.rows.rows().map(|r| r.iter().map(|c| i64::from(*c) * i64::from(*c)).sum::<i64>()),
+        ) as f64
     }
 
     /// Zeroes every counter.
     pub fn clear(&mut self) {
-        self.counters.fill(0);
+        self.rows.clear();
     }
 }
 
 impl RowSketch for CountSketch {
     fn depth(&self) -> usize {
-        self.depth
+        self.rows.depth()
     }
     fn width(&self) -> usize {
-        self.width
+        self.rows.width()
     }
     fn hasher(&self) -> &Hasher {
-        &self.hasher
+        self.rows.hasher()
     }
     #[inline]
     fn add_row(&mut self, row: usize, h: u32, inc: i64) -> i64 {
-        let c = &mut self.counters[row * self.width + column(h, self.width)];
+        let c = self.rows.at(row, h);
         let old = i64::from(*c);
-        *c = (old + sign(h) * inc).clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32;
+        *c = add_i32(*c, sign(h) * inc);
         old * sign(h)
     }
     fn update(&mut self, key: &[u8], inc: i64) {
         self.update_estimate(key, inc);
     }
     fn estimate(&self, key: &[u8]) -> i64 {
-        let w = self.width;
-        let mut est = [0i64; super::countmin::MAX_DEPTH];
-        for (r, e) in est.iter_mut().enumerate().take(self.depth) {
-            let h = self.hasher.row(key, r);
-            *e = sign(h) * i64::from(self.counters[r * w + column(h, w)]);
-        }
-        median(&mut est[..self.depth])
+        let h = self.rows.hashes(key);
+        median_of(
+            h[..self.rows.depth()]
+                .iter()
+                .enumerate()
+                .map(|(r, hr)| sign(*hr) * i64::from(self.rows.get(r, *hr))),
+        )
     }
     /// A Count Sketch row errs by about L2/√width; sampling adds about √(L1/(width·p)), which is
     /// smaller once L2² ≥ L1/p.
@@ -105,7 +88,15 @@ impl RowSketch for CountSketch {
         l2_squared >= l1 as f64 / p
     }
     fn memory(&self) -> usize {
-        self.counters.len() * 4
+        self.rows.memory()
+    }
+    /// Exactly the sketch of the union of both streams.
+    fn merge(&mut self, other: &CountSketch) -> Result<(), MergeError> {
+        self.rows.merge_with(
+            &other.rows,
+            "count sketch dimensions or hasher differ",
+            i32::saturating_add,
+        )
     }
 }
 

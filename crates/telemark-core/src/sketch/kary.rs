@@ -6,24 +6,21 @@
 //! L2²/(K − 1), so like Count Sketch the error is within ε·L2 for K = O(1/ε²). Linear, so
 //! sketches of two windows subtract to find changes, and merge exactly.
 
-use super::{column, median, Hasher, MergeError, RowSketch};
+use super::countsketch::add_i32;
+use super::{median_of, Hasher, MergeError, RowSketch, Rows};
 use serde::{Deserialize, Serialize};
 
 /// A K-ary sketch with 32-bit counters.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Kary {
-    depth: usize,
-    width: usize,
-    hasher: Hasher,
-    counters: Vec<i32>,
+    rows: Rows<i32>,
     total: i64,
 }
 
 impl Kary {
     /// `depth` rows (1..=16) of `width` counters (≥ 2).
     pub fn new(depth: usize, width: usize, hasher: Hasher) -> Kary {
-        let (depth, width) = (depth.clamp(1, super::countmin::MAX_DEPTH), width.max(2));
-        Kary { depth, width, hasher, counters: vec![0; depth * width], total: 0 }
+        Kary { rows: Rows::new(depth, width, 2, hasher), total: 0 }
     }
 
     /// N: the sum of all counts.
@@ -31,76 +28,71 @@ impl Kary {
         self.total
     }
 
-    fn row_estimate(&self, v: i64) -> i64 {
-        let k = self.width as f64;
-        ((v as f64 - self.total as f64 / k) / (1.0 - 1.0 / k)).round() as i64
-    }
-
-    /// Adds the counters of `other`: exactly the sketch of the union of both streams.
-    pub fn merge(&mut self, other: &Kary) -> Result<(), MergeError> {
-        if (self.depth, self.width, self.hasher) != (other.depth, other.width, other.hasher) {
-            return Err(MergeError::Shape("k-ary dimensions or hasher differ"));
-        }
-        for (a, b) in self.counters.iter_mut().zip(&other.counters) {
-            *a = a.saturating_add(*b);
-        }
-        self.total += other.total;
-        Ok(())
+    fn row_estimate(&self, v: i32) -> i64 {
+        let k = self.rows.width() as f64;
+        ((f64::from(v) - self.total as f64 / k) / (1.0 - 1.0 / k)).round() as i64
     }
 
     /// Zeroes every counter.
     pub fn clear(&mut self) {
-        self.counters.fill(0);
+        self.rows.clear();
         self.total = 0;
     }
 }
 
 impl RowSketch for Kary {
     fn depth(&self) -> usize {
-        self.depth
+        self.rows.depth()
     }
     fn width(&self) -> usize {
-        self.width
+        self.rows.width()
     }
     fn hasher(&self) -> &Hasher {
-        &self.hasher
+        self.rows.hasher()
     }
     #[inline]
     fn add_row(&mut self, row: usize, h: u32, inc: i64) -> i64 {
-        let c = &mut self.counters[row * self.width + column(h, self.width)];
+        let c = self.rows.at(row, h);
         let old = i64::from(*c);
-        *c = (old + inc).clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32;
+        *c = add_i32(*c, inc);
         if row == 0 {
             self.total += inc;
         }
         old
     }
     fn update(&mut self, key: &[u8], inc: i64) {
-        let mut h = [0u32; super::countmin::MAX_DEPTH];
-        let h = &mut h[..self.depth];
-        self.hasher.rows(key, h);
-        for (r, hr) in h.iter().enumerate() {
-            let c = &mut self.counters[r * self.width + column(*hr, self.width)];
-            *c = (i64::from(*c) + inc).clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32;
+        let h = self.rows.hashes(key);
+        for (r, hr) in h[..self.rows.depth()].iter().enumerate() {
+            let c = self.rows.at(r, *hr);
+            *c = add_i32(*c, inc);
         }
         self.total += inc;
     }
     fn estimate(&self, key: &[u8]) -> i64 {
-        let mut est = [0i64; super::countmin::MAX_DEPTH];
-        for (r, e) in est.iter_mut().enumerate().take(self.depth) {
-            let v = i64::from(
-                self.counters[r * self.width + column(self.hasher.row(key, r), self.width)],
-            );
-            *e = self.row_estimate(v);
-        }
-        median(&mut est[..self.depth])
+        let h = self.rows.hashes(key);
+        median_of(
+            h[..self.rows.depth()]
+                .iter()
+                .enumerate()
+                .map(|(r, hr)| self.row_estimate(self.rows.get(r, *hr))),
+        )
     }
     /// The same rule as Count Sketch: row error about L2/√K, sampling noise about √(L1/(K·p)).
     fn sampling_is_safe(&self, l1: u64, l2_squared: f64, p: f64) -> bool {
         l2_squared >= l1 as f64 / p
     }
     fn memory(&self) -> usize {
-        self.counters.len() * 4
+        self.rows.memory()
+    }
+    /// Exactly the sketch of the union of both streams.
+    fn merge(&mut self, other: &Kary) -> Result<(), MergeError> {
+        self.rows.merge_with(
+            &other.rows,
+            "k-ary dimensions or hasher differ",
+            i32::saturating_add,
+        )?;
+        self.total += other.total;
+        Ok(())
     }
 }
 

@@ -306,6 +306,93 @@ pub enum MergeError {
     Shape(&'static str),
 }
 
+/// Deepest sketch supported (row hashes live on the stack).
+pub const MAX_DEPTH: usize = 16;
+
+/// `depth` rows of `width` counters and the hasher that picks one column per row: the state
+/// Count-Min, Count Sketch and K-ary share (and merge the same way, counter by counter).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rows<T> {
+    depth: usize,
+    width: usize,
+    hasher: Hasher,
+    counters: Vec<T>,
+}
+
+impl<T: Copy + Default> Rows<T> {
+    /// `depth` rows (1..=16) of `width` counters (at least `min_width`).
+    pub fn new(depth: usize, width: usize, min_width: usize, hasher: Hasher) -> Rows<T> {
+        let (depth, width) = (depth.clamp(1, MAX_DEPTH), width.max(min_width));
+        Rows { depth, width, hasher, counters: vec![T::default(); depth * width] }
+    }
+
+    /// Rows.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Counters per row.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// The row hasher.
+    pub fn hasher(&self) -> &Hasher {
+        &self.hasher
+    }
+
+    /// The row hashes of `key` (the first `depth` entries are used).
+    #[inline]
+    pub fn hashes(&self, key: &[u8]) -> [u32; MAX_DEPTH] {
+        let mut h = [0u32; MAX_DEPTH];
+        self.hasher.rows(key, &mut h[..self.depth]);
+        h
+    }
+
+    /// The counter of row `row` that row hash `h` picks.
+    #[inline]
+    pub fn at(&mut self, row: usize, h: u32) -> &mut T {
+        &mut self.counters[row * self.width + column(h, self.width)]
+    }
+
+    /// Its value.
+    #[inline]
+    pub fn get(&self, row: usize, h: u32) -> T {
+        self.counters[row * self.width + column(h, self.width)]
+    }
+
+    /// Every row's counters.
+    pub fn rows(&self) -> core::slice::ChunksExact<'_, T> {
+        self.counters.chunks_exact(self.width)
+    }
+
+    /// Adds `other` counter by counter with `add`; refuses another shape or hasher.
+    pub fn merge_with(
+        &mut self,
+        other: &Rows<T>,
+        what: &'static str,
+        add: impl Fn(T, T) -> T,
+    ) -> Result<(), MergeError> {
+        if (self.depth, self.width, self.hasher) != (other.depth, other.width, other.hasher) {
+            return Err(MergeError::Shape(what));
+        }
+        for (a, b) in self.counters.iter_mut().zip(&other.counters) {
+            *a = add(*a, *b);
+        }
+        Ok(())
+    }
+
+    /// Zeroes every counter.
+    pub fn clear(&mut self) {
+        self.counters.fill(T::default());
+    }
+
+    /// Bytes of counter state.
+    pub fn memory(&self) -> usize {
+        self.counters.len() * core::mem::size_of::<T>()
+    }
+}
+
 /// A sketch made of `depth` rows of `width` counters, updated row by row: the interface
 /// NitroSketch's sampling drives (it decides which rows a packet touches).
 pub trait RowSketch {
@@ -328,6 +415,21 @@ pub trait RowSketch {
     fn sampling_is_safe(&self, l1: u64, l2_squared: f64, p: f64) -> bool;
     /// Bytes of counter state.
     fn memory(&self) -> usize;
+    /// Adds `other` (same shape and hasher) counter by counter.
+    fn merge(&mut self, other: &Self) -> Result<(), MergeError>
+    where
+        Self: Sized;
+}
+
+/// The lower median of at most [`MAX_DEPTH`] values, without allocating.
+pub(crate) fn median_of(v: impl IntoIterator<Item = i64>) -> i64 {
+    let mut a = [0i64; MAX_DEPTH];
+    let mut n = 0;
+    for x in v.into_iter().take(MAX_DEPTH) {
+        a[n] = x;
+        n += 1;
+    }
+    median(&mut a[..n])
 }
 
 /// Median of a small slice (sorted in place); the lower median for even lengths.

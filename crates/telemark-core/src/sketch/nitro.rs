@@ -15,7 +15,7 @@
 //! separate-thread variant (telemark-datapath's `nitro_thread`).
 
 use super::topk::TopK;
-use super::{median, KeyBytes, MergeError, RowSketch};
+use super::{median_of, KeyBytes, MergeError, RowSketch};
 use serde::{Deserialize, Serialize};
 
 /// Draws which rows each packet updates.
@@ -196,8 +196,7 @@ impl<S: RowSketch> Nitro<S> {
             self.top.offer(key, est);
         }
         if full && self.seen.is_multiple_of(256) {
-            let mut s: Vec<i64> = self.sumsq.iter().map(|v| *v as i64).collect();
-            let l2sq = median(&mut s) as f64;
+            let l2sq = median_of(self.sumsq.iter().map(|v| *v as i64)) as f64;
             if self.sketch.sampling_is_safe(self.seen, l2sq, self.sampler.p) {
                 self.sampler.start_sampling();
             }
@@ -215,32 +214,10 @@ impl<S: RowSketch> Nitro<S> {
     }
 }
 
-/// Merging sampled sketches adds their counters (each is an unbiased estimate of its stream).
-pub trait Mergeable {
-    /// Adds `other` into `self`.
-    fn merge_from(&mut self, other: &Self) -> Result<(), MergeError>;
-}
-
-impl Mergeable for super::countmin::CountMin {
-    fn merge_from(&mut self, o: &Self) -> Result<(), MergeError> {
-        self.merge(o)
-    }
-}
-impl Mergeable for super::countsketch::CountSketch {
-    fn merge_from(&mut self, o: &Self) -> Result<(), MergeError> {
-        self.merge(o)
-    }
-}
-impl Mergeable for super::kary::Kary {
-    fn merge_from(&mut self, o: &Self) -> Result<(), MergeError> {
-        self.merge(o)
-    }
-}
-
-impl<S: RowSketch + Mergeable> Nitro<S> {
+impl<S: RowSketch> Nitro<S> {
     /// Merges another window or agent's sketch (heaps are combined by re-estimating).
     pub fn merge(&mut self, other: &Nitro<S>) -> Result<(), MergeError> {
-        self.sketch.merge_from(&other.sketch)?;
+        self.sketch.merge(&other.sketch)?;
         self.seen += other.seen;
         let keys: Vec<KeyBytes> = self.top.keys().chain(other.top.keys()).copied().collect();
         for k in keys {

@@ -48,7 +48,7 @@ impl UnivMon {
 
     /// NitroSketch mode: rows sampled with probability `p` (AlwaysCorrect when asked).
     pub fn nitro(mut self, p: f64, always_correct: bool, seed: u64) -> UnivMon {
-        let d = self.levels[0].depth;
+        let d = self.levels[0].depth();
         self.samplers = Some(
             (0..self.levels.len())
                 .map(|j| Sampler::new(p, d, seed.wrapping_add(j as u64 * 0x9e37), always_correct))
@@ -78,9 +78,9 @@ impl UnivMon {
                     }
                     let inc = s[j].increment();
                     let cs = &mut self.levels[j];
-                    for r in 0..cs.depth {
+                    for r in 0..cs.depth() {
                         if mask & (1 << r) != 0 {
-                            let h = cs.hasher.row(key.as_bytes(), r);
+                            let h = cs.hasher().row(key.as_bytes(), r);
                             cs.add_row(r, h, inc);
                         }
                     }
