@@ -33,11 +33,11 @@ impl CountSketch {
     pub fn update_estimate(&mut self, key: &[u8], inc: i64) -> i64 {
         let h = self.rows.hashes(key);
         let h = &h[..self.rows.depth()];
-        for (r, hr) in h.iter().enumerate() {
+        median_of(h.iter().enumerate().map(|(r, hr)| {
             let c = self.rows.at(r, *hr);
             *c = add_i32(*c, sign(*hr) * inc);
-        }
-        median_of(h.iter().enumerate().map(|(r, hr)| sign(*hr) * i64::from(self.rows.get(r, *hr))))
+            sign(*hr) * i64::from(*c)
+        }))
     }
 
     /// The median over rows of Σ counter², an estimate of the stream's L2² (AMS, STOC 1996).
