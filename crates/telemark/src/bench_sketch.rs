@@ -14,7 +14,6 @@ use telemark_core::sketch::nitro::Nitro;
 use telemark_core::sketch::sfcmon::{ExactFlows, HhConfig, Sfcmon};
 use telemark_core::sketch::univmon::UnivMon;
 use telemark_core::sketch::{Hasher, Hashing, KeyBytes, RowSketch};
-use telemark_core::FlowKey;
 use telemark_datapath::bench::{median, synthetic_flow};
 
 /// `telemark bench-sketch` flags.
@@ -35,6 +34,18 @@ pub struct Args {
     /// Active-flow counts for the pipeline measurement.
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 100, 10_000, 100_000, 1_000_000])]
     pub flows: Vec<usize>,
+    /// Run only one part.
+    #[arg(long, value_enum)]
+    pub only: Option<Part>,
+}
+
+/// A part of the benchmark.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// Each sketch, vanilla against NitroSketch.
+    Sketches,
+    /// The SFCMon pipeline against the exact table.
+    Pipeline,
 }
 
 /// Hash family flag.
@@ -95,83 +106,108 @@ pub fn run(a: Args) -> Result<()> {
         "one core; {n} packets per pass (a pool of 65,536 from a Zipf stream over 100,000 flows, replayed); median of {} passes; {:?} hashing; p = {}",
         a.rounds, hasher.kind, a.p
     );
-    println!("{:<12} {:>14} {:>14} {:>8}", "sketch", "vanilla Mpps", "nitro Mpps", "speedup");
-    fn pair<S: RowSketch + Clone>(
-        name: &str,
-        s: S,
-        (keys, reps): (&[KeyBytes], usize),
-        rounds: usize,
-        p: f64,
-    ) {
-        let n = keys.len() * reps;
-        let mut v = s.clone();
-        let van = median_ns_per(rounds, n, || {
-            for _ in 0..reps {
-                for k in keys {
-                    v.update(k.as_bytes(), 1);
+    if a.only != Some(Part::Pipeline) {
+        println!("{:<12} {:>14} {:>14} {:>8}", "sketch", "vanilla Mpps", "nitro Mpps", "speedup");
+        fn pair<S: RowSketch + Clone>(
+            name: &str,
+            s: S,
+            (keys, reps): (&[KeyBytes], usize),
+            rounds: usize,
+            p: f64,
+        ) {
+            let n = keys.len() * reps;
+            let mut v = s.clone();
+            let van = median_ns_per(rounds, n, || {
+                for _ in 0..reps {
+                    for k in keys {
+                        v.update(k.as_bytes(), 1);
+                    }
                 }
-            }
-        });
-        let mut ni = Nitro::new(s, p, false, 0, 1);
-        let nit = median_ns_per(rounds, n, || {
-            for _ in 0..reps {
-                for k in keys {
-                    ni.update(k);
+            });
+            let mut ni = Nitro::new(s, p, false, 0, 1);
+            let nit = median_ns_per(rounds, n, || {
+                for _ in 0..reps {
+                    for k in keys {
+                        ni.update(k);
+                    }
                 }
-            }
-        });
-        black_box((&v, &ni.sketch));
-        println!("{name:<12} {:>14.1} {:>14.1} {:>7.1}×", 1e3 / van, 1e3 / nit, van / nit);
+            });
+            black_box((&v, &ni.sketch));
+            println!("{name:<12} {:>14.1} {:>14.1} {:>7.1}×", 1e3 / van, 1e3 / nit, van / nit);
+        }
+        pair("count-min", CountMin::new(5, 5436, hasher), (keys, reps), a.rounds, a.p);
+        pair("count-sketch", CountSketch::new(5, 5436, hasher), (keys, reps), a.rounds, a.p);
+        pair("k-ary", Kary::new(5, 5436, hasher), (keys, reps), a.rounds, a.p);
+        {
+            let mut v = UnivMon::new(16, 5, 2048, 100, hasher);
+            let van = median_ns_per(a.rounds, n, || {
+                for _ in 0..reps {
+                    for k in keys {
+                        v.update(k);
+                    }
+                }
+            });
+            let mut ni = UnivMon::new(16, 5, 2048, 100, hasher).nitro(a.p, false, 1);
+            let nit = median_ns_per(a.rounds, n, || {
+                for _ in 0..reps {
+                    for k in keys {
+                        ni.update(k);
+                    }
+                }
+            });
+            black_box((&v, &ni));
+            println!(
+                "{:<12} {:>14.1} {:>14.1} {:>7.1}×",
+                "univmon",
+                1e3 / van,
+                1e3 / nit,
+                van / nit
+            );
+        }
     }
-    pair("count-min", CountMin::new(5, 5436, hasher), (keys, reps), a.rounds, a.p);
-    pair("count-sketch", CountSketch::new(5, 5436, hasher), (keys, reps), a.rounds, a.p);
-    pair("k-ary", Kary::new(5, 5436, hasher), (keys, reps), a.rounds, a.p);
-    {
-        let mut v = UnivMon::new(16, 5, 2048, 100, hasher);
-        let van = median_ns_per(a.rounds, n, || {
-            for _ in 0..reps {
-                for k in keys {
-                    v.update(k);
-                }
-            }
-        });
-        let mut ni = UnivMon::new(16, 5, 2048, 100, hasher).nitro(a.p, false, 1);
-        let nit = median_ns_per(a.rounds, n, || {
-            for _ in 0..reps {
-                for k in keys {
-                    ni.update(k);
-                }
-            }
-        });
-        black_box((&v, &ni));
-        println!("{:<12} {:>14.1} {:>14.1} {:>7.1}×", "univmon", 1e3 / van, 1e3 / nit, van / nit);
+    if a.only == Some(Part::Sketches) {
+        return Ok(());
     }
 
     println!("\npipeline vs exact table, uniform traffic over N active flows (SFCMon Fig. 4)");
     println!("{:>9} {:>14} {:>14} {:>10}", "flows", "sfcmon Mpps", "exact Mpps", "ratio");
+    // Packets are made on the fly (flow = a scrambled packet number mod N; the same work for
+    // both), and every pass measures every N in turn, so that a noisy neighbour slows all
+    // columns of a pass alike rather than one row.
     let cfg = HhConfig { hashing: hasher.kind, ..HhConfig::default() };
-    for &flows in &a.flows {
-        let mut r = 0x2545_f491_4f6c_dd1du64;
-        let pool: Vec<FlowKey> = (0..n)
-            .map(|i| {
-                r ^= r << 13;
-                r ^= r >> 7;
-                r ^= r << 17;
-                synthetic_flow(if flows >= n { r % flows as u64 } else { (i % flows) as u64 })
-            })
-            .collect();
-        let mut s = Sfcmon::new(cfg.clone());
-        let sf = median_ns_per(a.rounds, n, || {
-            for k in &pool {
-                s.observe(k, 64);
+    let pick = |i: u64, flows: usize| {
+        let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z ^= z >> 31;
+        synthetic_flow(z % flows as u64)
+    };
+    let mut state: Vec<(Sfcmon, ExactFlows, Vec<f64>, Vec<f64>)> = a
+        .flows
+        .iter()
+        .map(|_| (Sfcmon::new(cfg.clone()), ExactFlows::default(), vec![], vec![]))
+        .collect();
+    let n = a.packets as u64;
+    for pass in 0..=a.rounds as u64 {
+        for (&flows, (s, e, sf, ex)) in a.flows.iter().zip(&mut state) {
+            let base = pass * n;
+            let t = Instant::now();
+            for i in base..base + n {
+                s.observe(&pick(i, flows), 64);
             }
-        });
-        let mut e = ExactFlows::default();
-        let ex = median_ns_per(a.rounds, n, || {
-            for k in &pool {
-                e.observe(k, 64);
+            let t_s = t.elapsed().as_nanos() as f64 / n as f64;
+            let t = Instant::now();
+            for i in base..base + n {
+                e.observe(&pick(i, flows), 64);
             }
-        });
+            let t_e = t.elapsed().as_nanos() as f64 / n as f64;
+            // Pass 0 warms up (fills the exact table).
+            if pass > 0 {
+                sf.push(t_s);
+                ex.push(t_e);
+            }
+        }
+    }
+    for (&flows, (s, e, sf, ex)) in a.flows.iter().zip(&mut state) {
+        let (sf, ex) = (median(sf), median(ex));
         black_box((s.end_window(), e.packets()));
         println!("{flows:>9} {:>14.1} {:>14.1} {:>9.2}×", 1e3 / sf, 1e3 / ex, ex / sf);
     }

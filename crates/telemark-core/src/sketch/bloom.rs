@@ -23,36 +23,55 @@ impl Bloom {
     }
 
     #[inline]
-    fn positions(&self, key: &[u8]) -> [usize; 16] {
-        let mut h = [0u32; 16];
-        self.hasher.rows(key, &mut h[..self.k]);
+    fn positions(&self, rows: &[u32]) -> [usize; 16] {
         let mut out = [0usize; 16];
-        for i in 0..self.k {
-            out[i] = super::column(h[i], self.m);
+        for (o, h) in out.iter_mut().zip(&rows[..self.k]) {
+            *o = super::column(*h, self.m);
         }
         out
+    }
+
+    /// Hash functions (row hashes it uses).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The hasher.
+    pub fn hasher(&self) -> &Hasher {
+        &self.hasher
     }
 
     /// Inserts `key`; returns whether it was (possibly) there already.
     #[inline]
     pub fn insert(&mut self, key: &[u8]) -> bool {
-        let pos = self.positions(key);
+        let mut h = [0u32; 16];
+        self.hasher.rows(key, &mut h[..self.k]);
+        self.insert_hashed(&h, true)
+    }
+
+    /// [`Bloom::insert`] of a key whose row hashes (`self.hasher().rows`, at least `k` of
+    /// them) the caller already has; sets the bits only if `set`, without branching on it (so a
+    /// fast path can call it for every packet). Returns whether the key was possibly present.
+    #[inline]
+    pub fn insert_hashed(&mut self, rows: &[u32], set: bool) -> bool {
+        let pos = self.positions(rows);
+        let mask = u64::from(set).wrapping_neg();
         let mut present = true;
         for p in &pos[..self.k] {
             let (w, b) = (p / 64, 1u64 << (p % 64));
             present &= self.bits[w] & b != 0;
-            self.bits[w] |= b;
+            self.bits[w] |= b & mask;
         }
-        if !present {
-            self.inserted += 1;
-        }
+        self.inserted += u64::from(set & !present);
         present
     }
 
     /// Whether `key` was possibly inserted.
     #[inline]
     pub fn contains(&self, key: &[u8]) -> bool {
-        let pos = self.positions(key);
+        let mut h = [0u32; 16];
+        self.hasher.rows(key, &mut h[..self.k]);
+        let pos = self.positions(&h);
         pos[..self.k].iter().all(|p| self.bits[p / 64] & (1 << (p % 64)) != 0)
     }
 
@@ -104,6 +123,18 @@ mod tests {
         let fp = (1_000_000u32..1_100_000).filter(|i| b.contains(&i.to_le_bytes())).count();
         let want = b.false_positive_rate(2_000) * 100_000.0; // ≈ 1.9 %
         assert!((fp as f64 - want).abs() < 0.2 * want, "{fp} false positives, predicted {want:.0}");
+    }
+
+    #[test]
+    fn a_masked_insert_tests_without_setting() {
+        let h = Hasher::default();
+        let mut b = Bloom::new(1024, 3, h);
+        let mut rows = [0u32; 16];
+        h.rows(b"flow", &mut rows[..3]);
+        assert!(!b.insert_hashed(&rows, false));
+        assert!(!b.contains(b"flow") && b.inserted() == 0);
+        assert!(!b.insert_hashed(&rows, true));
+        assert!(b.insert_hashed(&rows, false) && b.contains(b"flow") && b.inserted() == 1);
     }
 
     #[test]

@@ -54,26 +54,38 @@ impl CountMin {
         (core::f64::consts::E / self.rows.width() as f64 * self.total as f64).ceil() as u64
     }
 
-    /// Counts `inc` for `key` and returns the key's new estimate (one pass over the rows).
+    /// Counts `inc` for `key` and returns the key's new estimate.
     #[inline]
     pub fn update_estimate(&mut self, key: &[u8], inc: u32) -> u32 {
         let h = self.rows.hashes(key);
-        let h = &h[..self.rows.depth()];
+        self.update_estimate_hashed(&h, inc)
+    }
+
+    /// [`CountMin::update_estimate`] of a key whose row hashes (`hasher().rows`, at least
+    /// `depth` of them) the caller already has.
+    #[inline]
+    pub fn update_estimate_hashed(&mut self, h: &[u32], inc: u32) -> u32 {
+        let d = self.rows.depth();
+        // Counter positions first, then the counters: every load is independent of the others.
+        let mut at = [0usize; MAX_DEPTH];
+        for r in 0..d {
+            at[r] = self.rows.index(r, h[r]);
+        }
+        let at = &at[..d];
         self.total += u64::from(inc);
+        let c = self.rows.counters_mut();
         if self.conservative {
-            let min = h.iter().enumerate().map(|(r, hr)| self.rows.get(r, *hr)).min().unwrap_or(0);
+            let min = at.iter().map(|i| c[*i]).min().unwrap_or(0);
             let target = min.saturating_add(inc);
-            for (r, hr) in h.iter().enumerate() {
-                let c = self.rows.at(r, *hr);
-                *c = (*c).max(target);
+            for i in at {
+                c[*i] = c[*i].max(target);
             }
             target
         } else {
             let mut min = u32::MAX;
-            for (r, hr) in h.iter().enumerate() {
-                let c = self.rows.at(r, *hr);
-                *c = c.saturating_add(inc);
-                min = min.min(*c);
+            for i in at {
+                c[*i] = c[*i].saturating_add(inc);
+                min = min.min(c[*i]);
             }
             min
         }

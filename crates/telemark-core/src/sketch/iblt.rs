@@ -117,13 +117,28 @@ impl Iblt {
         (self.cells.len() as f64 / c) as usize
     }
 
+    /// Cells per key.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The hasher.
+    pub fn hasher(&self) -> &Hasher {
+        &self.hasher
+    }
+
     #[inline]
     fn slots(&self, key: &[u8]) -> [usize; 8] {
         let mut h = [0u32; 8];
         self.hasher.rows(key, &mut h[..self.k]);
+        self.slots_hashed(&h)
+    }
+
+    #[inline]
+    fn slots_hashed(&self, rows: &[u32]) -> [usize; 8] {
         let mut out = [0usize; 8];
-        for i in 0..self.k {
-            out[i] = i * self.sub + super::column(h[i], self.sub);
+        for (i, (o, h)) in out.iter_mut().zip(&rows[..self.k]).enumerate() {
+            *o = i * self.sub + super::column(*h, self.sub);
         }
         out
     }
@@ -170,7 +185,16 @@ impl Iblt {
     /// Adds values to an inserted `key` (SFCMon's UpdateIBLT).
     #[inline]
     pub fn update(&mut self, key: &KeyBytes, packets: u64, bytes: u64) {
-        for s in &self.slots(key.as_bytes())[..self.k] {
+        let mut h = [0u32; 8];
+        self.hasher.rows(key.as_bytes(), &mut h[..self.k]);
+        self.update_hashed(&h, packets, bytes);
+    }
+
+    /// [`Iblt::update`] of a key whose row hashes (`self.hasher().rows`, at least `k` of them)
+    /// the caller already has.
+    #[inline]
+    pub fn update_hashed(&mut self, rows: &[u32], packets: u64, bytes: u64) {
+        for s in &self.slots_hashed(rows)[..self.k] {
             let c = &mut self.cells[*s];
             c.packets = c.packets.wrapping_add(packets);
             c.bytes = c.bytes.wrapping_add(bytes);

@@ -77,7 +77,7 @@ impl Hasher {
     }
 
     /// The hashes of `key` for rows `0..out.len()`.
-    #[inline]
+    #[inline(always)]
     pub fn rows(&self, key: &[u8], out: &mut [u32]) {
         match self.kind {
             Hashing::Murmur3 => {
@@ -95,37 +95,80 @@ impl Hasher {
     }
 }
 
+impl Hasher {
+    /// [`Hasher::rows`] of a [`KeyBytes`] (the same values), reading `Fast`'s words straight
+    /// from its zero-padded buffer: the words line up with the stores that built the key, so
+    /// the loads are forwarded from them instead of stalling.
+    #[inline(always)]
+    pub fn rows_of(&self, key: &KeyBytes, out: &mut [u32]) {
+        match self.kind {
+            Hashing::Murmur3 => self.rows(key.as_bytes(), out),
+            Hashing::Fast => {
+                let b = &key.buf;
+                let word = |at: usize| match b.get(at..at + 8) {
+                    Some(w) => u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]),
+                    None => b.iter().skip(at).rev().fold(0u64, |v, x| (v << 8) | u64::from(*x)),
+                };
+                let h = fast64_words(key.as_bytes().len(), self.seed, word);
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = derive(h, i);
+                }
+            }
+        }
+    }
+}
+
 #[inline(always)]
 fn derive(h: u64, row: usize) -> u32 {
     let (a, b) = (h as u32, ((h >> 32) as u32) | 1);
     murmur::fmix32(a.wrapping_add(b.wrapping_mul(row as u32)))
 }
 
-/// 64-bit multiply-fold hash of a byte string (8 bytes per round, SplitMix64 finaliser).
-#[inline]
+/// 64-bit multiply-fold hash of a byte string: every 16 bytes are folded by one 64×64→128-bit
+/// multiply, independent of the other blocks' (so they run in parallel), then one more multiply
+/// mixes the sum with the length and seed (the "mum" construction of wyhash; a key of up to
+/// [`KEY_MAX`] bytes takes at most four multiplies).
+#[inline(always)]
 pub fn fast64(key: &[u8], seed: u32) -> u64 {
-    const K: u64 = 0xbf58_476d_1ce4_e5b9;
-    let mix = |acc: u64, v: u64| {
-        let m = u128::from(acc ^ v) * u128::from(K);
+    let le = |w: &[u8]| u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+    let n = key.len();
+    fast64_words(n, seed, |at| {
+        if at + 8 <= n {
+            le(&key[at..at + 8])
+        } else if at >= n {
+            0
+        } else if n >= 8 {
+            // The last 8 bytes, shifted so the ones before `at` fall off.
+            le(&key[n - 8..]) >> (8 * (at + 8 - n))
+        } else {
+            key[at..].iter().rev().fold(0u64, |v, b| (v << 8) | u64::from(*b))
+        }
+    })
+}
+
+/// [`fast64`] of an `n`-byte key given as `word(at)`: its 8 bytes at `at`, zero-padded past
+/// the end.
+#[inline(always)]
+fn fast64_words(n: usize, seed: u32, word: impl Fn(usize) -> u64) -> u64 {
+    const P0: u64 = 0xa076_1d64_78bd_642f;
+    const P1: u64 = 0xe703_7ed1_a0b4_28db;
+    const P2: u64 = 0x8ebc_6af0_9c88_c6e3;
+    const P3: u64 = 0x5899_65cc_7537_4cc3;
+    #[inline(always)]
+    fn mum(a: u64, b: u64) -> u64 {
+        let m = u128::from(a) * u128::from(b);
         (m as u64) ^ ((m >> 64) as u64)
-    };
-    let mut h = 0x9e37_79b9_7f4a_7c15 ^ u64::from(seed) ^ ((key.len() as u64) << 56);
-    let mut words = key.chunks_exact(8);
-    for w in &mut words {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(w);
-        h = mix(h, u64::from_le_bytes(b));
     }
-    let tail = words.remainder();
-    if !tail.is_empty() {
-        let mut b = [0u8; 8];
-        b[..tail.len()].copy_from_slice(tail);
-        h = mix(h, u64::from_le_bytes(b) ^ 0x5555);
+    let s = u64::from(seed).wrapping_mul(P3) ^ P0;
+    let mut acc = 0u64;
+    let mut at = 0;
+    let mut salt = s;
+    while at < n {
+        acc ^= mum(word(at) ^ salt ^ P1, word(at + 8) ^ P2);
+        salt = salt.wrapping_add(P3);
+        at += 16;
     }
-    let mut z = h;
-    z = (z ^ (z >> 30)).wrapping_mul(K);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    mum(acc ^ s ^ P2, (n as u64) ^ P1 ^ (s >> 1))
 }
 
 /// Column of a 32-bit hash in a row of `width` counters (multiply-shift range reduction: uses the
@@ -191,35 +234,45 @@ impl KeyBytes {
         self.len += b.len() as u8;
     }
 
-    fn start(k: &FlowKey, extra: u8) -> KeyBytes {
-        let mut tag = extra;
-        if k.src.is_ipv6() || k.dst.is_ipv6() {
-            tag |= TAG_V6;
-        }
-        if k.spi.is_some() || k.si.is_some() {
-            tag |= TAG_NSH;
-        }
-        let mut out = KeyBytes { buf: [0; KEY_MAX], len: 0 };
-        out.push(&[tag]);
+    /// Tag, SPI and SI: the first 5 bytes of every encoding.
+    fn start(k: &FlowKey, tag: u8) -> KeyBytes {
+        let tag = tag | if k.spi.is_some() || k.si.is_some() { TAG_NSH } else { 0 };
         let spi = k.spi.unwrap_or(0).to_be_bytes();
-        out.push(&[spi[1], spi[2], spi[3], k.si.unwrap_or(0)]);
+        let mut out = KeyBytes { buf: [0; KEY_MAX], len: 0 };
+        out.push(&[tag, spi[1], spi[2], spi[3], k.si.unwrap_or(0)]);
         out
     }
 
-    fn addr(&mut self, a: IpAddr, v6: bool) {
-        match (a, v6) {
-            (IpAddr::V4(a), false) => self.push(&a.octets()),
-            (IpAddr::V4(a), true) => self.push(&a.to_ipv6_mapped().octets()),
-            (IpAddr::V6(a), _) => self.push(&a.octets()),
-        }
+    /// Tag, SPI, SI and an IPv4 address as the first 9 bytes of a big-endian u128: built in a
+    /// register and stored whole, since byte-by-byte stores read back as words stall
+    /// store-to-load forwarding (they made this the slowest step of a heavy packet).
+    #[inline(always)]
+    fn v4_head(k: &FlowKey, tag: u8, src: core::net::Ipv4Addr) -> u128 {
+        let tag = tag | if k.spi.is_some() || k.si.is_some() { TAG_NSH } else { 0 };
+        (u128::from(tag) << 120)
+            | (u128::from(k.spi.unwrap_or(0) & 0x00ff_ffff) << 96)
+            | (u128::from(k.si.unwrap_or(0)) << 88)
+            | (u128::from(u32::from(src)) << 56)
     }
 
-    /// SFCMon's FlowID2: SPI, SI and the 5-tuple.
+    /// SFCMon's FlowID2: SPI, SI and the 5-tuple (both addresses as IPv6 if either is).
+    #[inline]
     pub fn flow_of(k: &FlowKey) -> KeyBytes {
-        let mut out = KeyBytes::start(k, 0);
-        let v6 = out.buf[0] & TAG_V6 != 0;
-        out.addr(k.src, v6);
-        out.addr(k.dst, v6);
+        if let (IpAddr::V4(s), IpAddr::V4(d)) = (&k.src, &k.dst) {
+            let head = KeyBytes::v4_head(k, 0, *s)
+                | (u128::from(u32::from(*d)) << 24)
+                | (u128::from(k.sport) << 8)
+                | u128::from(k.dport >> 8);
+            let mut buf = [0; KEY_MAX];
+            buf[..16].copy_from_slice(&head.to_be_bytes());
+            // Bytes 16 and 17 as one word store too (see `v4_head`).
+            let tail = u64::from(k.dport as u8) | (u64::from(k.proto) << 8);
+            buf[16..24].copy_from_slice(&tail.to_le_bytes());
+            return KeyBytes { buf, len: 18 };
+        }
+        let mut out = KeyBytes::start(k, TAG_V6);
+        out.push(&v6_octets(k.src));
+        out.push(&v6_octets(k.dst));
         out.push(&k.sport.to_be_bytes());
         out.push(&k.dport.to_be_bytes());
         out.push(&[k.proto]);
@@ -227,10 +280,20 @@ impl KeyBytes {
     }
 
     /// SFCMon's FlowID1: SPI, SI and the source address.
+    #[inline]
     pub fn source_of(k: &FlowKey) -> KeyBytes {
-        let mut out = KeyBytes::start(k, TAG_SOURCE);
-        out.addr(k.src, k.src.is_ipv6());
-        out
+        match k.src {
+            IpAddr::V4(a) => {
+                let mut buf = [0; KEY_MAX];
+                buf[..16].copy_from_slice(&KeyBytes::v4_head(k, TAG_SOURCE, a).to_be_bytes());
+                KeyBytes { buf, len: 9 }
+            }
+            IpAddr::V6(a) => {
+                let mut out = KeyBytes::start(k, TAG_SOURCE | TAG_V6);
+                out.push(&a.octets());
+                out
+            }
+        }
     }
 
     /// The key from a zero-padded buffer (as listed out of an IBLT), if it is a well-formed
@@ -298,6 +361,15 @@ impl<'de> Deserialize<'de> for KeyBytes {
     }
 }
 
+/// An address as 16 bytes (IPv4 mapped into IPv6).
+#[inline(always)]
+fn v6_octets(a: IpAddr) -> [u8; 16] {
+    match a {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    }
+}
+
 /// Why two sketches cannot be merged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MergeError {
@@ -342,11 +414,23 @@ impl<T: Copy + Default> Rows<T> {
     }
 
     /// The row hashes of `key` (the first `depth` entries are used).
-    #[inline]
+    #[inline(always)]
     pub fn hashes(&self, key: &[u8]) -> [u32; MAX_DEPTH] {
         let mut h = [0u32; MAX_DEPTH];
         self.hasher.rows(key, &mut h[..self.depth]);
         h
+    }
+
+    /// Where in [`Rows::counters_mut`] the counter of row `row` picked by row hash `h` is.
+    #[inline(always)]
+    pub fn index(&self, row: usize, h: u32) -> usize {
+        row * self.width + column(h, self.width)
+    }
+
+    /// All counters, row after row.
+    #[inline(always)]
+    pub fn counters_mut(&mut self) -> &mut [T] {
+        &mut self.counters
     }
 
     /// The counter of row `row` that row hash `h` picks.
@@ -474,6 +558,32 @@ mod tests {
             assert_eq!(s.flow(), None);
         }
         assert_eq!(KeyBytes::from_padded(&[0xff; KEY_MAX]), None);
+    }
+
+    /// `fast64` reads its last word by shifting the key's last 8 bytes and `rows_of` reads a
+    /// `KeyBytes`'s padded buffer: both must equal the plain definition (16-byte blocks of the
+    /// key zero-padded), for every length.
+    #[test]
+    fn fast64_shortcuts_equal_the_zero_padded_definition() {
+        fn reference(key: &[u8], seed: u32) -> u64 {
+            let mut padded = key.to_vec();
+            padded.resize(key.len().div_ceil(16) * 16 + 16, 0);
+            let w = |at: usize| u64::from_le_bytes(padded[at..at + 8].try_into().unwrap());
+            fast64_words(key.len(), seed, w)
+        }
+        let bytes: Vec<u8> = (0..KEY_MAX as u8).map(|i| i.wrapping_mul(37) ^ 0xa5).collect();
+        let h = Hasher::new(Hashing::Fast, 11);
+        for n in 0..=KEY_MAX {
+            let key = &bytes[..n];
+            assert_eq!(fast64(key, 11), reference(key, 11), "length {n}");
+            let kb = KeyBytes::from_slice(key).unwrap();
+            let (mut a, mut b) = ([0u32; 4], [0u32; 4]);
+            h.rows(key, &mut a);
+            h.rows_of(&kb, &mut b);
+            assert_eq!(a, b, "length {n}");
+        }
+        // Keys that differ only in zero padding and length hash apart.
+        assert_ne!(fast64(&[1, 0], 1), fast64(&[1], 1));
     }
 
     #[test]

@@ -27,6 +27,7 @@ use super::bloom::Bloom;
 use super::countmin::CountMin;
 use super::iblt::Iblt;
 use super::{Hasher, Hashing, KeyBytes};
+use crate::hash::FlowTableHasher;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use telemark_wire::FlowKey;
@@ -192,8 +193,10 @@ impl Sfcmon {
         let h = |i: u32| Hasher::new(cfg.hashing, cfg.seed.wrapping_add(i));
         Sfcmon {
             cms: CountMin::new(cfg.cms_depth, cfg.cms_width, h(0)).conservative(cfg.conservative),
+            // One set of FlowID2 row hashes serves both: the Bloom filter and the IBLT are
+            // separate arrays, so sharing hashes costs neither any independence it relies on.
             bloom: Bloom::new(cfg.bloom_bits, cfg.bloom_k, h(0x100)),
-            iblt: Iblt::new(cfg.iblt_cells, cfg.iblt_k, h(0x200)),
+            iblt: Iblt::new(cfg.iblt_cells, cfg.iblt_k, h(0x100)),
             cfg,
             packets: 0,
             bar_floor: 0.0,
@@ -214,28 +217,41 @@ impl Sfcmon {
     }
 
     /// Counts one packet of `len` bytes (Algorithm 1).
+    ///
+    /// Every packet does the same work, heavy or not: FlowID2's row hashes are computed once
+    /// and serve the Bloom filter and the IBLT, and a packet that is not heavy adds nothing
+    /// (its Bloom bits are masked out and it adds 0 to its IBLT cells) instead of branching
+    /// away. The cost per packet therefore does not depend on the traffic mix, and whether a
+    /// packet is heavy, which changes from packet to packet in real traffic, is never a
+    /// mispredicted branch. Only a flow's admission (once per flow per window) branches.
     #[inline]
     pub fn observe(&mut self, key: &FlowKey, len: u32) {
+        use super::RowSketch;
         let id1 = KeyBytes::source_of(key);
         self.packets += 1;
-        let est = self.cms.update_estimate(id1.as_bytes(), 1);
-        if self.packets < self.cfg.eval_after {
-            return;
-        }
+        let mut rows = [0u32; 16];
+        self.cms.hasher().rows_of(&id1, &mut rows[..self.cfg.cms_depth.min(16)]);
+        let est = self.cms.update_estimate_hashed(&rows, 1);
         let bar = (self.cfg.threshold * (self.packets as f64).max(self.bar_floor))
             .max(self.cfg.min_packets as f64);
-        if f64::from(est) < bar {
-            return;
+        let heavy = self.packets >= self.cfg.eval_after && f64::from(est) >= bar;
+        let id2 = KeyBytes::flow_of(key);
+        let k = self.cfg.bloom_k.max(self.cfg.iblt_k).min(16);
+        self.bloom.hasher().rows_of(&id2, &mut rows[..k]);
+        let present = self.bloom.insert_hashed(&rows, heavy);
+        if heavy && !present {
+            self.admit(&id2, est);
         }
-        if let Some(log) = &mut self.admission_log {
+        if let (Some(log), true) = (&mut self.admission_log, heavy) {
             log.insert(id1);
         }
-        let id2 = KeyBytes::flow_of(key);
-        if !self.bloom.insert(id2.as_bytes()) {
-            self.iblt.insert_with_base(&id2, u64::from(est) - 1);
-            self.admitted += 1;
-        }
-        self.iblt.update(&id2, 1, u64::from(len));
+        self.iblt.update_hashed(&rows, u64::from(heavy), u64::from(heavy) * u64::from(len));
+    }
+
+    #[cold]
+    fn admit(&mut self, id2: &KeyBytes, est: u32) {
+        self.iblt.insert_with_base(id2, u64::from(est) - 1);
+        self.admitted += 1;
     }
 
     /// Closes the window: lists the IBLT, applies the final check, and resets for the next.
@@ -297,10 +313,12 @@ impl Sfcmon {
     }
 }
 
-/// The exact baseline: a hash table of every flow's packets and bytes (SFCMon's "P4 table").
+/// The exact baseline: a hash table of every flow's packets and bytes (SFCMon's "P4 table"),
+/// hashed with the fast path's [`FoldHasher`](crate::hash::FoldHasher), not SipHash, so that
+/// the comparison is against a good table.
 #[derive(Debug, Clone, Default)]
 pub struct ExactFlows {
-    flows: HashMap<FlowKey, (u64, u64)>,
+    flows: HashMap<FlowKey, (u64, u64), FlowTableHasher>,
     packets: u64,
 }
 
@@ -320,7 +338,7 @@ impl ExactFlows {
     }
 
     /// Every flow's (packets, bytes).
-    pub fn flows(&self) -> &HashMap<FlowKey, (u64, u64)> {
+    pub fn flows(&self) -> &HashMap<FlowKey, (u64, u64), FlowTableHasher> {
         &self.flows
     }
 
