@@ -13,6 +13,10 @@ pub enum Which {
     Accuracy,
     /// SFCMon Fig. 3: heavy-hitter FPR, accuracy, recall, precision against the window length.
     HeavyHitters,
+    /// NitroSketch Figs. 11/12: heavy-hitter error against packets seen, vanilla vs NitroSketch.
+    Nitro,
+    /// Heavy-hitter error against memory for each sketch.
+    Memory,
 }
 
 /// `telemark eval` flags.
@@ -39,6 +43,18 @@ pub struct Args {
     /// heavy-hitters: seed of the trace.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// nitro, memory: independent sketch seeds per point.
+    #[arg(long, default_value_t = 3)]
+    pub runs: u64,
+    /// nitro, memory: heavy hitter = at least this share of the packets.
+    #[arg(long, default_value_t = 0.001)]
+    pub threshold: f64,
+    /// nitro: counters per row of Count-Min and Count Sketch (UnivMon's levels: a quarter).
+    #[arg(long, default_value_t = 1024)]
+    pub width: usize,
+    /// memory: packets of the trace to count.
+    #[arg(long, default_value_t = 8_000_000)]
+    pub packets: u64,
 }
 
 const PROBS: [f64; 4] = [0.001, 0.01, 0.05, 0.10];
@@ -107,6 +123,30 @@ pub fn run(a: Args) -> Result<()> {
             std::fs::create_dir_all(&a.out)
                 .with_context(|| format!("creating {}", a.out.display()))?;
             crate::eval_hh::run(&a.out, a.flows, a.seconds, a.seed)
+        }
+        Which::Nitro | Which::Memory => {
+            if a.flows == 0 || a.seconds == 0 || a.runs == 0 || a.packets == 0 {
+                anyhow::bail!("--flows, --seconds, --runs and --packets must be at least 1");
+            }
+            if !(a.threshold > 0.0 && a.threshold < 1.0) {
+                anyhow::bail!("--threshold must be between 0 and 1");
+            }
+            std::fs::create_dir_all(&a.out)
+                .with_context(|| format!("creating {}", a.out.display()))?;
+            let o = crate::eval_sketch::Opts {
+                out: &a.out,
+                flows: a.flows,
+                seconds: a.seconds,
+                seed: a.seed,
+                runs: a.runs,
+                threshold: a.threshold,
+                width: a.width.max(2),
+            };
+            if matches!(a.which, Which::Nitro) {
+                crate::eval_sketch::run_nitro(&o)
+            } else {
+                crate::eval_sketch::run_memory(&o, a.packets)
+            }
         }
     }
 }

@@ -8,6 +8,7 @@ mod collector;
 mod demo;
 mod eval;
 mod eval_hh;
+mod eval_sketch;
 mod gen;
 mod opts;
 mod replay;
