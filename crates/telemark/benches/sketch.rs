@@ -2,7 +2,7 @@
 //! the SFCMon pipeline's per-packet work, and the pipeline against the exact table at 1 and
 //! 10⁶ active flows. `cargo bench -p telemark --bench sketch`.
 
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
 use std::time::Duration;
 use telemark_core::sketch::bloom::Bloom;
@@ -15,20 +15,13 @@ use telemark_core::sketch::sfcmon::{ExactFlows, HhConfig, Sfcmon};
 use telemark_core::sketch::univmon::UnivMon;
 use telemark_core::sketch::{fast64, murmur3_32, Hasher, Hashing, KeyBytes, RowSketch};
 use telemark_core::FlowKey;
-use telemark_datapath::bench::synthetic_flow;
+use telemark_datapath::bench::scrambled_flow;
 
 const POOL: usize = 65_536;
 
+/// A pool of keys from uniform traffic over `flows` flows (in cache, replayed).
 fn keys(flows: u64) -> Vec<FlowKey> {
-    let mut r = 0x2545_f491_4f6c_dd1du64;
-    (0..POOL)
-        .map(|i| {
-            r ^= r << 13;
-            r ^= r >> 7;
-            r ^= r << 17;
-            synthetic_flow(if flows as usize >= POOL { r % flows } else { i as u64 % flows })
-        })
-        .collect()
+    (0..POOL as u64).map(|i| scrambled_flow(i, flows)).collect()
 }
 
 fn group<'a>(
@@ -149,31 +142,35 @@ fn sketches(c: &mut Criterion) {
     g.finish();
 }
 
-/// The SFCMon pipeline and the exact table with every packet from 1 flow and from 10⁶ flows.
+/// The SFCMon pipeline and the exact table on uniform traffic over 1 and 10⁶ flows, packets made
+/// on the fly as `telemark bench-sketch` makes them (so the 10⁶ flows really are in the table).
 fn pipeline(c: &mut Criterion) {
     for flows in [1u64, 1_000_000] {
-        let pool = keys(flows);
         let mut g = group(c, &format!("pipeline/{flows}_flows"));
-        let s = Sfcmon::new(HhConfig::default());
-        g.bench_function("sfcmon", |b| {
-            b.iter_batched_ref(
-                || s.clone(),
-                |s| {
-                    for k in &pool {
-                        s.observe(k, 64);
-                    }
-                },
-                BatchSize::LargeInput,
-            )
-        });
+        let mut s = Sfcmon::new(HhConfig::default());
         let mut e = ExactFlows::default();
-        g.bench_function("exact", |b| {
+        let mut next = 0u64;
+        // Warm-up: every flow in the table once.
+        for i in 0..flows.max(POOL as u64) {
+            e.observe(&scrambled_flow(i, flows), 64);
+        }
+        g.bench_function("sfcmon", |b| {
             b.iter(|| {
-                for k in &pool {
-                    e.observe(k, 64);
+                for _ in 0..POOL {
+                    next += 1;
+                    s.observe(&scrambled_flow(next, flows), 64);
                 }
             })
         });
+        g.bench_function("exact", |b| {
+            b.iter(|| {
+                for _ in 0..POOL {
+                    next += 1;
+                    e.observe(&scrambled_flow(next, flows), 64);
+                }
+            })
+        });
+        black_box((s.end_window(), e.packets()));
         g.finish();
     }
 }

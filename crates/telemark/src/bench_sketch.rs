@@ -14,7 +14,7 @@ use telemark_core::sketch::nitro::Nitro;
 use telemark_core::sketch::sfcmon::{ExactFlows, HhConfig, Sfcmon};
 use telemark_core::sketch::univmon::UnivMon;
 use telemark_core::sketch::{Hasher, Hashing, KeyBytes, RowSketch};
-use telemark_datapath::bench::{median, synthetic_flow};
+use telemark_datapath::bench::{median, scrambled_flow, synthetic_flow};
 
 /// `telemark bench-sketch` flags.
 #[derive(ClapArgs, Debug)]
@@ -175,11 +175,6 @@ pub fn run(a: Args) -> Result<()> {
     // both), and every pass measures every N in turn, so that a noisy neighbour slows all
     // columns of a pass alike rather than one row.
     let cfg = HhConfig { hashing: hasher.kind, ..HhConfig::default() };
-    let pick = |i: u64, flows: usize| {
-        let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z ^= z >> 31;
-        synthetic_flow(z % flows as u64)
-    };
     let mut state: Vec<(Sfcmon, ExactFlows, Vec<f64>, Vec<f64>)> = a
         .flows
         .iter()
@@ -191,12 +186,12 @@ pub fn run(a: Args) -> Result<()> {
             let base = pass * n;
             let t = Instant::now();
             for i in base..base + n {
-                s.observe(&pick(i, flows), 64);
+                s.observe(&scrambled_flow(i, flows as u64), 64);
             }
             let t_s = t.elapsed().as_nanos() as f64 / n as f64;
             let t = Instant::now();
             for i in base..base + n {
-                e.observe(&pick(i, flows), 64);
+                e.observe(&scrambled_flow(i, flows as u64), 64);
             }
             let t_e = t.elapsed().as_nanos() as f64 / n as f64;
             // Pass 0 warms up (fills the exact table).

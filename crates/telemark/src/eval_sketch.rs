@@ -83,16 +83,48 @@ impl Counter for UnivMon {
     }
 }
 
-fn sampled<S: RowSketch + 'static>(s: S, p: f64, ac: bool, seed: u64) -> Box<dyn Counter> {
-    Box::new(Sampled { n: Nitro::new(s, p, ac, 0, seed), switched: None })
+/// How a sketch is updated: every row (None), or NitroSketch with (p, AlwaysCorrect).
+type Mode = Option<(f64, bool)>;
+
+/// `s` updated as `mode` says (`seed` for the sampler).
+fn variant<S: RowSketch + 'static>(s: S, mode: Mode, seed: u64) -> Box<dyn Counter> {
+    match mode {
+        None => Box::new(Plain(s)),
+        Some((p, ac)) => Box::new(Sampled { n: Nitro::new(s, p, ac, 0, seed), switched: None }),
+    }
 }
 
 /// One evaluated sketch: what it is, and one instance per run.
 struct Entry {
     sketch: &'static str,
-    mode: String,
+    mode: &'static str,
     width: usize,
     runs: Vec<Box<dyn Counter>>,
+}
+
+impl Entry {
+    /// `runs` instances made by `make(run)`.
+    fn new(
+        sketch: &'static str,
+        mode: &'static str,
+        width: usize,
+        runs: u64,
+        make: impl Fn(u64) -> Box<dyn Counter>,
+    ) -> Entry {
+        Entry { sketch, mode, width, runs: (0..runs).map(make).collect() }
+    }
+
+    /// Mean error over the runs.
+    fn error(&self, heavy: &[(KeyBytes, u64)]) -> f64 {
+        mean(&self.runs.iter().map(|r| heavy_error(r.as_ref(), heavy)).collect::<Vec<_>>())
+    }
+
+    /// When each run's AlwaysCorrect switched to sampling, space-separated.
+    fn switched(&self) -> String {
+        let v: Vec<String> =
+            self.runs.iter().filter_map(|r| r.switched_at()).map(|s| s.to_string()).collect();
+        v.join(" ")
+    }
 }
 
 /// Streams the trace's first `max_packets` packets (FlowID2 keys) through every sketch of
@@ -186,56 +218,33 @@ const DEPTH: usize = 5;
 pub fn run_nitro(o: &Opts) -> Result<()> {
     let (width, um_width) = (o.width, (o.width / 4).max(2));
     let h = |r: u64| Hasher::new(Default::default(), 0x1117 + r as u32 * 0x9e37);
-    let mut entries = Vec::new();
-    let modes: [(&str, Option<(f64, bool)>); 4] = [
+    let modes: [(&str, Mode); 4] = [
         ("vanilla", None),
         ("nitro p=0.1", Some((0.1, false))),
         ("nitro p=0.01", Some((0.01, false))),
         ("nitro p=0.01 always-correct", Some((0.01, true))),
     ];
+    const SKETCHES: [&str; 3] = ["count-min", "count-sketch", "univmon"];
+    let mut entries = Vec::new();
     for (mode, m) in modes {
-        let runs = 0..o.runs;
-        let mk = |sketch: &'static str, runs: Vec<Box<dyn Counter>>, width| Entry {
-            sketch,
-            mode: mode.to_string(),
-            width,
-            runs,
-        };
-        entries.push(mk(
-            "count-min",
-            runs.clone()
-                .map(|r| match m {
-                    None => Box::new(Plain(CountMin::new(DEPTH, width, h(r)))) as Box<dyn Counter>,
-                    Some((p, ac)) => sampled(CountMin::new(DEPTH, width, h(r)), p, ac, r + 1),
-                })
-                .collect(),
-            width,
-        ));
-        entries.push(mk(
-            "count-sketch",
-            runs.clone()
-                .map(|r| match m {
-                    None => {
-                        Box::new(Plain(CountSketch::new(DEPTH, width, h(r)))) as Box<dyn Counter>
-                    }
-                    Some((p, ac)) => sampled(CountSketch::new(DEPTH, width, h(r)), p, ac, r + 1),
-                })
-                .collect(),
-            width,
-        ));
-        entries.push(mk(
-            "univmon",
-            runs.map(|r| {
-                let u = UnivMon::new(16, DEPTH, um_width, 0, h(r));
-                Box::new(match m {
-                    None => u,
-                    Some((p, ac)) => u.nitro(p, ac, r + 1),
-                }) as Box<dyn Counter>
+        entries.push(Entry::new(SKETCHES[0], mode, width, o.runs, |r| {
+            variant(CountMin::new(DEPTH, width, h(r)), m, r + 1)
+        }));
+        entries.push(Entry::new(SKETCHES[1], mode, width, o.runs, |r| {
+            variant(CountSketch::new(DEPTH, width, h(r)), m, r + 1)
+        }));
+        entries.push(Entry::new(SKETCHES[2], mode, um_width, o.runs, |r| {
+            let u = UnivMon::new(16, DEPTH, um_width, 0, h(r));
+            Box::new(match m {
+                None => u,
+                Some((p, ac)) => u.nitro(p, ac, r + 1),
             })
-            .collect(),
-            um_width,
-        ));
+        }));
     }
+    // Where (sketch, mode) sits in `entries`, and so in each checkpoint's errors.
+    let at = |es: &[Entry], sketch: &str, mode: &str| {
+        es.iter().position(|e| e.sketch == sketch && e.mode == mode).unwrap_or(0)
+    };
     let path = o.out.join(format!("nitro_convergence_w{width}.csv"));
     let mut f = std::io::BufWriter::new(
         std::fs::File::create(&path).with_context(|| format!("{}", path.display()))?,
@@ -247,18 +256,9 @@ pub fn run_nitro(o: &Opts) -> Result<()> {
     let source =
         stream(o.flows, o.seconds, o.seed, max, &CHECKPOINTS, &mut entries, |n, exact, es| {
             let heavy = heavy_flows(exact, n, o.threshold);
-            let errs: Vec<f64> = es
-                .iter()
-                .map(|e| {
-                    mean(
-                        &e.runs.iter().map(|r| heavy_error(r.as_ref(), &heavy)).collect::<Vec<_>>(),
-                    )
-                })
-                .collect();
+            let errs: Vec<f64> = es.iter().map(|e| e.error(&heavy)).collect();
             for (i, e) in es.iter().enumerate() {
-                let vanilla = errs[i % 3];
-                let sw: Vec<String> =
-                    e.runs.iter().filter_map(|r| r.switched_at()).map(|s| s.to_string()).collect();
+                let vanilla = errs[at(es, e.sketch, "vanilla")];
                 let r = writeln!(
                     f,
                     "{},{},{DEPTH},{},{},{n},{},{:.6},{:.3},{},{}",
@@ -270,7 +270,7 @@ pub fn run_nitro(o: &Opts) -> Result<()> {
                     errs[i],
                     errs[i] / vanilla.max(1e-12),
                     e.runs.len(),
-                    sw.join(" ")
+                    e.switched()
                 );
                 if io.is_ok() {
                     io = r.map_err(Into::into);
@@ -288,7 +288,7 @@ pub fn run_nitro(o: &Opts) -> Result<()> {
         o.runs
     );
     println!("mean relative error on heavy hitters (NitroSketch / vanilla in brackets)");
-    for (s, sketch) in ["count-min", "count-sketch", "univmon"].iter().enumerate() {
+    for sketch in SKETCHES {
         println!("\n{sketch}");
         print!("{:>10}", "packets");
         for (mode, _) in &modes {
@@ -297,28 +297,20 @@ pub fn run_nitro(o: &Opts) -> Result<()> {
         println!();
         for (n, errs) in &table {
             print!("{n:>10}");
-            for m in 0..modes.len() {
-                let e = errs[m * 3 + s];
+            let vanilla = errs[at(&entries, sketch, "vanilla")];
+            for (m, (mode, _)) in modes.iter().enumerate() {
+                let e = errs[at(&entries, sketch, mode)];
                 if m == 0 {
                     print!(" {:>27.3}%", 100.0 * e);
                 } else {
-                    print!(" {:>18.3}% ({:>5.2}×)", 100.0 * e, e / errs[s].max(1e-12));
+                    print!(" {:>18.3}% ({:>5.2}×)", 100.0 * e, e / vanilla.max(1e-12));
                 }
             }
             println!();
         }
     }
-    for e in &entries {
-        let sw: Vec<String> =
-            e.runs.iter().filter_map(|r| r.switched_at()).map(|s| s.to_string()).collect();
-        if !sw.is_empty() {
-            println!(
-                "{} {}: switched to sampling after {} packets",
-                e.sketch,
-                e.mode,
-                sw.join(", ")
-            );
-        }
+    for e in entries.iter().filter(|e| !e.switched().is_empty()) {
+        println!("{} {}: switched to sampling after {} packets", e.sketch, e.mode, e.switched());
     }
     println!("wrote {}", path.display());
     Ok(())
@@ -332,47 +324,22 @@ pub fn run_memory(o: &Opts, packets: u64) -> Result<()> {
     let h = |r: u64| Hasher::new(Default::default(), 0x2227 + r as u32 * 0x9e37);
     let mut entries = Vec::new();
     for w in WIDTHS {
-        let runs = 0..o.runs;
-        let e = |sketch, runs: Vec<Box<dyn Counter>>| Entry {
-            sketch,
-            mode: "vanilla".into(),
-            width: w,
-            runs,
-        };
-        entries.push(e(
-            "count-min",
-            runs.clone()
-                .map(|r| Box::new(Plain(CountMin::new(DEPTH, w, h(r)))) as Box<dyn Counter>)
-                .collect(),
-        ));
-        entries.push(e(
-            "count-min-cu",
-            runs.clone()
-                .map(|r| {
-                    Box::new(Plain(CountMin::new(DEPTH, w, h(r)).conservative(true)))
-                        as Box<dyn Counter>
-                })
-                .collect(),
-        ));
-        entries.push(e(
-            "count-sketch",
-            runs.clone()
-                .map(|r| Box::new(Plain(CountSketch::new(DEPTH, w, h(r)))) as Box<dyn Counter>)
-                .collect(),
-        ));
-        entries.push(e(
-            "k-ary",
-            runs.clone()
-                .map(|r| Box::new(Plain(Kary::new(DEPTH, w, h(r)))) as Box<dyn Counter>)
-                .collect(),
-        ));
-        entries.push(e(
-            "univmon",
-            runs.map(|r| {
-                Box::new(UnivMon::new(16, DEPTH, (w / 4).max(2), 0, h(r))) as Box<dyn Counter>
-            })
-            .collect(),
-        ));
+        let v = "vanilla";
+        entries.push(Entry::new("count-min", v, w, o.runs, |r| {
+            Box::new(Plain(CountMin::new(DEPTH, w, h(r))))
+        }));
+        entries.push(Entry::new("count-min-cu", v, w, o.runs, |r| {
+            Box::new(Plain(CountMin::new(DEPTH, w, h(r)).conservative(true)))
+        }));
+        entries.push(Entry::new("count-sketch", v, w, o.runs, |r| {
+            Box::new(Plain(CountSketch::new(DEPTH, w, h(r))))
+        }));
+        entries.push(Entry::new("k-ary", v, w, o.runs, |r| {
+            Box::new(Plain(Kary::new(DEPTH, w, h(r))))
+        }));
+        entries.push(Entry::new("univmon", v, w, o.runs, |r| {
+            Box::new(UnivMon::new(16, DEPTH, (w / 4).max(2), 0, h(r)))
+        }));
     }
     let path = o.out.join("sketch_memory.csv");
     let mut f = std::io::BufWriter::new(
@@ -384,10 +351,7 @@ pub fn run_memory(o: &Opts, packets: u64) -> Result<()> {
         stream(o.flows, o.seconds, o.seed, packets, &[packets], &mut entries, |n, exact, es| {
             let heavy = heavy_flows(exact, n, o.threshold);
             for e in es {
-                let err = mean(
-                    &e.runs.iter().map(|r| heavy_error(r.as_ref(), &heavy)).collect::<Vec<_>>(),
-                );
-                rows.push((e.sketch, e.width, e.runs[0].memory(), heavy.len(), err));
+                rows.push((e.sketch, e.width, e.runs[0].memory(), heavy.len(), e.error(&heavy)));
             }
         })?;
     println!(

@@ -104,14 +104,9 @@ impl CountMin {
 }
 
 impl RowSketch for CountMin {
-    fn depth(&self) -> usize {
-        self.rows.depth()
-    }
-    fn width(&self) -> usize {
-        self.rows.width()
-    }
-    fn hasher(&self) -> &Hasher {
-        self.rows.hasher()
+    type Counter = u32;
+    fn rows(&self) -> &Rows<u32> {
+        &self.rows
     }
     #[inline]
     fn add_row(&mut self, row: usize, h: u32, inc: i64) -> i64 {
@@ -139,9 +134,6 @@ impl RowSketch for CountMin {
     /// of about √(N/(width·p)) per counter, which is smaller once N ≥ width/p.
     fn sampling_is_safe(&self, l1: u64, _l2_squared: f64, p: f64) -> bool {
         l1 as f64 >= self.rows.width() as f64 / p
-    }
-    fn memory(&self) -> usize {
-        self.rows.memory()
     }
     /// For vanilla sketches exactly the sketch of the union of both streams; for conservative
     /// ones an upper bound of it.

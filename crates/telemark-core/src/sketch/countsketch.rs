@@ -54,14 +54,9 @@ impl CountSketch {
 }
 
 impl RowSketch for CountSketch {
-    fn depth(&self) -> usize {
-        self.rows.depth()
-    }
-    fn width(&self) -> usize {
-        self.rows.width()
-    }
-    fn hasher(&self) -> &Hasher {
-        self.rows.hasher()
+    type Counter = i32;
+    fn rows(&self) -> &Rows<i32> {
+        &self.rows
     }
     #[inline]
     fn add_row(&mut self, row: usize, h: u32, inc: i64) -> i64 {
@@ -86,9 +81,6 @@ impl RowSketch for CountSketch {
     /// smaller once L2² ≥ L1/p.
     fn sampling_is_safe(&self, l1: u64, l2_squared: f64, p: f64) -> bool {
         l2_squared >= l1 as f64 / p
-    }
-    fn memory(&self) -> usize {
-        self.rows.memory()
     }
     /// Exactly the sketch of the union of both streams.
     fn merge(&mut self, other: &CountSketch) -> Result<(), MergeError> {

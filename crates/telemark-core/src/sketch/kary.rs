@@ -41,14 +41,9 @@ impl Kary {
 }
 
 impl RowSketch for Kary {
-    fn depth(&self) -> usize {
-        self.rows.depth()
-    }
-    fn width(&self) -> usize {
-        self.rows.width()
-    }
-    fn hasher(&self) -> &Hasher {
-        self.rows.hasher()
+    type Counter = i32;
+    fn rows(&self) -> &Rows<i32> {
+        &self.rows
     }
     #[inline]
     fn add_row(&mut self, row: usize, h: u32, inc: i64) -> i64 {
@@ -80,9 +75,6 @@ impl RowSketch for Kary {
     /// The same rule as Count Sketch: row error about L2/√K, sampling noise about √(L1/(K·p)).
     fn sampling_is_safe(&self, l1: u64, l2_squared: f64, p: f64) -> bool {
         l2_squared >= l1 as f64 / p
-    }
-    fn memory(&self) -> usize {
-        self.rows.memory()
     }
     /// Exactly the sketch of the union of both streams.
     fn merge(&mut self, other: &Kary) -> Result<(), MergeError> {

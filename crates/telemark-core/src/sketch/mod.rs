@@ -480,12 +480,22 @@ impl<T: Copy + Default> Rows<T> {
 /// A sketch made of `depth` rows of `width` counters, updated row by row: the interface
 /// NitroSketch's sampling drives (it decides which rows a packet touches).
 pub trait RowSketch {
+    /// Counter type.
+    type Counter: Copy + Default;
+    /// The rows of counters (shape, hasher, counters).
+    fn rows(&self) -> &Rows<Self::Counter>;
     /// Rows.
-    fn depth(&self) -> usize;
+    fn depth(&self) -> usize {
+        self.rows().depth()
+    }
     /// Counters per row.
-    fn width(&self) -> usize;
+    fn width(&self) -> usize {
+        self.rows().width()
+    }
     /// The row hasher.
-    fn hasher(&self) -> &Hasher;
+    fn hasher(&self) -> &Hasher {
+        self.rows().hasher()
+    }
     /// Adds `inc` to the counter of row `row` picked by the row hash `h`; returns the counter's
     /// value before.
     fn add_row(&mut self, row: usize, h: u32, inc: i64) -> i64;
@@ -498,7 +508,9 @@ pub trait RowSketch {
     /// AlwaysCorrect switch; docs/sketches.md derives each rule).
     fn sampling_is_safe(&self, l1: u64, l2_squared: f64, p: f64) -> bool;
     /// Bytes of counter state.
-    fn memory(&self) -> usize;
+    fn memory(&self) -> usize {
+        self.rows().memory()
+    }
     /// Adds `other` (same shape and hasher) counter by counter.
     fn merge(&mut self, other: &Self) -> Result<(), MergeError>
     where
