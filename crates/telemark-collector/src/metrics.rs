@@ -49,6 +49,7 @@ impl Metrics {
                     }
                     Record::Summary(_) => "summary",
                     Record::FlowLoss(_) => "flow_loss",
+                    Record::Flow(_) => "flow",
                     Record::Cost(_) => "cost",
                 };
                 *m.records.entry(kind).or_default() += 1;

@@ -245,6 +245,7 @@ impl Store {
                         let (kind, t) = match other_rec {
                             Record::Summary(s) => ("summary", s.interval_end_ns),
                             Record::FlowLoss(_) => ("flow_loss", now),
+                            Record::Flow(f) => ("flow", f.window_end_ns),
                             Record::Cost(_) => ("cost", now),
                             Record::Loss(_) => ("loss", now),
                         };

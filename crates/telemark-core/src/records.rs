@@ -120,6 +120,40 @@ pub struct FlowLossRecord {
     pub truth_lost: Option<u64>,
 }
 
+/// A flow's packets and bytes in a window at one point, exact or estimated with its error
+/// bound (the heavy-hitter pipeline's listing).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlowRecord {
+    /// Agent name.
+    pub agent: String,
+    /// Port observed.
+    pub port: String,
+    /// Point name.
+    pub point: String,
+    /// The flow.
+    pub flow: Flow,
+    /// Start of the window.
+    pub window_start_ns: u64,
+    /// End of the window.
+    pub window_end_ns: u64,
+    /// Packets counted (estimated: a lower bound, the true count is at most
+    /// `packets + error_bound`).
+    pub packets: u64,
+    /// Bytes counted (estimated: from the same packets as `packets`).
+    pub bytes: u64,
+    /// Whether the counts are exact.
+    pub exact: bool,
+    /// Packets the count may miss (0 when exact).
+    pub error_bound: u64,
+    /// The flow's true packets in the window (replay only: the exact count next to the
+    /// sketch's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truth_packets: Option<u64>,
+    /// The flow's true bytes in the window (replay only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truth_bytes: Option<u64>,
+}
+
 /// What one fast-path stage spent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CostRecord {
@@ -145,6 +179,8 @@ pub enum Record {
     Summary(SummaryRecord),
     /// Per-flow totals of a run.
     FlowLoss(FlowLossRecord),
+    /// A flow's packets and bytes in a window.
+    Flow(FlowRecord),
     /// Fast-path cost.
     Cost(CostRecord),
 }
@@ -190,5 +226,20 @@ mod tests {
         }
         let back: Record = serde_json::from_value(v).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn flow_record_matches_design_schema() {
+        let text = r#"{"kind":"flow","agent":"sw-b","port":"veth1","point":"ingress",
+            "flow":{"src":"10.0.0.1","dst":"10.0.0.7","sport":40000,"dport":5201,"proto":17,
+            "spi":null,"si":null},"window_start_ns":0,"window_end_ns":0,"packets":120345,
+            "bytes":98000000,"exact":false,"error_bound":412}"#;
+        let r: Record = serde_json::from_str(text).unwrap();
+        let Record::Flow(f) = &r else { panic!("not a flow record: {r:?}") };
+        assert_eq!((f.packets, f.bytes, f.exact, f.error_bound), (120345, 98000000, false, 412));
+        assert_eq!(f.truth_packets, None);
+        let back: serde_json::Value = serde_json::to_value(&r).unwrap();
+        let want: serde_json::Value = serde_json::from_str(text).unwrap();
+        assert_eq!(back, want, "replay-only fields must not appear when unset");
     }
 }

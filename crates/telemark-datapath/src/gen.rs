@@ -166,6 +166,50 @@ pub fn plan(cfg: &GenConfig, dist: &SizeDist) -> Vec<FlowPlan> {
         .collect()
 }
 
+/// The trace that defeats first-come-first-served admission (the loss paper's open problem):
+/// `mice` long-lived low-rate flows (one packet every `mouse_gap_ns`) start in the first
+/// milliseconds and run the whole `cfg.duration_ns`, then, from `elephants_at_ns` after the
+/// start, `elephants` fast flows (one packet every `elephant_gap_ns`) run to the end. A table
+/// with room for fewer than `mice` flows is full of mice before the first elephant arrives.
+/// Mice are 10.1.x.y → 10.200.0.1:80 TCP; elephants 10.2.0.i → 10.200.0.2:5201 UDP.
+pub fn mice_then_elephants(
+    cfg: &GenConfig,
+    mice: usize,
+    mouse_gap_ns: u64,
+    elephants: usize,
+    elephant_gap_ns: u64,
+    elephants_at_ns: u64,
+) -> Vec<FlowPlan> {
+    let flow = |src: u32, dst: u32, sport: u16, dport: u16, proto: u8| FlowKey {
+        src: IpAddr::V4(Ipv4Addr::from(src)),
+        dst: IpAddr::V4(Ipv4Addr::from(dst)),
+        sport,
+        dport,
+        proto,
+        spi: None,
+        si: None,
+    };
+    let mtu = cfg.mtu_payload as u64;
+    let plan = |key, start_ns: u64, gap_ns: u64| {
+        let packets = ((cfg.start_ns + cfg.duration_ns).saturating_sub(start_ns) / gap_ns.max(1))
+            .clamp(1, cfg.max_packets);
+        FlowPlan { key, packets, bytes: packets * mtu, start_ns, gap_ns: gap_ns.max(1) }
+    };
+    let mut v: Vec<FlowPlan> = (0..mice)
+        .map(|i| {
+            let key = flow(0x0a01_0000 + 1 + i as u32, 0x0ac8_0001, 20_000 + i as u16, 80, 6);
+            // Spread over the first gap so the mice interleave evenly.
+            plan(key, cfg.start_ns + i as u64 * mouse_gap_ns / mice.max(1) as u64, mouse_gap_ns)
+        })
+        .collect();
+    v.extend((0..elephants).map(|i| {
+        let key = flow(0x0a02_0000 + 1 + i as u32, 0x0ac8_0002, 30_000 + i as u16, 5201, 17);
+        let start = cfg.start_ns + elephants_at_ns + i as u64 * elephant_gap_ns / elephants as u64;
+        plan(key, start, elephant_gap_ns)
+    }));
+    v
+}
+
 /// Builds one Ethernet frame of `key` with `payload` bytes of payload and the given DSCP.
 pub fn build_frame(key: &FlowKey, payload: usize, dscp: u8, ttl: u8) -> Vec<u8> {
     let l4 = if key.proto == 6 { tcp::MIN_HEADER_LEN } else { udp::HEADER_LEN };

@@ -7,15 +7,23 @@
 //!
 //! Every point sends batch events through one SPSC ring to the aggregator; the droppers keep
 //! the ground truth. With `mark: false` the capture is taken as already colored.
+//!
+//! With [`ReplayConfig::heavy`], the SFCMon heavy-hitter pipeline watches what reaches the
+//! switch, window by window (next to an exact count of every flow, the ground truth), and can
+//! choose which flows the loss monitor watches: the top flows of each window (active flow
+//! selection, [`Switch::select`]).
 
 use crate::dropper::{DropModel, Dropper, Placement};
 use crate::reorder::Reorderer;
 use crate::switch::{Action, Switch, SwitchConfig, SwitchStats, Tx, BURST};
 use crate::Pkt;
+use std::collections::HashMap;
+use telemark_core::hash::FlowTableHasher;
 use telemark_core::loss::{
     color_of, with_color, Aggregator, AnyColorTable, BatchEvent, EventSink, LossConfig, Marker,
-    PointSpec,
+    PointSpec, Selection,
 };
+use telemark_core::sketch::sfcmon::{ExactFlows, HhConfig, HhWindow, Sfcmon};
 use telemark_core::spsc::{self, Consumer, Producer};
 use telemark_core::{flow_hash, FlowKey};
 use telemark_wire::flow::{self, LinkType};
@@ -31,6 +39,9 @@ pub mod points {
     /// The next hop's ingress.
     pub const NEXT_HOP: u8 = 3;
 }
+
+/// Flows the replay's marker (the senders) has room for at least.
+pub const MARKER_FLOWS: usize = 1 << 16;
 
 /// What the replay should do.
 #[derive(Debug, Clone)]
@@ -49,6 +60,83 @@ pub struct ReplayConfig {
     pub agent: String,
     /// Emit a loss record for every batch, not only lossy ones.
     pub report_all: bool,
+    /// Heavy hitters per window at the switch's ingress, and active flow selection.
+    pub heavy: Option<HeavyConfig>,
+}
+
+/// Heavy hitters per window in the replay.
+#[derive(Debug, Clone)]
+pub struct HeavyConfig {
+    /// The SFCMon pipeline's settings.
+    pub hh: HhConfig,
+    /// Window length (packet time).
+    pub window_ns: u64,
+    /// Active flow selection: from the end of the first window on, the loss monitor watches
+    /// only the `N` flows with the most packets in the last window (`None`: first come first
+    /// served).
+    pub select_top: Option<usize>,
+    /// Exact counts of the top flows kept per window (ground truth next to the sketch's).
+    pub exact_top: usize,
+}
+
+/// One window of the heavy-hitter pipeline, next to the exact counts.
+#[derive(Debug, Clone)]
+pub struct WindowReport {
+    /// Time of the window's start.
+    pub start_ns: u64,
+    /// Time of its end.
+    pub end_ns: u64,
+    /// What the pipeline listed.
+    pub hh: HhWindow,
+    /// Exact packets and bytes of every flow listed, and of the window's top flows.
+    pub exact: HashMap<FlowKey, (u64, u64), FlowTableHasher>,
+    /// The window's heaviest flows by exact packets (`HeavyConfig::exact_top` of them).
+    pub exact_top: Vec<FlowKey>,
+    /// Flows the loss monitor watches in the next window (active flow selection).
+    pub selected: Option<usize>,
+}
+
+struct Heavy {
+    cfg: HeavyConfig,
+    sfcmon: Sfcmon,
+    exact: ExactFlows,
+    start_ns: Option<u64>,
+    windows: Vec<WindowReport>,
+}
+
+impl Heavy {
+    /// Closes the window ending at `end_ns`; returns the next window's selection when asked.
+    fn end_window(&mut self, end_ns: u64) -> Option<Selection> {
+        let hh = self.sfcmon.end_window();
+        let all = self.exact.flows();
+        let mut top: Vec<(&FlowKey, &(u64, u64))> = all.iter().collect();
+        let n = self.cfg.exact_top.min(top.len());
+        if n > 0 && n < top.len() {
+            top.select_nth_unstable_by(n - 1, |a, b| b.1 .0.cmp(&a.1 .0).then(a.0.cmp(b.0)));
+        }
+        top.truncate(n);
+        top.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.0.cmp(b.0)));
+        let mut exact: HashMap<FlowKey, (u64, u64), FlowTableHasher> =
+            top.iter().map(|(k, v)| (**k, **v)).collect();
+        for f in &hh.flows {
+            exact.insert(f.key, all.get(&f.key).copied().unwrap_or_default());
+        }
+        let exact_top = top.iter().map(|(k, _)| **k).collect();
+        // The heavy flows come most packets first.
+        let selection: Option<Selection> =
+            self.cfg.select_top.map(|n| hh.flows.iter().take(n).map(|f| f.key).collect());
+        self.windows.push(WindowReport {
+            start_ns: self.start_ns.unwrap_or(end_ns),
+            end_ns,
+            hh,
+            exact,
+            exact_top,
+            selected: selection.as_ref().map(|s| s.len()),
+        });
+        self.exact.clear();
+        self.start_ns = Some(end_ns);
+        selection
+    }
 }
 
 /// Event sink feeding the SPSC ring, counting what did not fit.
@@ -103,6 +191,7 @@ pub struct Replay {
     pub packets: u64,
     /// Packets without a flow key, per reason (see `SkipReason::ALL`).
     pub skipped: [u64; 4],
+    heavy: Option<Heavy>,
 }
 
 impl Replay {
@@ -152,7 +241,13 @@ impl Replay {
             })
             .collect();
         Replay {
-            marker: cfg.mark.then(|| Marker::new(&loss, points::MARKER)),
+            // The marker stands for the senders' first hops, not for the switch under test:
+            // it has room for a capture's worth of flows even when the switch's table is
+            // kept small.
+            marker: cfg.mark.then(|| {
+                let senders = LossConfig { table_size: loss.table_size.max(MARKER_FLOWS), ..loss };
+                Marker::new(&senders, points::MARKER)
+            }),
             reorder: (cfg.reorder > 0).then(|| Reorderer::new(cfg.reorder, cfg.seed ^ 0xabcdef)),
             droppers,
             switch,
@@ -166,6 +261,13 @@ impl Replay {
             link,
             packets: 0,
             skipped: [0; 4],
+            heavy: cfg.heavy.clone().map(|h| Heavy {
+                sfcmon: Sfcmon::new(h.hh.clone()),
+                exact: ExactFlows::default(),
+                cfg: h,
+                start_ns: None,
+                windows: Vec::new(),
+            }),
             cfg,
         }
     }
@@ -219,11 +321,45 @@ impl Replay {
             if self.dropped_at(Placement::Ingress, &parsed.key, pkt.batch) {
                 return;
             }
+            self.heavy_stage(&parsed.key, &pkt);
         }
         self.burst.push(pkt);
         if self.burst.len() == BURST {
             self.run_burst();
         }
+    }
+
+    /// The heavy-hitter pipeline at the switch's ingress; at a window's end, the selection.
+    fn heavy_stage(&mut self, key: &FlowKey, pkt: &Pkt) {
+        let Some(h) = self.heavy.as_mut() else { return };
+        let start = *h.start_ns.get_or_insert(pkt.ts_ns);
+        if pkt.ts_ns >= start.saturating_add(h.cfg.window_ns) {
+            // Windows follow each other back to back; an empty one still closes.
+            let mut end = start.saturating_add(h.cfg.window_ns);
+            let mut sel = h.end_window(end);
+            while pkt.ts_ns >= end.saturating_add(h.cfg.window_ns) {
+                end = end.saturating_add(h.cfg.window_ns);
+                sel = h.end_window(end);
+            }
+            if let Some(sel) = sel {
+                // The packets before the boundary go through under the old selection.
+                if !self.burst.is_empty() {
+                    self.run_burst();
+                }
+                self.switch.select(Some(sel.clone()), &mut self.sink);
+                self.next_hop.select(Some(sel), &mut self.sink);
+                self.drain();
+            }
+        }
+        let Some(h) = self.heavy.as_mut() else { return };
+        let len = pkt.data.len() as u32;
+        h.sfcmon.observe(key, len);
+        h.exact.observe(key, len);
+    }
+
+    /// The heavy-hitter windows so far (the last one closes in [`finish`](Self::finish)).
+    pub fn windows(&self) -> &[WindowReport] {
+        self.heavy.as_ref().map_or(&[], |h| &h.windows)
     }
 
     fn run_burst(&mut self) {
@@ -273,6 +409,13 @@ impl Replay {
         }
         if !self.burst.is_empty() {
             self.run_burst();
+        }
+        if let Some(h) = self.heavy.as_mut() {
+            if h.exact.packets() > 0 {
+                // The last window ends with the capture.
+                let end = h.start_ns.map_or(0, |s| s.saturating_add(h.cfg.window_ns));
+                h.end_window(end);
+            }
         }
         if let Some(m) = self.marker.as_mut() {
             m.flush(&mut self.sink);

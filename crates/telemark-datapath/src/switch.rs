@@ -15,7 +15,7 @@ use crate::Pkt;
 use telemark_core::flow_hash;
 use telemark_core::loss::{
     color_of, with_color, AnyPairTable, Counter, EventSink, LossConfig, Marker, PairTable,
-    PointStats,
+    PointStats, Selection,
 };
 use telemark_core::watch::Watch;
 use telemark_wire::flow::{self, LinkType, Parsed};
@@ -245,6 +245,9 @@ struct Core {
     stats: SwitchStats,
     /// Flows to learn and measure (`None`: all, first come first served).
     watch: Option<Watch>,
+    /// Active flow selection: of the flows `watch` lets in, learn and measure only these
+    /// (`None`: all).
+    selection: Option<Selection>,
 }
 
 /// The switch: forwarding table, optional marker, the loss state of ingress and egress.
@@ -270,6 +273,7 @@ impl Switch {
                 prefetch_loss,
                 stats: SwitchStats::default(),
                 watch: None,
+                selection: None,
                 cfg,
             },
             loss,
@@ -280,6 +284,21 @@ impl Switch {
     pub fn with_watch(mut self, watch: Watch) -> Self {
         self.core.watch = Some(watch).filter(|w| !w.rules.is_empty());
         self
+    }
+
+    /// Active flow selection (the loss paper's open problem, V-D): from now on the switch
+    /// learns and measures only the flows in `selection` (`None`: every flow, first come first
+    /// served), e.g. the heavy-hitter pipeline's top flows of the last window. Learned flows
+    /// not selected any more leave the table, their open batches reported cut at both points;
+    /// flows selected anew are learned on their next packet and measured armed, from the first
+    /// whole batch. Routes installed by configuration stay measured. The other flows are
+    /// forwarded on the default port and counted `unselected`. Off the per-packet path: call
+    /// it between bursts, at window boundaries.
+    pub fn select<S: EventSink>(&mut self, selection: Option<Selection>, sink: &mut S) {
+        if let (Some(sel), Some(loss)) = (&selection, self.loss.as_mut()) {
+            each!(loss, t => deselect(&mut self.core, t, sel, sink));
+        }
+        self.core.selection = selection;
     }
 
     /// The forwarding table.
@@ -370,6 +389,27 @@ fn expire_flows<C: Counter, S: EventSink>(
     }
 }
 
+/// Retires the learned flows `sel` leaves out (see [`Switch::select`]).
+fn deselect<C: Counter, S: EventSink>(
+    core: &mut Core,
+    t: &mut PairTable<C>,
+    sel: &Selection,
+    sink: &mut S,
+) {
+    let mut slot = 0;
+    while slot < core.fib.slots.len() {
+        let Some(e) = core.fib.slots.get(slot).copied() else { break };
+        if e.used && e.learned && !sel.contains(&e.key) {
+            t.cut(slot, &e.key, sink);
+            core.fib.remove(slot, |from, to| t.move_slot(from, to));
+            core.stats.unlearned += 1;
+            // A flow may have moved into this slot: look at it again.
+            continue;
+        }
+        slot += 1;
+    }
+}
+
 /// One burst, generic over the loss counters' width.
 #[inline(always)]
 fn burst<C, S, T, D>(
@@ -418,6 +458,7 @@ fn burst<C, S, T, D>(
             continue;
         };
         let now = p.ts_ns;
+        let mut unselected = false;
         let slot = match core.fib.lookup(&parsed.key, m.hash) {
             Some(s) => Some(s),
             None => {
@@ -428,7 +469,20 @@ fn burst<C, S, T, D>(
                     send(tx, &mut core.stats, core.cfg.default_port, idx);
                     continue;
                 }
-                learn(&core.cfg, &mut core.fib, &mut core.stats, &parsed.key, m.hash)
+                if core.selection.as_ref().is_some_and(|sel| !sel.contains(&parsed.key)) {
+                    // Not selected: forwarded like a flow the table has no room for.
+                    unselected = true;
+                    None
+                } else {
+                    let s = learn(&core.cfg, &mut core.fib, &mut core.stats, &parsed.key, m.hash);
+                    if let (Some(t), Some(s), true) =
+                        (loss.as_deref_mut(), s, core.selection.is_some())
+                    {
+                        // Selected flows join mid-flow.
+                        t.arm(s);
+                    }
+                    s
+                }
             }
         };
         if let Some(mk) = core.marker.as_mut() {
@@ -448,8 +502,12 @@ fn burst<C, S, T, D>(
                 Some(s)
             }
             (Some(t), None) => {
-                // Not in the table (full): forwarded, but not measured.
-                t.refuse(&parsed.key, m.hash, sink);
+                // Not in the table (full, or not selected): forwarded, but not measured.
+                if unselected {
+                    t.unselected(&parsed.key, m.hash, sink);
+                } else {
+                    t.refuse(&parsed.key, m.hash, sink);
+                }
                 None
             }
             _ => None,

@@ -28,6 +28,7 @@ fn run(drops: Vec<(Placement, DropModel)>, reorder: u64, seed: u64, loss: LossCo
         seed,
         agent: "sw".into(),
         report_all: true,
+        heavy: None,
     };
     let mut r = Replay::new(cfg, LinkType::Ethernet);
     for p in traffic(300, seed) {

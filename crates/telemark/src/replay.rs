@@ -120,6 +120,7 @@ pub fn run(a: Args) -> Result<()> {
         seed: a.seed,
         agent: a.agent.clone(),
         report_all: a.all_batches,
+        heavy: None,
     };
     let mut r = Replay::new(cfg, link);
     for p in pkts {
@@ -168,7 +169,7 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64
         writeln!(
             out,
             "marker: {} flows marked, {} packets of flows left unmarked (no room in its table of {}; raise --table-size)",
-            m.admitted, m.refused, a.loss.table_size
+            m.admitted, m.refused, a.loss.table_size.max(telemark_datapath::pipeline::MARKER_FLOWS)
         )?;
     }
     if let Some([st, _]) = r.switch.point_stats() {

@@ -46,6 +46,10 @@ struct Batch {
     first_ns: u64,
     last_ns: u64,
     tail: bool,
+    /// First batch after the point began watching the flow mid-flow.
+    head: bool,
+    /// Cut short when the point stopped watching the flow.
+    cut: bool,
     id: u64,
     matched: bool,
 }
@@ -162,9 +166,20 @@ impl Aggregator {
                     first_ns: ev.first_ns,
                     last_ns: ev.last_ns,
                     tail: ev.tail,
+                    head: ev.head,
+                    cut: ev.cut,
                     id: u64::from(ev.ordinal),
                     matched: false,
                 };
+                // Active flow selection: the point watches the flow again from this batch, or
+                // stops after it (what upstream sends meanwhile is not lost here).
+                if ev.head {
+                    self.unwatched.remove(&(ev.key, p));
+                }
+                if ev.cut {
+                    self.unwatched.insert((ev.key, p));
+                }
+                let pf = self.flows.entry((ev.key, p)).or_default();
                 let marker = self.points[usize::from(p)].marker;
                 for o in older {
                     pf.waiting.push_back(o);
@@ -211,7 +226,7 @@ impl Aggregator {
                     (e, b.id, None)
                 }
                 Some(u) => match self.match_upstream(key, u, &b, skew, &mut wiped) {
-                    Match::Found(e, id) => (Some(e), id, Some(u)),
+                    Match::Found(e, id) => (e, id, e.map(|_| u)),
                     Match::Never => (None, b.id, None),
                     Match::NotYet if must => (None, b.id, None),
                     Match::NotYet => break,
@@ -239,7 +254,10 @@ impl Aggregator {
     /// Finds the upstream batches this batch is (same color, overlapping in time; several when
     /// a whole batch in between was lost here and two batches of this color merged). Upstream
     /// batches older than the match that nothing matched were lost entirely on this segment:
-    /// they are returned in `wiped`.
+    /// they are returned in `wiped`, unless this batch is the point's first after it began
+    /// watching the flow (`head`: it did not watch them). A batch cut short by the end of
+    /// watching is only compared with upstream batches cut at the same moment; against a whole
+    /// one its expectation is unknown (`Found(None, _)`).
     fn match_upstream(
         &mut self,
         key: &FlowKey,
@@ -262,6 +280,7 @@ impl Aggregator {
             return if past { Match::Never } else { Match::NotYet };
         };
         let mut expected = 0;
+        let mut comparable = true;
         let id = up.done.get(j).map_or(0, |x| x.id);
         for (i, x) in up.done.iter_mut().enumerate() {
             if x.matched {
@@ -269,13 +288,16 @@ impl Aggregator {
             }
             if i < j {
                 x.matched = true;
-                wiped.push(*x);
+                if !b.head {
+                    wiped.push(*x);
+                }
             } else if x.color == b.color && overlaps(x) {
                 x.matched = true;
                 expected += x.count + x.late;
+                comparable &= x.cut == b.cut;
             }
         }
-        Match::Found(expected, id)
+        Match::Found(comparable.then_some(expected), id)
     }
 
     /// Books batch `b` at point `p`; `upstream` is the point `expected` came from.
@@ -471,7 +493,8 @@ impl Aggregator {
 }
 
 enum Match {
-    Found(u64, u64),
+    /// Expected packets (`None`: not comparable) and the upstream batch's id.
+    Found(Option<u64>, u64),
     NotYet,
     Never,
 }
@@ -508,6 +531,8 @@ mod tests {
             first_ns: t,
             last_ns: t + 10,
             tail: true,
+            head: false,
+            cut: false,
         };
         agg.handle(ev(1, BatchEventKind::Closed, 100));
         agg.handle(ev(2, BatchEventKind::Closed, 1_000));
@@ -573,5 +598,97 @@ mod tests {
         }
         assert_eq!(recs as u64, agg.totals(&k, 1).lossy_batches + agg.totals(&k, 2).lossy_batches);
         let _ = <Vec<BatchEvent> as EventSink>::emit;
+    }
+
+    /// Active flow selection moves the ingress and egress points from one flow to another and
+    /// back mid-batch. Every batch compared with its upstream shows exactly the drops the
+    /// dropper made in it on that segment while the flow was watched (a batch cut short at
+    /// both points is compared up to the cut): nothing from before a flow was watched, while it
+    /// was armed or after it was cut is reported lost, and batches are still measured.
+    #[test]
+    fn selection_changes_report_no_false_loss() {
+        use std::collections::HashMap;
+        let cfg = LossConfig::default();
+        let mut m = Marker::new(&cfg, 0);
+        let mut pts = [ColorTable::<u8>::new(&cfg, 1), ColorTable::<u8>::new(&cfg, 2)];
+        let mut agg = Aggregator::new(
+            vec![
+                spec("marker", None, true),
+                spec("ingress", Some(0), false),
+                spec("egress", Some(1), false),
+            ],
+            Some(100),
+            0,
+        )
+        .report_all(true);
+        let keys = [crate::loss::test_key(1), crate::loss::test_key(2)];
+        let sel =
+            |i: usize| -> Option<crate::loss::Selection> { Some([keys[i]].into_iter().collect()) };
+        let mut ev: Vec<BatchEvent> = Vec::new();
+        for t in pts.iter_mut() {
+            t.select(sel(1), &mut ev);
+        }
+        // truth[(point, flow, marker batch)]: packets of watched flows dropped just upstream
+        // of the point.
+        let mut truth: HashMap<(u8, usize, u64), u64> = HashMap::new();
+        let mut watched = 1;
+        for i in 0..2400u64 {
+            // Flow 0 watched from packet 350 of each flow (mid-batch 3) to 950 (mid-batch 9),
+            // then flow 1 again.
+            if i == 700 || i == 1900 {
+                watched ^= 1;
+                for t in pts.iter_mut() {
+                    t.select(sel(watched), &mut ev);
+                }
+            }
+            let f = (i % 2) as usize;
+            let k = &keys[f];
+            let h = crate::flow_hash(k);
+            let (c, ord) = m.mark(k, h, i, &mut ev).unwrap();
+            let ord = u64::from(ord);
+            let w = u64::from(f == watched);
+            if i % 37 == 5 {
+                *truth.entry((1, f, ord)).or_default() += w;
+            } else {
+                pts[0].observe(k, h, c, i, &mut ev);
+                if i % 29 == 7 {
+                    *truth.entry((2, f, ord)).or_default() += w;
+                } else {
+                    pts[1].observe(k, h, c, i, &mut ev);
+                }
+            }
+            for e in ev.drain(..) {
+                agg.handle(e);
+            }
+        }
+        m.flush(&mut ev);
+        for t in pts.iter_mut() {
+            t.flush(&mut ev);
+        }
+        for e in ev.drain(..) {
+            agg.handle(e);
+        }
+        agg.flush();
+        let mut compared = HashMap::<(u8, usize), (u64, u64)>::new();
+        while let Some(r) = agg.poll_record() {
+            let Record::Loss(r) = r else { continue };
+            let Some(expected) = r.expected else { continue };
+            let p = if r.point == "ingress" { 1 } else { 2 };
+            let f = keys.iter().position(|k| Flow::from(k) == r.flow).unwrap();
+            let want = truth.get(&(p, f, r.batch)).copied().unwrap_or(0);
+            assert_eq!(r.lost, want, "{} flow {f} batch {}: {r:?}", r.point, r.batch);
+            assert_eq!(expected, r.observed + r.late + r.lost);
+            let c = compared.entry((p, f)).or_default();
+            c.0 += 1;
+            c.1 += want;
+        }
+        for p in [1, 2] {
+            for f in [0, 1] {
+                let (n, lost) = compared.get(&(p, f)).copied().unwrap_or_default();
+                // (Flow 1 is armed from its first packet too: a point cannot tell a new flow
+                // from one it joins.)
+                assert!(n >= 2 && lost > 0, "point {p} flow {f}: {n} batches, {lost} lost");
+            }
+        }
     }
 }

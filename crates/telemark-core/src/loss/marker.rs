@@ -172,6 +172,8 @@ fn emit<S: EventSink>(e: &MarkEntry, key: &FlowKey, point: u8, tail: bool, sink:
         first_ns: e.first_ns,
         last_ns: e.seen_ns,
         tail,
+        head: false,
+        cut: false,
     });
 }
 

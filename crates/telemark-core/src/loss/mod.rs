@@ -29,6 +29,10 @@ pub use table::{AnyColorTable, ColorTable, PointStats};
 
 use telemark_wire::FlowKey;
 
+/// The flows active flow selection watches (the heavy-hitter pipeline's top flows of the last
+/// window): see [`ColorTable::select`] and the switch's `select`.
+pub type Selection = std::collections::HashSet<FlowKey, crate::hash::FlowTableHasher>;
+
 /// What a point tells the aggregator about a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BatchEventKind {
@@ -62,6 +66,12 @@ pub struct BatchEvent {
     pub last_ns: u64,
     /// Closed by a flush or idle timeout rather than by a step: possibly a partial batch.
     pub tail: bool,
+    /// The first batch reported after the point began watching the flow mid-flow (active flow
+    /// selection): upstream batches before it were not watched here, not lost.
+    pub head: bool,
+    /// Closed because the point stopped watching the flow mid-batch (active flow selection):
+    /// partial, comparable only with an upstream batch cut at the same moment.
+    pub cut: bool,
 }
 
 /// Where a point sends its batch events. Implemented by the ring producer in the pipeline and
@@ -115,6 +125,8 @@ impl BatchEvent {
             first_ns: 0,
             last_ns: 0,
             tail: false,
+            head: false,
+            cut: false,
         }
     }
 }

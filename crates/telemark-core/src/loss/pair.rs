@@ -12,7 +12,7 @@
 //! The per-flow logic is the same as the stand-alone [`ColorTable`](super::ColorTable)'s
 //! (module `point`); only the storage differs.
 
-use super::point::{self, Cold, Hot, Params, USED};
+use super::point::{self, Cold, Hot, Params, Tail, USED};
 use super::slots::Counter;
 use super::{BatchEvent, EventSink, LossConfig, PointStats, RefusedSet};
 use telemark_wire::FlowKey;
@@ -134,6 +134,42 @@ impl<C: Counter> PairTable<C> {
         }
     }
 
+    /// A packet of a flow that active flow selection leaves out: counted at both points apart
+    /// from `refused`, and reported (about once per flow) so its absence is not read as loss.
+    #[cold]
+    pub fn unselected<S: EventSink>(&mut self, key: &FlowKey, hash: u64, sink: &mut S) {
+        let first = self.refused.first(hash);
+        for (st, p) in self.stats.iter_mut().zip(self.params.iter()) {
+            st.unselected += 1;
+            if first {
+                sink.emit(BatchEvent::refused(key, p.point));
+            }
+        }
+    }
+
+    /// Starts watching the flow just installed in slot `slot` mid-flow: armed at both points
+    /// (see `point::arm`).
+    pub fn arm(&mut self, slot: usize) {
+        self.clear(slot);
+        if let Some(e) = self.hot.get_mut(slot) {
+            for h in &mut e.pts {
+                point::arm(h);
+            }
+        }
+    }
+
+    /// Stops watching slot `slot`'s flow (active flow selection): its open batches at both
+    /// points are reported cut, at the same moment, and the slot is freed.
+    pub fn cut<S: EventSink>(&mut self, slot: usize, key: &FlowKey, sink: &mut S) {
+        for at in 0..2 {
+            if let Some((h, c, p, st, seen)) = self.point_mut(at, slot) {
+                point::retire(h, c, key, p, st, seen, Tail::Cut, sink);
+                st.deselected += 1;
+            }
+        }
+        self.clear(slot);
+    }
+
     /// Whether slot `slot` holds a flow idle for longer than the idle timeout at `now`.
     pub fn is_idle(&self, slot: usize, now: u64) -> bool {
         self.hot.get(slot).is_some_and(|e| {
@@ -151,7 +187,7 @@ impl<C: Counter> PairTable<C> {
         sink: &mut S,
     ) {
         if let Some((h, c, p, st, seen)) = self.point_mut(at, slot) {
-            point::retire(h, c, key, p, st, seen, sink);
+            point::retire(h, c, key, p, st, seen, Tail::End, sink);
             *h = Hot::default();
         }
     }

@@ -14,6 +14,17 @@ use telemark_wire::FlowKey;
 pub(crate) const USED: u8 = 1;
 pub(crate) const OPEN_COLOR: u8 = 2;
 pub(crate) const LATE_WINDOW: u8 = 4;
+/// Admitted mid-flow by active flow selection: counting, but reporting nothing, until
+/// [`ARM_BATCHES`] steps have passed (see [`arm`]).
+pub(crate) const ARMED: u8 = 8;
+/// The open batch is the first one reported after an armed admission.
+pub(crate) const HEAD: u8 = 16;
+/// Steps an armed flow waits before its open batch is reported. One step would do without
+/// reordering (the batch after the first color change the point sees is whole); with it, the
+/// packet that armed the flow may be a straggler of the batch before the open one, so the
+/// batch after that first change may have begun before the flow was armed. After two steps
+/// the open batch began after the arming packet by at least a batch.
+pub(crate) const ARM_BATCHES: u32 = 2;
 /// Index of the late counter in [`Hot::c`].
 pub(crate) const LATE: usize = 2;
 
@@ -119,8 +130,9 @@ pub(crate) fn slow<C: Counter, S: EventSink>(
 ) {
     let color = color & 1;
     if h.state & USED == 0 {
-        // First packet of the flow: it opens the first batch.
-        *h = Hot { state: USED | (color * OPEN_COLOR), ..Hot::default() };
+        // First packet of the flow: it opens the first batch (reported, or armed).
+        let armed = h.state & ARMED;
+        *h = Hot { state: USED | armed | (color * OPEN_COLOR), ..Hot::default() };
         *c = Cold { first_ns: now, ..Cold::default() };
         stats.admitted += 1;
     }
@@ -162,8 +174,7 @@ pub(crate) fn slow<C: Counter, S: EventSink>(
     if step {
         // Packets of the open color that came between the early ones were its late packets.
         fold_resumed(h, o);
-        sink.emit(closed(h, c, key, p.point, false, false, now));
-        stats.batches += 1;
+        report(h, stats, sink, closed(h, c, key, p.point, false, Tail::No, now));
         let first = c.next_first_ns;
         open_batch(h, c, color, h.c[x], 1, first, now);
     }
@@ -194,7 +205,46 @@ fn open_batch<C: Counter>(
     c.ordinal = c.ordinal.wrapping_add(advance);
     c.first_ns = first_ns;
     h.last_ns = now;
-    h.state = USED | (color * OPEN_COLOR) | LATE_WINDOW;
+    // An armed flow's ordinals count its steps from admission.
+    let was_armed = h.state & ARMED != 0;
+    let armed = if was_armed && c.ordinal < ARM_BATCHES { ARMED } else { 0 };
+    let head = if was_armed && armed == 0 { HEAD } else { 0 };
+    h.state = USED | (color * OPEN_COLOR) | LATE_WINDOW | armed | head;
+}
+
+/// Admits a flow armed (active flow selection): it joins mid-flow, so the batch it joins in
+/// is partial here and must not be compared with the whole batch upstream. It counts like any
+/// flow, but reports nothing until [`ARM_BATCHES`] steps have passed; the first batch it
+/// reports is marked `head`, telling the aggregator that upstream batches before it were not
+/// watched here. The caller has cleared the state; the next packet opens the first batch.
+pub(crate) fn arm<C: Counter>(h: &mut Hot<C>) {
+    *h = Hot { state: ARMED, ..Hot::default() };
+}
+
+/// How a batch ends when it is reported by [`retire`] rather than by a step.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Tail {
+    /// Closed by a step.
+    No,
+    /// The flow ended (flush, idle timeout, eviction): the batch holds all it will get.
+    End,
+    /// Active flow selection stopped watching the flow mid-batch: the batch is partial at
+    /// every point cut at the same moment, and only comparable between such points.
+    Cut,
+}
+
+/// Sends a closed batch to the aggregator, unless the flow is armed (its batches are partial).
+#[inline]
+fn report<C: Counter, S: EventSink>(
+    h: &Hot<C>,
+    stats: &mut PointStats,
+    sink: &mut S,
+    ev: BatchEvent,
+) {
+    if h.state & ARMED == 0 {
+        sink.emit(ev);
+        stats.batches += 1;
+    }
 }
 
 /// As many "late" packets as the step threshold: no reordering the detector is built for
@@ -218,8 +268,7 @@ fn late_step<C: Counter, S: EventSink>(
     // Nothing was late for the batch before after all.
     h.c[LATE] = C::default();
     end_late_window(h, c, key, p.point, stats, sink);
-    sink.emit(closed(h, c, key, p.point, false, false, now));
-    stats.batches += 1;
+    report(h, stats, sink, closed(h, c, key, p.point, false, Tail::No, now));
     let open = (h.state & OPEN_COLOR) / OPEN_COLOR;
     open_batch(h, c, open ^ 1, n, 1, now, now);
 }
@@ -251,15 +300,16 @@ fn resumed<C: Counter, S: EventSink>(
     }
     // Times are those of the packet that made the step (the entry has no room for the first
     // resumed packet's): within the threshold's worth of packets of the truth.
-    sink.emit(closed(h, c, key, p.point, false, false, now));
-    sink.emit(closed(h, c, key, p.point, true, false, now));
-    stats.batches += 2;
+    report(h, stats, sink, closed(h, c, key, p.point, false, Tail::No, now));
+    report(h, stats, sink, closed(h, c, key, p.point, true, Tail::No, now));
     // Stragglers of the batch just closed count as its late packets.
     open_batch(h, c, open, h.c[LATE], 2, now, now);
 }
 
-/// Closes and reports everything a flow holds at a point (flush, idle timeout, eviction);
-/// `seen_ns` is the flow's last packet. The caller frees the state.
+/// Closes and reports everything a flow holds at a point (flush, idle timeout, eviction:
+/// [`Tail::End`]; deselection: [`Tail::Cut`]); `seen_ns` is the flow's last packet. The
+/// caller frees the state.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn retire<C: Counter, S: EventSink>(
     h: &mut Hot<C>,
     c: &Cold,
@@ -267,9 +317,10 @@ pub(crate) fn retire<C: Counter, S: EventSink>(
     p: &Params,
     stats: &mut PointStats,
     seen_ns: u64,
+    how: Tail,
     sink: &mut S,
 ) {
-    if h.state & USED == 0 {
+    if h.state & USED == 0 || h.state & ARMED != 0 {
         return;
     }
     if h.state & LATE_WINDOW != 0 {
@@ -279,14 +330,12 @@ pub(crate) fn retire<C: Counter, S: EventSink>(
     // Resumed packets short of a double step: taken as the open batch's.
     fold_resumed(h, o);
     if h.c[o].get() > 0 {
-        sink.emit(closed(h, c, key, p.point, false, true, seen_ns));
-        stats.batches += 1;
+        report(h, stats, sink, closed(h, c, key, p.point, false, how, seen_ns));
     }
     if h.c[o ^ 1].get() > 0 {
         // Early packets of a batch that never reached the step: report them as that batch so
         // the totals add up.
-        sink.emit(closed(h, c, key, p.point, true, true, seen_ns));
-        stats.batches += 1;
+        report(h, stats, sink, closed(h, c, key, p.point, true, how, seen_ns));
     }
 }
 
@@ -298,7 +347,7 @@ fn closed<C: Counter>(
     key: &FlowKey,
     point: u8,
     next: bool,
-    tail: bool,
+    tail: Tail,
     seen_ns: u64,
 ) -> BatchEvent {
     let open = (h.state & OPEN_COLOR) / OPEN_COLOR;
@@ -316,7 +365,9 @@ fn closed<C: Counter>(
         count: h.c[usize::from(color)].get(),
         first_ns,
         last_ns,
-        tail,
+        tail: tail != Tail::No,
+        head: !next && h.state & HEAD != 0,
+        cut: tail == Tail::Cut,
     }
 }
 
@@ -339,10 +390,16 @@ fn end_late_window<C: Counter, S: EventSink>(
     stats: &mut PointStats,
     sink: &mut S,
 ) {
-    stats.late += u64::from(h.c[LATE].get());
     // Sent even when nothing was late: it tells the aggregator the batch is final now, rather
-    // than one batch later.
+    // than one batch later. Not for the batch before a flow's first reported one (never
+    // reported itself).
+    let reported = h.state & (ARMED | HEAD) == 0;
     h.state &= !LATE_WINDOW;
+    if !reported {
+        h.c[LATE] = C::default();
+        return;
+    }
+    stats.late += u64::from(h.c[LATE].get());
     sink.emit(BatchEvent {
         key: *key,
         point,
@@ -353,6 +410,8 @@ fn end_late_window<C: Counter, S: EventSink>(
         first_ns: 0,
         last_ns: 0,
         tail: false,
+        head: false,
+        cut: false,
     });
     h.c[LATE] = C::default();
 }

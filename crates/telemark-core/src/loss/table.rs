@@ -1,9 +1,9 @@
 //! One observation point: per-flow, per-color counters and the reorder-robust step detector,
 //! in the paper's 2-way layout (see [`slots`]), with the per-flow logic of [`point`].
 
-use super::point::{self, Cold, Hot, Params};
+use super::point::{self, Cold, Hot, Params, Tail};
 use super::slots::{self, find_or_admit, Counter, Lookup, Slot};
-use super::{BatchEvent, EventSink, LossConfig, RefusedSet};
+use super::{BatchEvent, EventSink, LossConfig, RefusedSet, Selection};
 use telemark_wire::FlowKey;
 
 /// One flow at one point: exactly one cache line (64 B) for every counter width.
@@ -39,6 +39,10 @@ pub struct PointStats {
     /// Packets that arrived after their batch closed (added when the batch's late window
     /// ends).
     pub late: u64,
+    /// Packets of flows that active flow selection left out (not counted in `refused`).
+    pub unselected: u64,
+    /// Flows that active flow selection stopped watching (their open batches cut).
+    pub deselected: u64,
 }
 
 /// One observation point's color counter table with counters of type `C`.
@@ -49,6 +53,8 @@ pub struct ColorTable<C: Counter> {
     params: Params,
     idle_ns: u64,
     refused: RefusedSet,
+    /// Active flow selection: only these flows are admitted (`None`: first come first served).
+    selection: Option<Selection>,
     /// Counters of this point.
     pub stats: PointStats,
 }
@@ -64,8 +70,27 @@ impl<C: Counter> ColorTable<C> {
             params: Params::new(cfg, point),
             idle_ns: cfg.idle_ns,
             refused: RefusedSet::default(),
+            selection: None,
             stats: PointStats::default(),
         }
+    }
+
+    /// Active flow selection: from now on the table admits only the flows in `selection`
+    /// (`None`: every flow, first come first served). Flows it holds that are not selected
+    /// any more are retired at once, their open batches reported as cut; flows selected anew
+    /// are admitted armed on their next packet (see `point::arm`), so that the first batch
+    /// they report is whole. Off the per-packet path: call it at window boundaries.
+    pub fn select<S: EventSink>(&mut self, selection: Option<Selection>, sink: &mut S) {
+        if let Some(sel) = &selection {
+            for i in 0..self.slots.len() {
+                let held = self.slots.get(i).is_some_and(|e| e.tag != 0);
+                if held && self.keys.get(i).is_some_and(|k| !sel.contains(k)) {
+                    self.retire(i, Tail::Cut, sink);
+                    self.stats.deselected += 1;
+                }
+            }
+        }
+        self.selection = selection;
     }
 
     /// Hints the CPU to bring the flow's bucket into cache before [`observe`](Self::observe).
@@ -116,6 +141,13 @@ impl<C: Counter> ColorTable<C> {
         now: u64,
         sink: &mut S,
     ) -> bool {
+        if hit.is_none() && self.selection.as_ref().is_some_and(|s| !s.contains(key)) {
+            self.stats.unselected += 1;
+            if self.refused.first(hash) {
+                sink.emit(BatchEvent::refused(key, self.params.point));
+            }
+            return false;
+        }
         let lookup = match hit {
             Some(i) => Lookup::Hit(i),
             None => find_or_admit(&self.slots, self.bucket_mask, hash, now, self.idle_ns),
@@ -127,7 +159,7 @@ impl<C: Counter> ColorTable<C> {
                 i
             }
             Lookup::Evict(i) => {
-                self.retire(i, sink);
+                self.retire(i, Tail::End, sink);
                 self.stats.evicted += 1;
                 self.admit(i, key, hash);
                 i
@@ -149,14 +181,19 @@ impl<C: Counter> ColorTable<C> {
     fn admit(&mut self, i: usize, key: &FlowKey, hash: u64) {
         if let (Some(e), Some(k)) = (self.slots.get_mut(i), self.keys.get_mut(i)) {
             *e = Entry { tag: slots::tag_of(hash), ..Entry::default() };
+            if self.selection.is_some() {
+                // Selected flows join mid-flow.
+                point::arm(&mut e.hot);
+            }
             *k = *key;
         }
     }
 
     /// Closes and reports everything slot `i` holds, then frees it.
-    fn retire<S: EventSink>(&mut self, i: usize, sink: &mut S) {
+    fn retire<S: EventSink>(&mut self, i: usize, how: Tail, sink: &mut S) {
         let (Some(e), Some(key)) = (self.slots.get_mut(i), self.keys.get(i)) else { return };
-        point::retire(&mut e.hot, &e.cold, key, &self.params, &mut self.stats, e.seen_ns, sink);
+        let (p, st) = (&self.params, &mut self.stats);
+        point::retire(&mut e.hot, &e.cold, key, p, st, e.seen_ns, how, sink);
         *e = Entry::default();
     }
 
@@ -170,7 +207,7 @@ impl<C: Counter> ColorTable<C> {
                 .get(i)
                 .is_some_and(|e| e.tag != 0 && now.saturating_sub(e.seen_ns) > self.idle_ns);
             if idle {
-                self.retire(i, sink);
+                self.retire(i, Tail::End, sink);
                 self.stats.evicted += 1;
                 n += 1;
             }
@@ -182,7 +219,7 @@ impl<C: Counter> ColorTable<C> {
     pub fn flush<S: EventSink>(&mut self, sink: &mut S) {
         for i in 0..self.slots.len() {
             if self.slots.get(i).is_some_and(|e| e.tag != 0) {
-                self.retire(i, sink);
+                self.retire(i, Tail::End, sink);
             }
         }
     }
@@ -248,6 +285,10 @@ impl AnyColorTable {
     /// See [`ColorTable::flush`].
     pub fn flush<S: EventSink>(&mut self, sink: &mut S) {
         each!(self, t => t.flush(sink))
+    }
+    /// See [`ColorTable::select`].
+    pub fn select<S: EventSink>(&mut self, selection: Option<Selection>, sink: &mut S) {
+        each!(self, t => t.select(selection, sink))
     }
     /// This point's counters.
     pub fn stats(&self) -> PointStats {
@@ -426,6 +467,68 @@ mod tests {
         }
         t.flush(&mut ev);
         assert_eq!(closed(&ev), vec![100; 4]);
+    }
+
+    /// A flow selected mid-flow, whose first packet here is a straggler of the batch before
+    /// the one in flight (so the first color change it sees is not a batch's start), reports
+    /// only whole batches, the first marked `head`, and nothing while armed.
+    #[test]
+    fn a_flow_selected_mid_flow_reports_only_whole_batches() {
+        let cfg = LossConfig::default();
+        let mut t = ColorTable::<u8>::new(&cfg, 1);
+        let k = key(1);
+        let h = crate::flow_hash(&k);
+        let mut ev = Vec::new();
+        t.select(Some([k].into_iter().collect()), &mut ev);
+        // Batches of 100; the last 10 packets of batch 2 arrive after 20 of batch 3; the point
+        // sees the flow from the first of them on.
+        let mut s = stream(100, 8);
+        let moved: Vec<u8> = s.drain(290..300).collect();
+        let tail = s.split_off(310);
+        s.extend_from_slice(&moved);
+        s.extend(tail);
+        for (i, c) in s.iter().enumerate().skip(310) {
+            assert!(t.observe(&k, h, *c, i as u64, &mut ev));
+            if i < 400 {
+                assert!(ev.is_empty(), "armed flow reported {ev:?}");
+            }
+        }
+        t.flush(&mut ev);
+        assert_eq!(closed(&ev), vec![100; 4], "batches 4 to 7");
+        let heads: Vec<bool> =
+            ev.iter().filter(|e| e.kind == BatchEventKind::Closed).map(|e| e.head).collect();
+        assert_eq!(heads, vec![true, false, false, false]);
+        assert!(ev.iter().all(|e| !e.cut));
+        assert_eq!(t.stats.admitted, 1);
+    }
+
+    /// Selection admits only selected flows (the others counted apart from `refused` and
+    /// reported once as not watched), and cuts the flows it drops.
+    #[test]
+    fn selection_admits_selected_flows_and_cuts_the_rest() {
+        let mut t = ColorTable::<u8>::new(&LossConfig::default(), 1);
+        let mut ev = Vec::new();
+        let (a, b) = (key(1), key(2));
+        for i in 0..50u64 {
+            for k in [&a, &b] {
+                assert!(t.observe(k, crate::flow_hash(k), 0, i, &mut ev));
+            }
+        }
+        assert!(ev.is_empty());
+        // First come first served so far: both held. Keep `a` only.
+        t.select(Some([a].into_iter().collect()), &mut ev);
+        let cut: Vec<(FlowKey, u32, bool)> = ev.iter().map(|e| (e.key, e.count, e.cut)).collect();
+        assert_eq!(cut, vec![(b, 50, true)]);
+        ev.clear();
+        assert!(!t.observe(&b, crate::flow_hash(&b), 0, 60, &mut ev));
+        assert!(!t.observe(&b, crate::flow_hash(&b), 0, 61, &mut ev));
+        assert_eq!((t.stats.unselected, t.stats.refused, t.stats.deselected), (2, 0, 1));
+        let kinds: Vec<BatchEventKind> = ev.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, vec![BatchEventKind::Refused]);
+        // `a` was held before the selection and keeps its batch.
+        assert!(t.observe(&a, crate::flow_hash(&a), 0, 62, &mut ev));
+        t.flush(&mut ev);
+        assert_eq!(closed(&ev), vec![51]);
     }
 
     #[test]
