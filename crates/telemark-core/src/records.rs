@@ -37,6 +37,22 @@ impl From<&FlowKey> for Flow {
     }
 }
 
+impl TryFrom<&Flow> for FlowKey {
+    type Error = core::net::AddrParseError;
+    /// The flow key back from a record (fails only on an address that does not parse).
+    fn try_from(f: &Flow) -> Result<FlowKey, Self::Error> {
+        Ok(FlowKey {
+            src: f.src.parse()?,
+            dst: f.dst.parse()?,
+            sport: f.sport,
+            dport: f.dport,
+            proto: f.proto,
+            spi: f.spi,
+            si: f.si,
+        })
+    }
+}
+
 /// One batch at one observation point.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LossRecord {

@@ -82,15 +82,7 @@ fn compared(r: &mut Replay) -> HashMap<(Flow, u8), (u64, u64, u64)> {
             "egress" => (points::EGRESS, Placement::Switch),
             _ => continue,
         };
-        let key = FlowKey {
-            src: l.flow.src.parse().unwrap(),
-            dst: l.flow.dst.parse().unwrap(),
-            sport: l.flow.sport,
-            dport: l.flow.dport,
-            proto: l.flow.proto,
-            spi: None,
-            si: None,
-        };
+        let key = FlowKey::try_from(&l.flow).unwrap();
         let truth = r.truth(pl, &key, Some(l.batch as u32));
         assert_eq!(l.lost, truth, "{} {key} batch {}: {l:?}", l.point, l.batch);
         assert_eq!(expected, l.observed + l.late + l.lost);

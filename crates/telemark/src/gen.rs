@@ -35,6 +35,11 @@ pub struct Args {
     /// Color the packets (alternate marking), as a first hop would.
     #[arg(long)]
     pub mark: bool,
+    /// The active-flow-selection trace instead: --flows long-lived mice (100 packets/s each)
+    /// from the start, then N elephants (10,000 packets/s each) from 3/8 of --duration on, to
+    /// its end. Replay it with a table smaller than --flows, with and without --select-top.
+    #[arg(long, value_name = "N", conflicts_with = "sizes")]
+    pub elephants: Option<usize>,
     #[command(flatten)]
     pub loss: LossOpts,
 }
@@ -80,7 +85,13 @@ pub fn run(a: Args) -> Result<()> {
         mark: a.mark.then_some(loss),
         ..GenConfig::default()
     };
-    let plans = g::plan(&cfg, &dist);
+    let plans = match a.elephants {
+        None => g::plan(&cfg, &dist),
+        Some(n) => {
+            let cfg = GenConfig { max_packets: u64::MAX, ..cfg.clone() };
+            g::mice_then_elephants(&cfg, a.flows, 10_000_000, n, 100_000, a.duration / 8 * 3)
+        }
+    };
     let pkts = g::packets(&cfg, &plans);
     let mut w = CaptureWriter::create(&a.out)?;
     for p in &pkts {
@@ -88,13 +99,17 @@ pub fn run(a: Args) -> Result<()> {
     }
     w.finish()?;
     let bytes: usize = pkts.iter().map(|p| p.data.len()).sum();
+    let source = match a.elephants {
+        None => dist.source,
+        Some(n) => format!("{} mice then {n} elephants", a.flows),
+    };
     println!(
         "wrote {}: {} flows, {} packets, {} bytes, sizes from {}{}",
         a.out.display(),
-        a.flows,
+        plans.len(),
         pkts.len(),
         bytes,
-        dist.source,
+        source,
         if a.mark { ", marked" } else { "" }
     );
     Ok(())

@@ -65,6 +65,14 @@ fn main() {
         Cmd::Demo(a) => demo::run(a),
     };
     if let Err(e) = r {
+        // The reader went away (`telemark replay … | head`): not an error.
+        let pipe = e.chain().any(|c| {
+            c.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        });
+        if pipe {
+            std::process::exit(0);
+        }
         // One clear line, no backtrace.
         eprintln!("telemark: {e:#}");
         std::process::exit(1);

@@ -9,12 +9,13 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
 use telemark_core::loss::{color_of, Aggregator, AnyColorTable, BatchEvent, LossConfig, PointSpec};
-use telemark_core::records::{FlowLossRecord, Record};
+use telemark_core::records::{Flow, FlowLossRecord, FlowRecord, Record};
+use telemark_core::sketch::sfcmon::HhConfig;
 use telemark_core::{flow_hash, FlowKey};
 use telemark_datapath::capture::{read_all, CaptureReader};
 use telemark_datapath::dropper::{DropModel, Placement};
 use telemark_datapath::gen::{self as g, GenConfig};
-use telemark_datapath::pipeline::{Replay, ReplayConfig};
+use telemark_datapath::pipeline::{HeavyConfig, Replay, ReplayConfig};
 use telemark_datapath::Pkt;
 use telemark_wire::flow::{extract, LinkType, SkipReason};
 
@@ -62,6 +63,19 @@ pub struct Args {
     /// Flow-size file for --generate.
     #[arg(long, value_name = "FILE")]
     pub sizes: Option<PathBuf>,
+    /// Run the SFCMon heavy-hitter pipeline at the switch's ingress in windows of T and list
+    /// each window's top flows next to their exact counts (implied by --select-top and
+    /// --top-flows, with 1s).
+    #[arg(long, value_name = "T", value_parser = crate::opts::parse_duration_ns)]
+    pub hh_window: Option<u64>,
+    /// Active flow selection: the loss monitor watches only the N flows with the most packets
+    /// in the last window, as the heavy-hitter pipeline found them (default: first come first
+    /// served).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub select_top: Option<u64>,
+    /// Heavy flows listed per window in the text output.
+    #[arg(long, value_name = "K")]
+    pub top_flows: Option<usize>,
     #[command(flatten)]
     pub loss: LossOpts,
 }
@@ -119,8 +133,11 @@ pub fn run(a: Args) -> Result<()> {
         reorder: a.reorder,
         seed: a.seed,
         agent: a.agent.clone(),
-        report_all: a.all_batches,
-        heavy: None,
+        // With selection, every batch is kept so that the ground truth can be summed over the
+        // batches each flow was watched in (the flow's other drops were never watched);
+        // only lossy ones are printed unless --all-batches.
+        report_all: a.all_batches || a.select_top.is_some(),
+        heavy: heavy_config(&a),
     };
     let mut r = Replay::new(cfg, link);
     for p in pkts {
@@ -135,17 +152,142 @@ pub fn run(a: Args) -> Result<()> {
     report_replay(&a, &mut r, &source, &skipped)
 }
 
+/// Heavy hitters per window, when any flag asks for them.
+fn heavy_config(a: &Args) -> Option<HeavyConfig> {
+    if a.hh_window.is_none() && a.select_top.is_none() && a.top_flows.is_none() {
+        return None;
+    }
+    Some(HeavyConfig {
+        hh: HhConfig::default(),
+        window_ns: a.hh_window.unwrap_or(1_000_000_000),
+        select_top: a.select_top.map(|n| n as usize),
+        exact_top: a.top_flows.unwrap_or(5).max(1),
+    })
+}
+
+/// Each window's listed flows as `flow` records, with the exact counts beside.
+fn flow_records(a: &Args, r: &Replay) -> Vec<Record> {
+    let mut v = Vec::new();
+    for w in r.windows() {
+        for f in &w.hh.flows {
+            let truth = w.exact.get(&f.key);
+            v.push(Record::Flow(FlowRecord {
+                agent: a.agent.clone(),
+                port: "in".into(),
+                point: "ingress".into(),
+                flow: Flow::from(&f.key),
+                window_start_ns: w.start_ns,
+                window_end_ns: w.end_ns,
+                packets: f.packets,
+                bytes: f.bytes,
+                exact: f.error_bound == 0,
+                error_bound: f.error_bound,
+                truth_packets: truth.map(|t| t.0),
+                truth_bytes: truth.map(|t| t.1),
+            }));
+        }
+    }
+    v
+}
+
+/// The heavy-hitter windows as text: one line per window, then its top flows.
+fn report_windows(a: &Args, r: &Replay, out: &mut impl Write) -> Result<()> {
+    let windows = r.windows();
+    let Some(first) = windows.first() else { return Ok(()) };
+    let k = a.top_flows.unwrap_or(5);
+    writeln!(
+        out,
+        "\nheavy hitters at the switch's ingress (SFCMon pipeline, {} s windows), top {k} per window next to the exact count:",
+        (first.end_ns - first.start_ns) as f64 / 1e9
+    )?;
+    writeln!(
+        out,
+        "{:>6} {:<48} {:>9} {:>7} {:>9} {:>12} {:>12}",
+        "window", "flow", "packets", "±bound", "exact", "bytes", "exact bytes"
+    )?;
+    for (i, w) in windows.iter().enumerate() {
+        writeln!(
+            out,
+            "{i:>6} {} packets, {} heavy flows listed{}{}",
+            w.hh.packets,
+            w.hh.flows.len(),
+            if w.hh.complete {
+                ""
+            } else {
+                " (IBLT listing INCOMPLETE: more heavy flows than it could list)"
+            },
+            w.selected.map_or(String::new(), |n| format!("; loss monitor watches these {n} next"))
+        )?;
+        for f in w.hh.flows.iter().take(k) {
+            let (ep, eb) = w.exact.get(&f.key).copied().unwrap_or_default();
+            writeln!(
+                out,
+                "{:>6} {:<48} {:>9} {:>7} {:>9} {:>12} {:>12}",
+                "",
+                f.key.to_string(),
+                f.packets,
+                f.error_bound,
+                ep,
+                f.bytes,
+                eb
+            )?;
+        }
+        let missed: Vec<&FlowKey> = w
+            .exact_top
+            .iter()
+            .take(k)
+            .filter(|x| !w.hh.flows.iter().any(|f| f.key == **x))
+            .collect();
+        for x in missed {
+            let (ep, _) = w.exact.get(x).copied().unwrap_or_default();
+            writeln!(
+                out,
+                "{:>6} {:<48} {:>9} {:>7} {:>9}   (not listed)",
+                "",
+                x.to_string(),
+                "-",
+                "-",
+                ep
+            )?;
+        }
+    }
+    Ok(())
+}
+
 fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64)]) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let records: Vec<Record> = std::iter::from_fn(|| r.agg.poll_record()).collect();
     let summaries = r.agg.summaries(0, 0);
     let flows = r.agg.flow_records();
     let r = &*r;
+    // With selection, a flow's drops while it was not watched are not the point's to see:
+    // the truth is summed over the batches the point compared.
+    let mut watched_truth: HashMap<(FlowKey, u8), u64> = HashMap::new();
+    if a.select_top.is_some() {
+        for rec in &records {
+            let Record::Loss(l) = rec else { continue };
+            let point = r.agg.points().iter().position(|p| p.name == l.point).unwrap_or(0) as u8;
+            let (Some(pl), Some(_), Ok(key)) =
+                (Replay::placement_of_point(point), l.expected, FlowKey::try_from(&l.flow))
+            else {
+                continue;
+            };
+            let t = r.truth(pl, &key, u32::try_from(l.batch).ok());
+            *watched_truth.entry((key, point)).or_default() += t;
+        }
+    }
     let truth = |key: &FlowKey, point: u8| {
-        Replay::placement_of_point(point).map(|pl| r.truth(pl, key, None))
+        let pl = Replay::placement_of_point(point)?;
+        if a.select_top.is_some() {
+            return Some(watched_truth.get(&(*key, point)).copied().unwrap_or(0));
+        }
+        Some(r.truth(pl, key, None))
     };
     if a.json {
         for rec in &records {
+            if matches!(rec, Record::Loss(l) if l.lost == 0 && !a.all_batches) {
+                continue;
+            }
             writeln!(out, "{}", serde_json::to_string(rec)?)?;
         }
         for (k, p, f) in &flows {
@@ -157,6 +299,9 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64
         }
         for s in &summaries {
             writeln!(out, "{}", serde_json::to_string(s)?)?;
+        }
+        for f in flow_records(a, r) {
+            writeln!(out, "{}", serde_json::to_string(&f)?)?;
         }
         return Ok(());
     }
@@ -181,6 +326,15 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64
             r.switch.capacity(),
             r.ring_drops()
         )?;
+        if a.select_top.is_some() {
+            writeln!(
+                out,
+                "active flow selection (top {} per window): {} packets of flows not selected, {} flows dropped from watch",
+                a.select_top.unwrap_or(0),
+                st.unselected,
+                st.deselected
+            )?;
+        }
     }
     for pl in Placement::ALL {
         if let Some(d) = r.dropper(pl) {
@@ -200,6 +354,9 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64
         "{:<9} {:>7} {:>6} {:>9} {:>9} {:>6} {:>8} {:>8}   segment",
         "point", "batches", "lossy", "expected", "observed", "late", "lost", "truth"
     )?;
+    if a.select_top.is_some() {
+        writeln!(out, "(truth: the droppers' drops in the batches each point compared)")?;
+    }
     // batches, lossy, expected, observed, late, lost, truth
     let mut per_point: HashMap<u8, [u64; 7]> = HashMap::new();
     for (k, p, f) in &flows {
@@ -260,7 +417,7 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64
     } else {
         writeln!(out, "\nno flow lost packets")?;
     }
-    Ok(())
+    report_windows(a, r, &mut out)
 }
 
 struct PointCapture {
@@ -333,6 +490,11 @@ fn two_point(a: &Args, loss: LossConfig) -> Result<()> {
     if !a.drops.is_empty() || a.reorder > 0 {
         bail!(
             "--drop-at and --reorder apply to replay, not to two-point analysis of real captures"
+        );
+    }
+    if heavy_config(a).is_some() {
+        bail!(
+            "--hh-window, --select-top and --top-flows apply to replay, not to two-point analysis"
         );
     }
     let up = load_point(&a.points[0], loss.color_bit).context("upstream point")?;
