@@ -333,14 +333,13 @@ impl Replay {
     fn heavy_stage(&mut self, key: &FlowKey, pkt: &Pkt) {
         let Some(h) = self.heavy.as_mut() else { return };
         let start = *h.start_ns.get_or_insert(pkt.ts_ns);
-        if pkt.ts_ns >= start.saturating_add(h.cfg.window_ns) {
-            // Windows follow each other back to back; an empty one still closes.
-            let mut end = start.saturating_add(h.cfg.window_ns);
-            let mut sel = h.end_window(end);
-            while pkt.ts_ns >= end.saturating_add(h.cfg.window_ns) {
-                end = end.saturating_add(h.cfg.window_ns);
-                sel = h.end_window(end);
-            }
+        let w = h.cfg.window_ns.max(1);
+        if pkt.ts_ns >= start.saturating_add(w) {
+            let sel = h.end_window(start.saturating_add(w));
+            // Windows follow each other back to back; a silence of whole windows is skipped
+            // (not reported window by window: a capture's clock may jump by years).
+            let skipped = (pkt.ts_ns - start) / w;
+            h.start_ns = Some(start.saturating_add(skipped.saturating_mul(w)));
             if let Some(sel) = sel {
                 // The packets before the boundary go through under the old selection.
                 if !self.burst.is_empty() {

@@ -156,3 +156,40 @@ fn selection_watches_the_elephants_fcfs_misses() {
     assert!(sel_lost > 2 * fcfs_lost, "selection saw {sel_lost} lost packets, FCFS {fcfs_lost}");
     let _ = std::fs::remove_file(&path);
 }
+
+/// A capture whose clock jumps by a year closes the window it was in and starts the next at
+/// the jump, without walking through the silence window by window.
+#[test]
+fn a_clock_jump_does_not_walk_empty_windows() {
+    let cfg = GenConfig { duration_ns: 1_000_000_000, ..Default::default() };
+    let plans = gen::mice_then_elephants(&cfg, 4, 100_000_000, 0, 1, 0);
+    let mut pkts = gen::packets(&cfg, &plans);
+    let year = 365 * 86_400 * 1_000_000_000u64;
+    let n = pkts.len();
+    for p in pkts.iter_mut().skip(n / 2) {
+        p.ts_ns += year;
+    }
+    let rc = ReplayConfig {
+        loss: LossConfig::default(),
+        mark: true,
+        drops: Vec::new(),
+        reorder: 0,
+        seed: 1,
+        agent: "sw".into(),
+        report_all: false,
+        heavy: Some(HeavyConfig {
+            hh: HhConfig::default(),
+            window_ns: 1_000,
+            select_top: Some(2),
+            exact_top: 4,
+        }),
+    };
+    let mut r = Replay::new(rc, LinkType::Ethernet);
+    for p in pkts {
+        r.push(p);
+    }
+    r.finish();
+    let packets: u64 = r.windows().iter().map(|w| w.hh.packets).sum();
+    assert_eq!(packets, n as u64);
+    assert!(r.windows().len() <= n, "{} windows for {n} packets", r.windows().len());
+}
