@@ -15,7 +15,7 @@ use crate::Pkt;
 use telemark_core::flow_hash;
 use telemark_core::loss::{
     color_of, with_color, AnyPairTable, Counter, EventSink, LossConfig, Marker, PairTable,
-    PointStats, Selection,
+    PointStats, Refusal, Selection,
 };
 use telemark_core::watch::Watch;
 use telemark_wire::flow::{self, LinkType, Parsed};
@@ -373,20 +373,13 @@ fn expire_flows<C: Counter, S: EventSink>(
     now: u64,
     sink: &mut S,
 ) {
-    let mut slot = 0;
-    while slot < core.fib.slots.len() {
-        let Some(e) = core.fib.slots.get(slot).copied() else { break };
-        if e.used && t.is_idle(slot, now) {
+    sweep(core, t, |e, slot, t| {
+        let idle = t.is_idle(slot, now);
+        if idle {
             t.evict(slot, &e.key, sink);
-            if e.learned {
-                core.fib.remove(slot, |from, to| t.move_slot(from, to));
-                core.stats.unlearned += 1;
-                // A flow may have moved into this slot: look at it again.
-                continue;
-            }
         }
-        slot += 1;
-    }
+        idle
+    });
 }
 
 /// Retires the learned flows `sel` leaves out (see [`Switch::select`]).
@@ -396,11 +389,27 @@ fn deselect<C: Counter, S: EventSink>(
     sel: &Selection,
     sink: &mut S,
 ) {
+    sweep(core, t, |e, slot, t| {
+        let out = e.learned && !sel.contains(&e.key);
+        if out {
+            t.cut(slot, &e.key, sink);
+        }
+        out
+    });
+}
+
+/// Walks the forwarding table: `retire(entry, slot, loss)` retires the flow's loss state when it
+/// must and says so; a retired flow the switch learned then leaves the table (backward-shift
+/// deletion moves later flows back, their loss state with them).
+fn sweep<C: Counter>(
+    core: &mut Core,
+    t: &mut PairTable<C>,
+    mut retire: impl FnMut(&FibEntry, usize, &mut PairTable<C>) -> bool,
+) {
     let mut slot = 0;
     while slot < core.fib.slots.len() {
         let Some(e) = core.fib.slots.get(slot).copied() else { break };
-        if e.used && e.learned && !sel.contains(&e.key) {
-            t.cut(slot, &e.key, sink);
+        if e.used && retire(&e, slot, t) && e.learned {
             core.fib.remove(slot, |from, to| t.move_slot(from, to));
             core.stats.unlearned += 1;
             // A flow may have moved into this slot: look at it again.
@@ -503,11 +512,8 @@ fn burst<C, S, T, D>(
             }
             (Some(t), None) => {
                 // Not in the table (full, or not selected): forwarded, but not measured.
-                if unselected {
-                    t.unselected(&parsed.key, m.hash, sink);
-                } else {
-                    t.refuse(&parsed.key, m.hash, sink);
-                }
+                let why = if unselected { Refusal::NotSelected } else { Refusal::Full };
+                t.refuse(why, &parsed.key, m.hash, sink);
                 None
             }
             _ => None,

@@ -96,7 +96,8 @@ fn congestion_loss_per_second_matches_the_kernel_and_survives_a_collector_restar
 }
 
 /// Random loss by an nftables `numgen random` rule on the link, 2 % and 0.1 %: measured
-/// within 2 % of the rule's counter (at 0.1 %, within one packet), and localised to the link.
+/// within 2 % of the kernel's count of lost probe packets (at 0.1 %, within one packet), which
+/// is the rule's counter give or take a burst into the link's queue, and localised to the link.
 #[test]
 fn random_nftables_loss_is_measured_and_localised() {
     for (permille, secs) in [("20", "4s"), ("1", "8s")] {
@@ -112,13 +113,22 @@ fn random_nftables_loss_is_measured_and_localised() {
         ]);
         let drops = u(&o["random_drops"]);
         let det = u(&o["detected_lost"]);
+        // The kernel's count of every probe packet lost on the path: the rule's drops, plus
+        // any the link's tbf queue made when this shared machine stalled the sender and it
+        // caught up in a burst (seen once: 67 by the rule + 5 by tbf, 72 detected).
+        let truth = u(&o["truth_lost"]);
         assert!(drops > 20, "{permille}‰: only {drops} drops");
-        let tol = (drops as f64 * 0.02).max(1.0);
+        assert!(truth >= drops, "{permille}‰: kernel {truth} < the rule's {drops}");
         assert!(
-            (det as f64 - drops as f64).abs() <= tol,
-            "{permille}‰: detected {det}, nftables {drops}"
+            (truth - drops) as f64 <= drops as f64 * 0.1,
+            "{permille}‰: {} of {truth} lost packets were not the rule's: the run was congested",
+            truth - drops
         );
-        assert_eq!(u(&o["truth_lost"]), drops, "{permille}‰: loss other than the rule's");
+        let tol = (truth as f64 * 0.02).max(1.0);
+        assert!(
+            (det as f64 - truth as f64).abs() <= tol,
+            "{permille}‰: detected {det}, kernel {truth} (nftables rule {drops})"
+        );
         let verdict = o["verdict"].as_str().unwrap();
         assert!(verdict.contains("sw-b egress") && verdict.contains("sw-f ingress"), "{verdict}");
     }

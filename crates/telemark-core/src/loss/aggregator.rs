@@ -153,6 +153,14 @@ impl Aggregator {
             self.bad_events += 1;
             return;
         }
+        // Active flow selection: the point watches the flow again from this batch, or stops
+        // after it (what upstream sends meanwhile is not lost here).
+        if ev.head {
+            self.unwatched.remove(&(ev.key, p));
+        }
+        if ev.cut {
+            self.unwatched.insert((ev.key, p));
+        }
         let pf = self.flows.entry((ev.key, p)).or_default();
         match ev.kind {
             BatchEventKind::Closed => {
@@ -171,15 +179,6 @@ impl Aggregator {
                     id: u64::from(ev.ordinal),
                     matched: false,
                 };
-                // Active flow selection: the point watches the flow again from this batch, or
-                // stops after it (what upstream sends meanwhile is not lost here).
-                if ev.head {
-                    self.unwatched.remove(&(ev.key, p));
-                }
-                if ev.cut {
-                    self.unwatched.insert((ev.key, p));
-                }
-                let pf = self.flows.entry((ev.key, p)).or_default();
                 let marker = self.points[usize::from(p)].marker;
                 for o in older {
                     pf.waiting.push_back(o);
@@ -545,22 +544,25 @@ mod tests {
         assert_eq!(agg.forget_before(2_000), 1);
     }
 
+    /// A marker (point 0), an ingress (1) and an egress (2) in a row, and their aggregator.
+    fn marker_ingress_egress(cfg: &LossConfig) -> (Marker, [ColorTable<u8>; 2], Aggregator) {
+        let pts = vec![
+            spec("marker", None, true),
+            spec("ingress", Some(0), false),
+            spec("egress", Some(1), false),
+        ];
+        (
+            Marker::new(cfg, 0),
+            [ColorTable::new(cfg, 1), ColorTable::new(cfg, 2)],
+            Aggregator::new(pts, Some(cfg.batch), 0),
+        )
+    }
+
     /// Marker → ingress → egress with a deterministic drop pattern at each segment.
     #[test]
     fn per_segment_loss_equals_drops() {
         let cfg = LossConfig::default();
-        let mut m = Marker::new(&cfg, 0);
-        let mut ing = ColorTable::<u8>::new(&cfg, 1);
-        let mut eg = ColorTable::<u8>::new(&cfg, 2);
-        let mut agg = Aggregator::new(
-            vec![
-                spec("marker", None, true),
-                spec("ingress", Some(0), false),
-                spec("egress", Some(1), false),
-            ],
-            Some(100),
-            0,
-        );
+        let (mut m, [mut ing, mut eg], mut agg) = marker_ingress_egress(&cfg);
         let k = FlowKey::default();
         let h = crate::flow_hash(&k);
         let mut ev: Vec<BatchEvent> = Vec::new();
@@ -609,18 +611,8 @@ mod tests {
     fn selection_changes_report_no_false_loss() {
         use std::collections::HashMap;
         let cfg = LossConfig::default();
-        let mut m = Marker::new(&cfg, 0);
-        let mut pts = [ColorTable::<u8>::new(&cfg, 1), ColorTable::<u8>::new(&cfg, 2)];
-        let mut agg = Aggregator::new(
-            vec![
-                spec("marker", None, true),
-                spec("ingress", Some(0), false),
-                spec("egress", Some(1), false),
-            ],
-            Some(100),
-            0,
-        )
-        .report_all(true);
+        let (mut m, mut pts, agg) = marker_ingress_egress(&cfg);
+        let mut agg = agg.report_all(true);
         let keys = [crate::loss::test_key(1), crate::loss::test_key(2)];
         let sel =
             |i: usize| -> Option<crate::loss::Selection> { Some([keys[i]].into_iter().collect()) };

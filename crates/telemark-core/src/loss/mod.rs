@@ -112,6 +112,46 @@ impl RefusedSet {
     }
 }
 
+/// Why a point does not watch a flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// No room in the table (first come, first served).
+    Full,
+    /// Active flow selection left the flow out.
+    NotSelected,
+}
+
+impl Refusal {
+    /// Counts one packet of a flow refused for this reason.
+    fn count(self, st: &mut PointStats) {
+        match self {
+            Refusal::Full => st.refused += 1,
+            Refusal::NotSelected => st.unselected += 1,
+        }
+    }
+}
+
+impl RefusedSet {
+    /// Counts a packet of a flow point `point` does not watch, and tells the aggregator (about
+    /// once per flow) so its absence is not read as loss.
+    pub(crate) fn refuse<S: EventSink>(
+        &mut self,
+        why: Refusal,
+        key: &FlowKey,
+        hash: u64,
+        points: &mut [(u8, &mut PointStats)],
+        sink: &mut S,
+    ) {
+        let first = self.first(hash);
+        for (point, st) in points.iter_mut() {
+            why.count(st);
+            if first {
+                sink.emit(BatchEvent::refused(key, *point));
+            }
+        }
+    }
+}
+
 impl BatchEvent {
     /// The [`BatchEventKind::Refused`] event of `key` at `point`.
     pub(crate) fn refused(key: &FlowKey, point: u8) -> Self {

@@ -14,7 +14,7 @@
 
 use super::point::{self, Cold, Hot, Params, Tail, USED};
 use super::slots::Counter;
-use super::{BatchEvent, EventSink, LossConfig, PointStats, RefusedSet};
+use super::{EventSink, LossConfig, PointStats, Refusal, RefusedSet};
 use telemark_wire::FlowKey;
 
 /// Ingress and egress of one flow: one cache line for every counter width.
@@ -121,30 +121,14 @@ impl<C: Counter> PairTable<C> {
         ))
     }
 
-    /// A packet of a flow the switch's table had no room for: counted at both points, and
-    /// reported (about once per flow) so nobody mistakes its absence for loss.
+    /// A packet of a flow the switch does not measure (its table is full, or selection left
+    /// the flow out): counted at both points, and reported (about once per flow) so nobody
+    /// mistakes its absence for loss.
     #[cold]
-    pub fn refuse<S: EventSink>(&mut self, key: &FlowKey, hash: u64, sink: &mut S) {
-        let first = self.refused.first(hash);
-        for (st, p) in self.stats.iter_mut().zip(self.params.iter()) {
-            st.refused += 1;
-            if first {
-                sink.emit(BatchEvent::refused(key, p.point));
-            }
-        }
-    }
-
-    /// A packet of a flow that active flow selection leaves out: counted at both points apart
-    /// from `refused`, and reported (about once per flow) so its absence is not read as loss.
-    #[cold]
-    pub fn unselected<S: EventSink>(&mut self, key: &FlowKey, hash: u64, sink: &mut S) {
-        let first = self.refused.first(hash);
-        for (st, p) in self.stats.iter_mut().zip(self.params.iter()) {
-            st.unselected += 1;
-            if first {
-                sink.emit(BatchEvent::refused(key, p.point));
-            }
-        }
+    pub fn refuse<S: EventSink>(&mut self, why: Refusal, key: &FlowKey, hash: u64, sink: &mut S) {
+        let [i, e] = &mut self.stats;
+        let mut pts = [(self.params[0].point, i), (self.params[1].point, e)];
+        self.refused.refuse(why, key, hash, &mut pts, sink);
     }
 
     /// Starts watching the flow just installed in slot `slot` mid-flow: armed at both points

@@ -3,7 +3,7 @@
 
 use super::point::{self, Cold, Hot, Params, Tail};
 use super::slots::{self, find_or_admit, Counter, Lookup, Slot};
-use super::{BatchEvent, EventSink, LossConfig, RefusedSet, Selection};
+use super::{EventSink, LossConfig, Refusal, RefusedSet, Selection};
 use telemark_wire::FlowKey;
 
 /// One flow at one point: exactly one cache line (64 B) for every counter width.
@@ -142,10 +142,7 @@ impl<C: Counter> ColorTable<C> {
         sink: &mut S,
     ) -> bool {
         if hit.is_none() && self.selection.as_ref().is_some_and(|s| !s.contains(key)) {
-            self.stats.unselected += 1;
-            if self.refused.first(hash) {
-                sink.emit(BatchEvent::refused(key, self.params.point));
-            }
+            self.refuse(Refusal::NotSelected, key, hash, sink);
             return false;
         }
         let lookup = match hit {
@@ -165,10 +162,7 @@ impl<C: Counter> ColorTable<C> {
                 i
             }
             Lookup::Full => {
-                self.stats.refused += 1;
-                if self.refused.first(hash) {
-                    sink.emit(BatchEvent::refused(key, self.params.point));
-                }
+                self.refuse(Refusal::Full, key, hash, sink);
                 return false;
             }
         };
@@ -176,6 +170,11 @@ impl<C: Counter> ColorTable<C> {
         e.seen_ns = now;
         point::slow(&mut e.hot, &mut e.cold, key, &self.params, &mut self.stats, color, now, sink);
         true
+    }
+
+    fn refuse<S: EventSink>(&mut self, why: Refusal, key: &FlowKey, hash: u64, sink: &mut S) {
+        let mut pts = [(self.params.point, &mut self.stats)];
+        self.refused.refuse(why, key, hash, &mut pts, sink);
     }
 
     fn admit(&mut self, i: usize, key: &FlowKey, hash: u64) {
@@ -303,7 +302,7 @@ impl AnyColorTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loss::{test_key as key, BatchEventKind};
+    use crate::loss::{test_key as key, BatchEvent, BatchEventKind};
 
     /// Colors of `batches` batches of `b` packets, alternately 0 and 1.
     fn stream(b: usize, batches: usize) -> Vec<u8> {
