@@ -8,6 +8,7 @@ pub mod capture;
 pub mod dropper;
 pub mod eval;
 pub mod gen;
+pub mod nitro_thread;
 pub mod pipeline;
 pub mod reorder;
 pub mod rng;

@@ -11,7 +11,7 @@
 //! rule in [`RowSketch::sampling_is_safe`]; docs/sketches.md derives them), then samples.
 //!
 //! The fast path can also just draw the sample ([`Sampler::sample`], a row mask) and hand the
-//! key and mask to a sketch thread through an SPSC ring ([`Nitro::apply`]): the paper's
+//! key and mask to a sketch thread through an SPSC ring ([`Nitro::apply_sampled`]): the paper's
 //! separate-thread variant (telemark-datapath's `nitro_thread`).
 
 use super::topk::TopK;
@@ -170,12 +170,17 @@ impl<S: RowSketch> Nitro<S> {
     }
 
     /// Applies a packet drawn elsewhere: `mask` from [`Sampler::sample`] (the separate-thread
-    /// variant's sketch side). `seen` counts every packet the fast path saw, sampled or not.
-    pub fn apply(&mut self, key: &KeyBytes, mask: u32, seen: u64) {
-        self.seen = seen;
+    /// variant's sketch side). The packet count is the drawing side's: see [`Nitro::set_seen`].
+    #[inline]
+    pub fn apply_sampled(&mut self, key: &KeyBytes, mask: u32) {
         if mask != 0 {
             self.apply_counted(key, mask);
         }
+    }
+
+    /// Sets the packets seen (sampled or not) when another thread drew the samples.
+    pub fn set_seen(&mut self, seen: u64) {
+        self.seen = seen;
     }
 
     fn apply_counted(&mut self, key: &KeyBytes, mask: u32) {
