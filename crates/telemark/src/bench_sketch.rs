@@ -237,10 +237,21 @@ pub fn run(a: Args) -> Result<()> {
             }
         }
     }
+    let (mut fast, mut slow) = ([f64::MAX; 2], [0f64; 2]);
     for (&flows, (s, e, sf, ex)) in a.flows.iter().zip(&mut state) {
         let (sf, ex) = (median(sf), median(ex));
         black_box((s.end_window(), e.packets()));
         println!("{flows:>9} {:>14.1} {:>14.1} {:>9.2}×", 1e3 / sf, 1e3 / ex, ex / sf);
+        for (i, ns) in [sf, ex].into_iter().enumerate() {
+            fast[i] = fast[i].min(ns);
+            slow[i] = slow[i].max(ns);
+        }
     }
+    println!(
+        "{:>9} {:>13.2}× {:>13.2}×   (fastest / slowest rate over the flow counts)",
+        "max/min",
+        slow[0] / fast[0],
+        slow[1] / fast[1]
+    );
     Ok(())
 }
