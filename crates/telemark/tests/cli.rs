@@ -307,3 +307,35 @@ fn replay_lists_heavy_flows_per_window_and_selects_them() {
     assert!(elephant_loss > 0, "no elephant loss measured");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `telemark bench-sketch` prints a whole table (every sketch, both NitroSketch variants, the
+/// pipeline at each flow count and its max/min) on a short run, and refuses bad parameters
+/// with one line. Rates are not asserted: performance belongs to benchmarks.
+#[test]
+fn bench_sketch_prints_every_row() {
+    let out = ok(&bin()
+        .args(["bench-sketch", "--packets", "70000", "--rounds", "1", "--flows", "1,1000"])
+        .output()
+        .unwrap());
+    for name in ["count-min", "count-sketch", "k-ary"] {
+        let row = out.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{out}"));
+        // vanilla, all-in-one, speedup, separate-thread fast path, overflow
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cols.len(), 6, "{row}");
+        for c in &cols[1..] {
+            let v: f64 = c.trim_end_matches(['×', '%']).parse().unwrap_or_else(|_| panic!("{row}"));
+            assert!(v.is_finite() && v >= 0.0, "{row}");
+        }
+    }
+    assert!(
+        out.lines().any(|l| l.starts_with("univmon") && l.contains("all-in-one only")),
+        "{out}"
+    );
+    for flows in ["1", "1000"] {
+        assert!(out.lines().any(|l| l.split_whitespace().next() == Some(flows)), "{out}");
+    }
+    assert!(out.lines().any(|l| l.trim_start().starts_with("max/min")), "{out}");
+    let o = bin().args(["bench-sketch", "--p", "0"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--p in (0, 1]"), "{err}");
+}
