@@ -211,6 +211,23 @@ pub fn scrambled_flow(i: u64, flows: u64) -> FlowKey {
     synthetic_flow(z % flows.max(1))
 }
 
+/// `len` draws of a Zipf(1)-like rank in `0..n` (xorshift64 through the inverse CDF of the
+/// harmonic weights, deterministic in `seed`): the skewed key streams sketch benchmarks and
+/// tests replay.
+pub fn zipf_ranks(n: u64, len: usize, seed: u64) -> Vec<u64> {
+    let mut r = seed | 1;
+    let h = (n.max(1) as f64).ln() + 0.5772;
+    (0..len)
+        .map(|_| {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            let u = (r >> 11) as f64 / (1u64 << 53) as f64;
+            ((u * h).exp() - 0.5).clamp(0.0, n.max(1) as f64 - 1.0) as u64
+        })
+        .collect()
+}
+
 /// Median of `v` (sorted in place).
 pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));

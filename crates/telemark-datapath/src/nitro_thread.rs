@@ -200,19 +200,11 @@ mod tests {
     use telemark_core::sketch::countsketch::CountSketch;
     use telemark_core::sketch::{Hasher, Hashing};
 
-    /// A skewed stream: key i of 2,000 with weight ∝ 1/(i+1), as u32 bytes.
+    /// A skewed stream over 2,000 keys (u32 bytes).
     fn stream(n: usize) -> Vec<KeyBytes> {
-        let mut r = 0x1234_5678_9abc_def1u64;
-        let h = 2000f64.ln() + 0.5772;
-        (0..n)
-            .map(|_| {
-                r ^= r << 13;
-                r ^= r >> 7;
-                r ^= r << 17;
-                let u = (r >> 11) as f64 / (1u64 << 53) as f64;
-                let rank = ((u * h).exp() - 0.5).clamp(0.0, 1999.0) as u32;
-                KeyBytes::from_slice(&rank.to_be_bytes()).unwrap()
-            })
+        crate::bench::zipf_ranks(2000, n, 0x1234_5678_9abc_def1)
+            .into_iter()
+            .map(|rank| KeyBytes::from_slice(&(rank as u32).to_be_bytes()).unwrap())
             .collect()
     }
 

@@ -14,7 +14,7 @@ use telemark_core::sketch::nitro::Nitro;
 use telemark_core::sketch::sfcmon::{ExactFlows, HhConfig, Sfcmon};
 use telemark_core::sketch::univmon::UnivMon;
 use telemark_core::sketch::{Hasher, Hashing, KeyBytes, RowSketch};
-use telemark_datapath::bench::{median, scrambled_flow, synthetic_flow};
+use telemark_datapath::bench::{median, scrambled_flow, synthetic_flow, zipf_ranks};
 use telemark_datapath::nitro_thread;
 
 /// `telemark bench-sketch` flags.
@@ -58,19 +58,11 @@ pub enum HashArg {
     Fast,
 }
 
-/// A Zipf(1)-like stream over `n` keys (xorshift draws through the inverse CDF).
+/// A Zipf(1)-like stream over `n` flows.
 fn zipf_keys(n: usize, len: usize) -> Vec<KeyBytes> {
-    let mut r = 0x9e37_79b9_7f4a_7c15u64;
-    let h = (n as f64).ln() + 0.5772;
-    (0..len)
-        .map(|_| {
-            r ^= r << 13;
-            r ^= r >> 7;
-            r ^= r << 17;
-            let u = (r >> 11) as f64 / (1u64 << 53) as f64;
-            let rank = ((u * h).exp() - 0.5).clamp(0.0, n as f64 - 1.0) as u64;
-            KeyBytes::flow_of(&synthetic_flow(rank))
-        })
+    zipf_ranks(n as u64, len, 0x9e37_79b9_7f4a_7c15)
+        .into_iter()
+        .map(|rank| KeyBytes::flow_of(&synthetic_flow(rank)))
         .collect()
 }
 
