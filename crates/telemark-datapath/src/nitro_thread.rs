@@ -32,6 +32,9 @@ pub enum NitroThreadError {
     /// AlwaysCorrect needs the sketch's counters on the sampling side.
     #[error("AlwaysCorrect NitroSketch runs all-in-one only (its switch to sampling reads the sketch's counters)")]
     AlwaysCorrect,
+    /// The system would not start another thread.
+    #[error("cannot start the sketch thread: {0}")]
+    Spawn(String),
 }
 
 /// The fast path's side: draws the sample and pushes sampled packets.
@@ -170,7 +173,7 @@ pub fn spawn<S: RowSketch + Send + 'static>(
     let handle = std::thread::Builder::new()
         .name("nitro-sketch".into())
         .spawn(move || sketcher.run(&flag))
-        .expect("spawning the sketch thread");
+        .map_err(|e| NitroThreadError::Spawn(e.to_string()))?;
     Ok((feed, Running { handle, stop }))
 }
 

@@ -110,7 +110,7 @@ pub fn run(a: Args) -> Result<()> {
             (keys, reps): (&[KeyBytes], usize),
             rounds: usize,
             p: f64,
-        ) {
+        ) -> Result<()> {
             let n = keys.len() * reps;
             let mut v = s.clone();
             let van = median_ns_per(rounds, n, || {
@@ -133,24 +133,21 @@ pub fn run(a: Args) -> Result<()> {
             // sketch thread applies the samples on the other core.
             // Only the feed's loop is timed; joining waits for the sketch thread to drain.
             let (mut overflow, mut sampled) = (0u64, 0u64);
-            let mut per: Vec<f64> = (0..rounds.max(1))
-                .map(|_| {
-                    let (mut feed, running) =
-                        nitro_thread::spawn(Nitro::new(s.clone(), p, false, 0, 1), 1 << 14)
-                            .expect("fixed-p sampling");
-                    let t = Instant::now();
-                    for _ in 0..reps {
-                        for k in keys {
-                            feed.offer(k);
-                        }
+            let mut per = Vec::with_capacity(rounds);
+            for _ in 0..rounds.max(1) {
+                let (mut feed, running) =
+                    nitro_thread::spawn(Nitro::new(s.clone(), p, false, 0, 1), 1 << 14)?;
+                let t = Instant::now();
+                for _ in 0..reps {
+                    for k in keys {
+                        feed.offer(k);
                     }
-                    let ns = t.elapsed().as_nanos() as f64 / n as f64;
-                    overflow += feed.overflow();
-                    sampled += feed.overflow() + feed.pushed();
-                    black_box(running.finish(feed).applied);
-                    ns
-                })
-                .collect();
+                }
+                per.push(t.elapsed().as_nanos() as f64 / n as f64);
+                overflow += feed.overflow();
+                sampled += feed.overflow() + feed.pushed();
+                black_box(running.finish(feed).applied);
+            }
             let thr = median(&mut per);
             println!(
                 "{name:<12} {:>14.1} {:>14.1} {:>7.1}× {:>18.1} {:>8.2}%",
@@ -160,10 +157,11 @@ pub fn run(a: Args) -> Result<()> {
                 1e3 / thr,
                 100.0 * overflow as f64 / sampled.max(1) as f64
             );
+            Ok(())
         }
-        pair("count-min", CountMin::new(5, 5436, hasher), (keys, reps), a.rounds, a.p);
-        pair("count-sketch", CountSketch::new(5, 5436, hasher), (keys, reps), a.rounds, a.p);
-        pair("k-ary", Kary::new(5, 5436, hasher), (keys, reps), a.rounds, a.p);
+        pair("count-min", CountMin::new(5, 5436, hasher), (keys, reps), a.rounds, a.p)?;
+        pair("count-sketch", CountSketch::new(5, 5436, hasher), (keys, reps), a.rounds, a.p)?;
+        pair("k-ary", Kary::new(5, 5436, hasher), (keys, reps), a.rounds, a.p)?;
         {
             let mut v = UnivMon::new(16, 5, 2048, 100, hasher);
             let van = median_ns_per(a.rounds, n, || {
