@@ -220,7 +220,7 @@ impl Sfcmon {
     ///
     /// Every packet does the same work, heavy or not: FlowID2's row hashes are computed once
     /// and serve the Bloom filter and the IBLT, and a packet that is not heavy adds nothing
-    /// (its Bloom bits are masked out and it adds 0 to its IBLT cells) instead of branching
+    /// (it only reads the Bloom filter and adds 0 to its IBLT cells) instead of branching
     /// away. The cost per packet therefore does not depend on the traffic mix, and whether a
     /// packet is heavy, which changes from packet to packet in real traffic, is never a
     /// mispredicted branch. Only a flow's admission (once per flow per window) branches.
@@ -238,9 +238,11 @@ impl Sfcmon {
         let id2 = KeyBytes::flow_of(key);
         let k = self.cfg.bloom_k.max(self.cfg.iblt_k).min(16);
         self.bloom.hasher().rows_of(&id2, &mut rows[..k]);
-        let present = self.bloom.insert_hashed(&rows, heavy);
+        // Only reads on the fast path: a key already present has all its bits set, so they
+        // are written on admission alone.
+        let present = self.bloom.contains_hashed(&rows);
         if heavy && !present {
-            self.admit(&id2, est);
+            self.admit(&id2, &rows, est);
         }
         if let (Some(log), true) = (&mut self.admission_log, heavy) {
             log.insert(id1);
@@ -249,7 +251,8 @@ impl Sfcmon {
     }
 
     #[cold]
-    fn admit(&mut self, id2: &KeyBytes, est: u32) {
+    fn admit(&mut self, id2: &KeyBytes, rows: &[u32], est: u32) {
+        self.bloom.insert_hashed(rows, true);
         self.iblt.insert_with_base(id2, u64::from(est) - 1);
         self.admitted += 1;
     }
