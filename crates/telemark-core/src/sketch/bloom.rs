@@ -7,12 +7,38 @@ use serde::{Deserialize, Serialize};
 
 /// A Bloom filter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "BloomShape")]
 pub struct Bloom {
     bits: Vec<u64>,
     m: usize,
     k: usize,
     hasher: Hasher,
     inserted: u64,
+}
+
+/// A [`Bloom`] as read from outside, checked before use.
+#[derive(Deserialize)]
+struct BloomShape {
+    bits: Vec<u64>,
+    m: usize,
+    k: usize,
+    hasher: Hasher,
+    inserted: u64,
+}
+
+impl TryFrom<BloomShape> for Bloom {
+    type Error = String;
+    fn try_from(s: BloomShape) -> Result<Bloom, String> {
+        if s.m == 0 || !(1..=16).contains(&s.k) || s.bits.len() != s.m.div_ceil(64) {
+            return Err(format!(
+                "Bloom filter of {} bits and k = {} holds {} words",
+                s.m,
+                s.k,
+                s.bits.len()
+            ));
+        }
+        Ok(Bloom { bits: s.bits, m: s.m, k: s.k, hasher: s.hasher, inserted: s.inserted })
+    }
 }
 
 impl Bloom {

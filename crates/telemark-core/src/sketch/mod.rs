@@ -384,11 +384,40 @@ pub const MAX_DEPTH: usize = 16;
 /// `depth` rows of `width` counters and the hasher that picks one column per row: the state
 /// Count-Min, Count Sketch and K-ary share (and merge the same way, counter by counter).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RowsShape<T>", bound(deserialize = "T: Deserialize<'de>"))]
 pub struct Rows<T> {
     depth: usize,
     width: usize,
     hasher: Hasher,
     counters: Vec<T>,
+}
+
+/// [`Rows`] as read from outside (a stored window, another agent's sketch), checked before use:
+/// counters that disagree with the shape would be indexed out of bounds.
+#[derive(Deserialize)]
+struct RowsShape<T> {
+    depth: usize,
+    width: usize,
+    hasher: Hasher,
+    counters: Vec<T>,
+}
+
+impl<T> TryFrom<RowsShape<T>> for Rows<T> {
+    type Error = String;
+    fn try_from(s: RowsShape<T>) -> Result<Rows<T>, String> {
+        if !(1..=MAX_DEPTH).contains(&s.depth) || s.width == 0 {
+            return Err(format!("sketch of {} rows × {} counters", s.depth, s.width));
+        }
+        if s.depth.checked_mul(s.width) != Some(s.counters.len()) {
+            return Err(format!(
+                "sketch of {} rows × {} counters holds {} counters",
+                s.depth,
+                s.width,
+                s.counters.len()
+            ));
+        }
+        Ok(Rows { depth: s.depth, width: s.width, hasher: s.hasher, counters: s.counters })
+    }
 }
 
 impl<T: Copy + Default> Rows<T> {
@@ -609,5 +638,57 @@ mod tests {
             // 1,000 expected per column; 5 sigma is about 160.
             assert!(hits.iter().all(|n| (840..1160).contains(n)), "{kind:?}: {hits:?}");
         }
+    }
+
+    /// Serialises `x`, lets `bend` damage the JSON, and returns the error reading it back.
+    fn refused<T: Serialize + serde::de::DeserializeOwned>(
+        x: &T,
+        bend: impl Fn(&mut serde_json::Value),
+    ) -> String {
+        let mut v = serde_json::to_value(x).unwrap();
+        bend(&mut v);
+        match serde_json::from_value::<T>(v) {
+            Ok(_) => panic!("a damaged sketch was accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn stored_sketches_of_the_wrong_shape_are_refused_not_used() {
+        use super::{bloom::Bloom, countmin::CountMin, nitro::Nitro, univmon::UnivMon};
+        let h = Hasher::default();
+        let mut cm = CountMin::new(4, 64, h);
+        cm.update(b"k", 3);
+        // Intact, each reads back equal.
+        let back: CountMin = serde_json::from_value(serde_json::to_value(&cm).unwrap()).unwrap();
+        assert_eq!(back, cm);
+        let pop = |v: &mut serde_json::Value, path: &[&str]| {
+            let mut at = v;
+            for p in path {
+                at = &mut at[*p];
+            }
+            at.as_array_mut().unwrap().pop();
+        };
+        let e = refused(&cm, |v| pop(v, &["rows", "counters"]));
+        assert!(e.contains("4 rows × 64 counters holds 255 counters"), "{e}");
+        assert!(refused(&cm, |v| v["rows"]["depth"] = 17.into()).contains("17 rows"));
+
+        let b = Bloom::new(1000, 3, h);
+        let back: Bloom = serde_json::from_value(serde_json::to_value(&b).unwrap()).unwrap();
+        assert_eq!(back, b);
+        assert!(refused(&b, |v| pop(v, &["bits"])).contains("1000 bits and k = 3 holds 15 words"));
+        assert!(refused(&b, |v| v["k"] = 0.into()).contains("k = 0"));
+
+        let n = Nitro::new(CountMin::new(4, 64, h), 0.01, true, 8, 1);
+        let back: Nitro<CountMin> =
+            serde_json::from_value(serde_json::to_value(&n).unwrap()).unwrap();
+        assert_eq!((back.seen(), &back.sketch), (0, &n.sketch));
+        assert!(refused(&n, |v| pop(v, &["sumsq"])).contains("4 rows with 3 row sums"));
+        assert!(refused(&n, |v| v["sampler"]["inc"] = 0.into()).contains("1/p = 0"));
+
+        let u = UnivMon::new(4, 3, 32, 8, h).nitro(0.1, false, 1);
+        serde_json::from_value::<UnivMon>(serde_json::to_value(&u).unwrap()).unwrap();
+        assert!(refused(&u, |v| pop(v, &["heaps"])).contains("4 levels with 3 heaps"));
+        assert!(refused(&u, |v| pop(v, &["samplers"])).contains("and 3 samplers"));
     }
 }

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 /// Draws which rows each packet updates.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "SamplerShape")]
 pub struct Sampler {
     p: f64,
     inc: i64,
@@ -30,6 +31,36 @@ pub struct Sampler {
     rng: u64,
     /// Every row, every packet (AlwaysCorrect before convergence).
     pub full: bool,
+}
+
+/// A [`Sampler`] as read from outside: its probability is derived again from the increment,
+/// which must be a whole number ≥ 1, so a stored sampler cannot hold an inconsistent pair.
+#[derive(Deserialize)]
+struct SamplerShape {
+    inc: i64,
+    depth: u32,
+    skip: u64,
+    rng: u64,
+    full: bool,
+}
+
+impl TryFrom<SamplerShape> for Sampler {
+    type Error = String;
+    fn try_from(s: SamplerShape) -> Result<Sampler, String> {
+        if s.inc < 1 || !(1..=32).contains(&s.depth) {
+            return Err(format!("NitroSketch sampler with 1/p = {} over {} rows", s.inc, s.depth));
+        }
+        let p = 1.0 / s.inc as f64;
+        Ok(Sampler {
+            p,
+            inc: s.inc,
+            ln_q: (1.0 - p).ln(),
+            depth: s.depth,
+            skip: s.skip,
+            rng: s.rng,
+            full: s.full,
+        })
+    }
 }
 
 impl Sampler {
@@ -116,6 +147,10 @@ impl Sampler {
 
 /// A sketch updated NitroSketch's way, with an optional top-k heap of heavy keys.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(
+    try_from = "NitroShape<S>",
+    bound(deserialize = "S: RowSketch + Deserialize<'de>", serialize = "S: Serialize")
+)]
 pub struct Nitro<S> {
     /// The sketch.
     pub sketch: S,
@@ -127,6 +162,39 @@ pub struct Nitro<S> {
     sumsq: Vec<f64>,
     /// Heavy keys by estimate, refreshed when a packet touched the sketch.
     pub top: TopK,
+}
+
+/// A [`Nitro`] as read from outside, checked before use: AlwaysCorrect's per-row sums must
+/// match the sketch's depth.
+#[derive(Deserialize)]
+struct NitroShape<S> {
+    sketch: S,
+    sampler: Sampler,
+    always_correct: bool,
+    seen: u64,
+    sumsq: Vec<f64>,
+    top: TopK,
+}
+
+impl<S: RowSketch> TryFrom<NitroShape<S>> for Nitro<S> {
+    type Error = String;
+    fn try_from(s: NitroShape<S>) -> Result<Nitro<S>, String> {
+        if s.sumsq.len() != s.sketch.depth() {
+            return Err(format!(
+                "NitroSketch over {} rows with {} row sums",
+                s.sketch.depth(),
+                s.sumsq.len()
+            ));
+        }
+        Ok(Nitro {
+            sketch: s.sketch,
+            sampler: s.sampler,
+            always_correct: s.always_correct,
+            seen: s.seen,
+            sumsq: s.sumsq,
+            top: s.top,
+        })
+    }
 }
 
 impl<S: RowSketch> Nitro<S> {

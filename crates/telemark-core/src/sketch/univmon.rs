@@ -17,12 +17,47 @@ use serde::{Deserialize, Serialize};
 
 /// A UnivMon sketch.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(try_from = "UnivMonShape")]
 pub struct UnivMon {
     levels: Vec<CountSketch>,
     heaps: Vec<TopK>,
     level_hasher: Hasher,
     samplers: Option<Vec<Sampler>>,
     seen: u64,
+}
+
+/// A [`UnivMon`] as read from outside, checked before use: one heap (and sampler) per level.
+#[derive(Deserialize)]
+struct UnivMonShape {
+    levels: Vec<CountSketch>,
+    heaps: Vec<TopK>,
+    level_hasher: Hasher,
+    samplers: Option<Vec<Sampler>>,
+    seen: u64,
+}
+
+impl TryFrom<UnivMonShape> for UnivMon {
+    type Error = String;
+    fn try_from(s: UnivMonShape) -> Result<UnivMon, String> {
+        let n = s.levels.len();
+        if !(1..=32).contains(&n)
+            || s.heaps.len() != n
+            || s.samplers.as_ref().is_some_and(|v| v.len() != n)
+        {
+            return Err(format!(
+                "UnivMon of {n} levels with {} heaps and {} samplers",
+                s.heaps.len(),
+                s.samplers.as_ref().map_or(0, Vec::len)
+            ));
+        }
+        Ok(UnivMon {
+            levels: s.levels,
+            heaps: s.heaps,
+            level_hasher: s.level_hasher,
+            samplers: s.samplers,
+            seen: s.seen,
+        })
+    }
 }
 
 impl UnivMon {
