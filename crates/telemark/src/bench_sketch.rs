@@ -199,8 +199,9 @@ pub fn run(a: Args) -> Result<()> {
 
     println!("\npipeline vs exact table, uniform traffic over N active flows (SFCMon Fig. 4)");
     println!("{:>9} {:>14} {:>14} {:>10}", "flows", "sfcmon Mpps", "exact Mpps", "ratio");
-    // Packets are made on the fly (flow = a scrambled packet number mod N; the same work for
-    // both), and every pass measures every N in turn, so that a noisy neighbour slows all
+    // Each packet's flow is a scrambled packet number mod N, its key written into a burst in
+    // memory (the same work for both), and every pass measures every N in turn, so that a
+    // noisy neighbour slows all
     // columns of a pass alike rather than one row. One pipeline serves every N, starting a
     // window before each: separate instances differ by where their arrays landed in memory by
     // up to 15 % at the same N, which would be measured as a difference between flow counts.
