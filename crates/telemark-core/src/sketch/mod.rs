@@ -684,6 +684,7 @@ mod tests {
             serde_json::from_value(serde_json::to_value(&n).unwrap()).unwrap();
         assert_eq!((back.seen(), &back.sketch), (0, &n.sketch));
         assert!(refused(&n, |v| pop(v, &["sumsq"])).contains("4 rows with 3 row sums"));
+        assert!(refused(&n, |v| v["sampler"]["depth"] = 5.into()).contains("sampler of 5 rows"));
         assert!(refused(&n, |v| v["sampler"]["inc"] = 0.into()).contains("1/p = 0"));
 
         let u = UnivMon::new(4, 3, 32, 8, h).nitro(0.1, false, 1);

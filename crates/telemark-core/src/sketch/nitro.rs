@@ -164,8 +164,8 @@ pub struct Nitro<S> {
     pub top: TopK,
 }
 
-/// A [`Nitro`] as read from outside, checked before use: AlwaysCorrect's per-row sums must
-/// match the sketch's depth.
+/// A [`Nitro`] as read from outside, checked before use: AlwaysCorrect's per-row sums and the
+/// sampler must match the sketch's depth.
 #[derive(Deserialize)]
 struct NitroShape<S> {
     sketch: S,
@@ -179,11 +179,12 @@ struct NitroShape<S> {
 impl<S: RowSketch> TryFrom<NitroShape<S>> for Nitro<S> {
     type Error = String;
     fn try_from(s: NitroShape<S>) -> Result<Nitro<S>, String> {
-        if s.sumsq.len() != s.sketch.depth() {
+        let d = s.sketch.depth();
+        if s.sumsq.len() != d || s.sampler.depth as usize != d {
             return Err(format!(
-                "NitroSketch over {} rows with {} row sums",
-                s.sketch.depth(),
-                s.sumsq.len()
+                "NitroSketch over {d} rows with {} row sums and a sampler of {} rows",
+                s.sumsq.len(),
+                s.sampler.depth
             ));
         }
         Ok(Nitro {
