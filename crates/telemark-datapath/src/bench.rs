@@ -113,7 +113,7 @@ impl Case {
         let mut switch = Switch::new(cfg, flows);
         let keys: Vec<FlowKey> = (0..flows as u64).map(synthetic_flow).collect();
         for (i, k) in keys.iter().enumerate() {
-            switch.fib().insert(*k, 1 + (i % 2) as u16);
+            switch.route(*k, 1 + (i % 2) as u16);
         }
         let payload = frame_len.saturating_sub(14 + 20 + 8).max(18);
         let mut rng = Rng::new(seed);

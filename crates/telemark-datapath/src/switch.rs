@@ -2,28 +2,36 @@
 //! parse, flow hash, exact-match lookup of the output port, an optional action (`dec_ttl`),
 //! the loss check (`pkt_loss_chk`) at ingress and egress, and a write to the output ring.
 //!
-//! The loss check needs no lookup of its own: the forwarding lookup's slot indexes the flow's
-//! loss state at both points ([`PairTable`]), as OvS updates a flow's statistics in the entry
-//! its lookup found.
+//! The loss check needs no lookup of its own, and no cache line of its own: both points' hot
+//! loss state ([`PairHot`]) lives in the forwarding entry the lookup found, as OvS updates a
+//! flow's statistics in the entry its lookup found. An entry is one 64-byte line: a hash tag,
+//! the port, flags and the flow key packed into 17 bytes (IPv4 5-tuple and NSH SPI/SI; other
+//! keys are compared against a side array of full keys), then the 40 bytes of hot state (8- or
+//! 16-bit counters; with 32-bit counters an entry takes two lines).
 //!
 //! Packets move in bursts of up to [`BURST`]: the first pass parses and hashes every packet
-//! and prefetches what it will touch (the flow's home slot in the forwarding table and its loss
-//! state), the second pass does the work, so one packet's cache misses overlap with the others' (the DPDK
-//! and VPP way). No allocation, lock or syscall per packet.
+//! and prefetches the flow's home slot, the second pass does the work, so one packet's cache
+//! misses overlap with the others' (the DPDK and VPP way). No allocation, lock or syscall per
+//! packet.
 
 use crate::Pkt;
 use telemark_core::flow_hash;
 use telemark_core::loss::{
-    color_of, with_color, AnyPairTable, Counter, EventSink, LossConfig, Marker, PairTable,
-    PointStats, Refusal, Selection,
+    color_of, with_color, Counter, EventSink, LossConfig, Marker, PairHot, PairTable, PointStats,
+    Refusal, Selection,
 };
 use telemark_core::watch::Watch;
 use telemark_wire::flow::{self, LinkType, Parsed};
 use telemark_wire::{ipv4, ipv6, FlowKey};
 
-macro_rules! each {
-    ($self:expr, $t:ident => $e:expr) => {
-        telemark_core::each_width!(AnyPairTable, $self, $t => $e)
+/// Runs `$e` with `$core` and `$loss` bound to the switch's parts, whatever its counter width.
+macro_rules! each_core {
+    ($inner:expr, ($core:ident, $loss:ident) => $e:expr) => {
+        match $inner {
+            Inner::U8($core, $loss) => $e,
+            Inner::U16($core, $loss) => $e,
+            Inner::U32($core, $loss) => $e,
+        }
     };
 }
 
@@ -39,32 +47,99 @@ pub enum Action {
     DecTtl,
 }
 
+/// Entry flags.
+const USED: u8 = 1;
+/// Installed by the switch on a miss (may be retired when idle), not by configuration.
+const LEARNED: u8 = 2;
+/// The key did not pack: compare the side array's full key.
+const SIDE: u8 = 4;
+/// The packed key carries an NSH SPI, an SI.
+const SPI: u8 = 8;
+const SI: u8 = 16;
+/// Flags that are part of the key.
+const KEY_FLAGS: u8 = SIDE | SPI | SI;
+
+/// One flow: its forwarding decision and both points' hot loss state, in one cache line with
+/// 8- or 16-bit counters (checked below).
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Default)]
-struct FibEntry {
-    hash: u64,
-    key: FlowKey,
+struct FibEntry<C: Counter> {
+    /// The flow hash's low 32 bits (which also give the home slot).
+    tag: u32,
     port: u16,
-    used: bool,
-    /// Installed by the switch on a miss (may be retired when idle), not by configuration.
-    learned: bool,
+    flags: u8,
+    key: [u8; 17],
+    hot: PairHot<C>,
+}
+
+const _: () = assert!(core::mem::size_of::<FibEntry<u8>>() == 64);
+const _: () = assert!(core::mem::size_of::<FibEntry<u16>>() == 64);
+
+/// `key` packed for an entry: the IPv4 5-tuple, then SPI (24 bits, as NSH carries it) and SI,
+/// with the flags saying which are present; `None` for keys that do not pack (IPv6).
+#[inline(always)]
+fn pack(key: &FlowKey) -> Option<([u8; 17], u8)> {
+    let (core::net::IpAddr::V4(src), core::net::IpAddr::V4(dst)) = (key.src, key.dst) else {
+        return None;
+    };
+    let spi = match key.spi {
+        Some(v) if v > 0x00ff_ffff => return None,
+        v => v,
+    };
+    let mut o = [0u8; 17];
+    o[..4].copy_from_slice(&src.octets());
+    o[4..8].copy_from_slice(&dst.octets());
+    o[8..10].copy_from_slice(&key.sport.to_be_bytes());
+    o[10..12].copy_from_slice(&key.dport.to_be_bytes());
+    o[12] = key.proto;
+    o[13..16].copy_from_slice(&spi.unwrap_or(0).to_be_bytes()[1..]);
+    o[16] = key.si.unwrap_or(0);
+    let flags = if spi.is_some() { SPI } else { 0 } | if key.si.is_some() { SI } else { 0 };
+    Some((o, flags))
+}
+
+/// A packed key as two words, compared without a call to `memcmp`.
+#[inline(always)]
+fn words(k: &[u8; 17]) -> (u128, u8) {
+    let (head, tail) = k.split_at(16);
+    let mut h = [0u8; 16];
+    h.copy_from_slice(head);
+    (u128::from_ne_bytes(h), tail.first().copied().unwrap_or(0))
 }
 
 /// Exact-match flow table: flow → output port, open addressing with linear probing, one cache
-/// line per entry, sized at start-up (like OvS's exact-match cache). The slot a lookup finds
-/// also indexes the flow's loss state ([`PairTable`]).
-pub struct Fib {
-    slots: Vec<FibEntry>,
+/// line per entry holding the flow's hot loss state too, sized at start-up (like OvS's
+/// exact-match cache). The slot a lookup finds also indexes the flow's cold loss state
+/// ([`PairTable`]).
+pub struct Fib<C: Counter = u8> {
+    slots: Vec<FibEntry<C>>,
+    /// Every slot's full key: compared for keys that do not pack, read by sweeps and flushes.
+    keys: Vec<FlowKey>,
     mask: usize,
     len: usize,
     max: usize,
 }
 
-impl Fib {
+impl<C: Counter> Fib<C> {
     /// A table with room for `flows` flows at a load factor ≤ 0.5.
     pub fn with_capacity(flows: usize) -> Self {
         let n = (flows.max(1) * 2).next_power_of_two();
-        Fib { slots: vec![FibEntry::default(); n], mask: n - 1, len: 0, max: flows.max(1) }
+        let none = FlowKey {
+            src: core::net::IpAddr::V4(core::net::Ipv4Addr::UNSPECIFIED),
+            dst: core::net::IpAddr::V4(core::net::Ipv4Addr::UNSPECIFIED),
+            sport: 0,
+            dport: 0,
+            proto: 0,
+            spi: None,
+            si: None,
+        };
+        Fib {
+            slots: vec![FibEntry::default(); n],
+            keys: vec![none; n],
+            mask: n - 1,
+            len: 0,
+            max: flows.max(1),
+        }
     }
 
     /// Adds or replaces a route; false when the table is full.
@@ -74,19 +149,31 @@ impl Fib {
 
     /// Adds or replaces a route; its slot, or `None` when the table holds its capacity.
     fn put(&mut self, key: FlowKey, hash: u64, port: u16, learned: bool) -> Option<usize> {
+        let (packed, kf) = pack(&key).unwrap_or(([0; 17], SIDE));
+        let flags = USED | kf | if learned { LEARNED } else { 0 };
+        if let Some(i) = self.lookup(&key, hash) {
+            // A new route for a flow held: its loss state stays.
+            let e = self.slots.get_mut(i)?;
+            e.port = port;
+            e.flags = flags;
+            return Some(i);
+        }
+        if self.len >= self.max {
+            return None;
+        }
         let mut i = hash as usize & self.mask;
         loop {
             let e = self.slots.get_mut(i)?;
-            if e.used && e.hash == hash && e.key == key {
-                *e = FibEntry { hash, key, port, used: true, learned };
-                return Some(i);
-            }
-            if !e.used {
-                if self.len >= self.max {
-                    return None;
-                }
+            if e.flags & USED == 0 {
                 self.len += 1;
-                *e = FibEntry { hash, key, port, used: true, learned };
+                *e = FibEntry {
+                    tag: hash as u32,
+                    port,
+                    flags,
+                    key: packed,
+                    hot: PairHot::default(),
+                };
+                *self.keys.get_mut(i)? = key;
                 return Some(i);
             }
             i = (i + 1) & self.mask;
@@ -96,13 +183,19 @@ impl Fib {
     /// The slot holding `key`.
     #[inline(always)]
     pub fn lookup(&self, key: &FlowKey, hash: u64) -> Option<usize> {
+        let (packed, kf) = pack(key).unwrap_or(([0; 17], SIDE));
+        let want = words(&packed);
         let mut i = hash as usize & self.mask;
         loop {
             let e = self.slots.get(i)?;
-            if !e.used {
+            if e.flags & USED == 0 {
                 return None;
             }
-            if e.hash == hash && e.key == *key {
+            if e.tag == hash as u32
+                && e.flags & KEY_FLAGS == kf
+                && words(&e.key) == want
+                && (kf & SIDE == 0 || self.keys.get(i) == Some(key))
+            {
                 return Some(i);
             }
             i = (i + 1) & self.mask;
@@ -112,7 +205,7 @@ impl Fib {
     /// The output port of the flow in slot `slot`.
     #[inline(always)]
     pub fn port(&self, slot: usize) -> Option<u16> {
-        self.slots.get(slot).filter(|e| e.used).map(|e| e.port)
+        self.slots.get(slot).filter(|e| e.flags & USED != 0).map(|e| e.port)
     }
 
     /// Removes the flow in slot `slot`, closing the gap by moving later flows of its probe
@@ -120,15 +213,15 @@ impl Fib {
     /// told of every move.
     fn remove(&mut self, slot: usize, mut moved: impl FnMut(usize, usize)) {
         let Some(e) = self.slots.get_mut(slot) else { return };
-        if !e.used {
+        if e.flags & USED == 0 {
             return;
         }
         *e = FibEntry::default();
         self.len -= 1;
         let mut hole = slot;
         let mut i = (slot + 1) & self.mask;
-        while let Some(e) = self.slots.get(i).copied().filter(|e| e.used) {
-            let home = e.hash as usize & self.mask;
+        while let Some(e) = self.slots.get(i).copied().filter(|e| e.flags & USED != 0) {
+            let home = e.tag as usize & self.mask;
             // `e` may fill the hole if its home is not cyclically in (hole, i].
             let dist_home = i.wrapping_sub(home) & self.mask;
             let dist_hole = i.wrapping_sub(hole) & self.mask;
@@ -139,6 +232,7 @@ impl Fib {
                 if let Some(x) = self.slots.get_mut(i) {
                     *x = FibEntry::default();
                 }
+                self.keys.swap(hole, i);
                 moved(i, hole);
                 hole = i;
             }
@@ -153,7 +247,7 @@ impl Fib {
             // SAFETY: a prefetch hint on a live element never faults.
             unsafe {
                 core::arch::x86_64::_mm_prefetch(
-                    e as *const FibEntry as *const i8,
+                    e as *const FibEntry<C> as *const i8,
                     core::arch::x86_64::_MM_HINT_T0,
                 )
             };
@@ -175,6 +269,12 @@ impl Fib {
     /// Slots (twice the capacity).
     pub fn slots(&self) -> usize {
         self.slots.len()
+    }
+
+    /// The flow in slot `slot`, its flags and its hot loss state.
+    fn entry_mut(&mut self, slot: usize) -> Option<(&FlowKey, u8, &mut PairHot<C>)> {
+        let e = self.slots.get_mut(slot)?;
+        Some((self.keys.get(slot)?, e.flags, &mut e.hot))
     }
 }
 
@@ -234,14 +334,12 @@ struct Meta {
     hash: u64,
 }
 
-/// Everything of the switch but the loss state, so a burst can borrow the two apart.
-struct Core {
+/// Everything of the switch but the cold loss state, so a burst can borrow the two apart.
+struct Core<C: Counter> {
     cfg: SwitchConfig,
-    fib: Fib,
+    fib: Fib<C>,
     marker: Option<Marker>,
     meta: [Meta; BURST],
-    /// Whether prefetching the loss state pays: only when it does not fit in the L2 cache.
-    prefetch_loss: bool,
     stats: SwitchStats,
     /// Flows to learn and measure (`None`: all, first come first served).
     watch: Option<Watch>,
@@ -250,39 +348,60 @@ struct Core {
     selection: Option<Selection>,
 }
 
+/// The switch's parts at one counter width: the forwarding table (with the hot loss state),
+/// and the cold loss state when the loss check is on.
+enum Inner {
+    U8(Core<u8>, Option<PairTable<u8>>),
+    U16(Core<u16>, Option<PairTable<u16>>),
+    U32(Core<u32>, Option<PairTable<u32>>),
+}
+
 /// The switch: forwarding table, optional marker, the loss state of ingress and egress.
 pub struct Switch {
-    core: Core,
-    loss: Option<AnyPairTable>,
+    inner: Inner,
+}
+
+fn parts<C: Counter>(cfg: SwitchConfig, flows: usize) -> (Core<C>, Option<PairTable<C>>) {
+    let (m, i, e) = cfg.points;
+    let fib = Fib::with_capacity(flows);
+    let loss = cfg.loss.map(|l| PairTable::new(&l, fib.slots(), (i, e)));
+    let core = Core {
+        marker: cfg.loss.filter(|_| cfg.mark).map(|l| Marker::new(&l, m)),
+        fib,
+        meta: [Meta::default(); BURST],
+        stats: SwitchStats::default(),
+        watch: None,
+        selection: None,
+        cfg,
+    };
+    (core, loss)
 }
 
 impl Switch {
-    /// A switch with an empty forwarding table sized for `flows`.
+    /// A switch with an empty forwarding table sized for `flows`. Without the loss check the
+    /// entries keep room for 8-bit loss state, so that switching it on adds no line.
     pub fn new(cfg: SwitchConfig, flows: usize) -> Self {
-        let (m, i, e) = cfg.points;
-        let fib = Fib::with_capacity(flows);
-        let loss = cfg.loss.map(|l| AnyPairTable::new(&l, fib.slots(), (i, e)));
-        // State that fits in L1/L2 is only slowed by prefetch instructions (measured with
-        // `telemark bench`: a few ns/pkt lost at 4 flows, +120 ns/pkt without it at 65 K flows).
-        let prefetch_loss = fib.slots().saturating_mul(64) > 64 * 1024;
-        Switch {
-            core: Core {
-                marker: cfg.loss.filter(|_| cfg.mark).map(|l| Marker::new(&l, m)),
-                fib,
-                meta: [Meta::default(); BURST],
-                prefetch_loss,
-                stats: SwitchStats::default(),
-                watch: None,
-                selection: None,
-                cfg,
-            },
-            loss,
-        }
+        let inner = match cfg.loss.map(|l| l.counter_bits) {
+            None | Some(8) => {
+                let (c, l) = parts(cfg, flows);
+                Inner::U8(c, l)
+            }
+            Some(16) => {
+                let (c, l) = parts(cfg, flows);
+                Inner::U16(c, l)
+            }
+            Some(_) => {
+                let (c, l) = parts(cfg, flows);
+                Inner::U32(c, l)
+            }
+        };
+        Switch { inner }
     }
 
     /// Learns and measures only the flows `watch` matches (default: all).
     pub fn with_watch(mut self, watch: Watch) -> Self {
-        self.core.watch = Some(watch).filter(|w| !w.rules.is_empty());
+        let w = Some(watch).filter(|w| !w.rules.is_empty());
+        each_core!(&mut self.inner, (core, _l) => core.watch = w);
         self
     }
 
@@ -295,30 +414,37 @@ impl Switch {
     /// forwarded on the default port and counted `unselected`. Off the per-packet path: call
     /// it between bursts, at window boundaries.
     pub fn select<S: EventSink>(&mut self, selection: Option<Selection>, sink: &mut S) {
-        if let (Some(sel), Some(loss)) = (&selection, self.loss.as_mut()) {
-            each!(loss, t => deselect(&mut self.core, t, sel, sink));
-        }
-        self.core.selection = selection;
+        each_core!(&mut self.inner, (core, loss) => {
+            if let (Some(sel), Some(t)) = (&selection, loss.as_mut()) {
+                deselect(core, t, sel, sink);
+            }
+            core.selection = selection;
+        });
     }
 
-    /// The forwarding table.
-    pub fn fib(&mut self) -> &mut Fib {
-        &mut self.core.fib
+    /// Adds or replaces a route (configuration, not learning); false when the table is full.
+    pub fn route(&mut self, key: FlowKey, port: u16) -> bool {
+        each_core!(&mut self.inner, (core, _l) => core.fib.insert(key, port))
+    }
+
+    /// Routes held.
+    pub fn routes(&self) -> usize {
+        each_core!(&self.inner, (core, _l) => core.fib.len())
     }
 
     /// Counters.
     pub fn stats(&self) -> SwitchStats {
-        self.core.stats
+        each_core!(&self.inner, (core, _l) => core.stats)
     }
 
     /// Counters of the ingress and egress points (`None` with the loss check off).
     pub fn point_stats(&self) -> Option<[PointStats; 2]> {
-        Some(each!(self.loss.as_ref()?, t => t.stats))
+        each_core!(&self.inner, (_c, loss) => loss.as_ref().map(|t| t.stats))
     }
 
     /// Flows the loss check can hold (the forwarding table's capacity).
     pub fn capacity(&self) -> usize {
-        self.core.fib.max
+        each_core!(&self.inner, (core, _l) => core.fib.max)
     }
 
     /// Processes up to [`BURST`] packets. `drop_inside` is the evaluation's hook between the
@@ -330,53 +456,59 @@ impl Switch {
         T: Tx,
         D: FnMut(&FlowKey, &Pkt) -> bool,
     {
-        match self.loss.as_mut() {
-            None => burst::<u8, _, _, _>(&mut self.core, None, pkts, sink, tx, drop_inside),
-            Some(l) => each!(l, t => burst(&mut self.core, Some(t), pkts, sink, tx, drop_inside)),
-        }
+        each_core!(&mut self.inner, (core, loss) => {
+            burst(core, loss.as_mut(), pkts, sink, tx, drop_inside)
+        })
     }
 
     /// Retires idle flows: the marker's, and the loss state of flows idle at `now` (their
     /// batches closed and reported); learned flows leave the forwarding table too. Call once
     /// per interval, off the per-packet path.
     pub fn expire<S: EventSink>(&mut self, now: u64, sink: &mut S) {
-        if let Some(m) = self.core.marker.as_mut() {
-            m.expire(now, sink);
-        }
-        let Some(loss) = self.loss.as_mut() else { return };
-        each!(loss, t => expire_flows(&mut self.core, t, now, sink));
+        each_core!(&mut self.inner, (core, loss) => {
+            if let Some(m) = core.marker.as_mut() {
+                m.expire(now, sink);
+            }
+            if let Some(t) = loss.as_mut() {
+                expire_flows(core, t, now, sink);
+            }
+        })
     }
 
     /// Closes every open batch, upstream first: the marker's, then every flow's at ingress,
     /// then at egress, each followed by `drain` so an aggregator sees them in that order (end
     /// of capture, shutdown).
     pub fn flush<S: EventSink>(&mut self, sink: &mut S, mut drain: impl FnMut(&mut S)) {
-        if let Some(m) = self.core.marker.as_mut() {
-            m.flush(sink);
-            drain(sink);
-        }
-        let Some(loss) = self.loss.as_mut() else { return };
-        for at in 0..2 {
-            for (slot, e) in self.core.fib.slots.iter().enumerate() {
-                if e.used {
-                    each!(loss, t => t.retire_point(at, slot, &e.key, sink));
-                }
+        each_core!(&mut self.inner, (core, loss) => {
+            if let Some(m) = core.marker.as_mut() {
+                m.flush(sink);
+                drain(sink);
             }
-            drain(sink);
-        }
+            let Some(t) = loss.as_mut() else { return };
+            for at in 0..2 {
+                for slot in 0..core.fib.slots() {
+                    if let Some((key, flags, hot)) = core.fib.entry_mut(slot) {
+                        if flags & USED != 0 {
+                            t.retire_point(at, hot, slot, key, sink);
+                        }
+                    }
+                }
+                drain(sink);
+            }
+        })
     }
 }
 
 fn expire_flows<C: Counter, S: EventSink>(
-    core: &mut Core,
+    core: &mut Core<C>,
     t: &mut PairTable<C>,
     now: u64,
     sink: &mut S,
 ) {
-    sweep(core, t, |e, slot, t| {
-        let idle = t.is_idle(slot, now);
+    sweep(core, t, |key, _, hot, slot, t| {
+        let idle = t.is_idle(hot, now);
         if idle {
-            t.evict(slot, &e.key, sink);
+            t.evict(hot, slot, key, sink);
         }
         idle
     });
@@ -384,32 +516,33 @@ fn expire_flows<C: Counter, S: EventSink>(
 
 /// Retires the learned flows `sel` leaves out (see [`Switch::select`]).
 fn deselect<C: Counter, S: EventSink>(
-    core: &mut Core,
+    core: &mut Core<C>,
     t: &mut PairTable<C>,
     sel: &Selection,
     sink: &mut S,
 ) {
-    sweep(core, t, |e, slot, t| {
-        let out = e.learned && !sel.contains(&e.key);
+    sweep(core, t, |key, flags, hot, slot, t| {
+        let out = flags & LEARNED != 0 && !sel.contains(key);
         if out {
-            t.cut(slot, &e.key, sink);
+            t.cut(hot, slot, key, sink);
         }
         out
     });
 }
 
-/// Walks the forwarding table: `retire(entry, slot, loss)` retires the flow's loss state when it
-/// must and says so; a retired flow the switch learned then leaves the table (backward-shift
-/// deletion moves later flows back, their loss state with them).
+/// Walks the forwarding table: `retire(key, flags, hot, slot, loss)` retires the flow's loss
+/// state when it must and says so; a retired flow the switch learned then leaves the table
+/// (backward-shift deletion moves later flows back, their loss state with them).
 fn sweep<C: Counter>(
-    core: &mut Core,
+    core: &mut Core<C>,
     t: &mut PairTable<C>,
-    mut retire: impl FnMut(&FibEntry, usize, &mut PairTable<C>) -> bool,
+    mut retire: impl FnMut(&FlowKey, u8, &mut PairHot<C>, usize, &mut PairTable<C>) -> bool,
 ) {
     let mut slot = 0;
-    while slot < core.fib.slots.len() {
-        let Some(e) = core.fib.slots.get(slot).copied() else { break };
-        if e.used && retire(&e, slot, t) && e.learned {
+    while slot < core.fib.slots() {
+        let Some((key, flags, hot)) = core.fib.entry_mut(slot) else { break };
+        let key = *key;
+        if flags & USED != 0 && retire(&key, flags, hot, slot, t) && flags & LEARNED != 0 {
             core.fib.remove(slot, |from, to| t.move_slot(from, to));
             core.stats.unlearned += 1;
             // A flow may have moved into this slot: look at it again.
@@ -422,7 +555,7 @@ fn sweep<C: Counter>(
 /// One burst, generic over the loss counters' width.
 #[inline(always)]
 fn burst<C, S, T, D>(
-    core: &mut Core,
+    core: &mut Core<C>,
     mut loss: Option<&mut PairTable<C>>,
     pkts: &mut [Pkt],
     sink: &mut S,
@@ -436,19 +569,13 @@ fn burst<C, S, T, D>(
 {
     let n = pkts.len().min(BURST);
     let link = core.cfg.link;
-    let prefetch_loss = core.prefetch_loss && loss.is_some();
-    // Pass 1: parse, hash, prefetch the flow's home slot in the table and its loss state.
+    // Pass 1: parse, hash, prefetch the flow's home slot in the table (its loss state with it).
     for (m, p) in core.meta.iter_mut().zip(pkts.iter()).take(n) {
         match flow::extract(&p.data, link) {
             Ok(parsed) => {
                 let h = flow_hash(&parsed.key);
                 *m = Meta { parsed: Some(parsed), hash: h };
                 core.fib.prefetch(h);
-                if prefetch_loss {
-                    if let Some(t) = loss.as_deref() {
-                        t.prefetch(h as usize & core.fib.mask);
-                    }
-                }
             }
             Err(r) => {
                 *m = Meta { parsed: None, hash: 0 };
@@ -488,7 +615,9 @@ fn burst<C, S, T, D>(
                         (loss.as_deref_mut(), s, core.selection.is_some())
                     {
                         // Selected flows join mid-flow.
-                        t.arm(s);
+                        if let Some((_, _, hot)) = core.fib.entry_mut(s) {
+                            t.arm(hot, s);
+                        }
                     }
                     s
                 }
@@ -507,7 +636,9 @@ fn burst<C, S, T, D>(
         let color = color_of(parsed.dscp, color_bit);
         let watched = match (loss.as_deref_mut(), slot) {
             (Some(t), Some(s)) => {
-                t.observe(0, s, &parsed.key, color, now, sink);
+                if let Some(e) = core.fib.slots.get_mut(s) {
+                    t.observe(0, &mut e.hot, s, &parsed.key, color, now, sink);
+                }
                 Some(s)
             }
             (Some(t), None) => {
@@ -527,7 +658,9 @@ fn burst<C, S, T, D>(
             continue;
         }
         if let (Some(t), Some(s)) = (loss.as_deref_mut(), watched) {
-            t.observe(1, s, &parsed.key, color, now, sink);
+            if let Some(e) = core.fib.slots.get_mut(s) {
+                t.observe(1, &mut e.hot, s, &parsed.key, color, now, sink);
+            }
         }
         send(tx, &mut core.stats, port, idx);
     }
@@ -535,9 +668,9 @@ fn burst<C, S, T, D>(
 
 #[cold]
 #[inline(never)]
-fn learn(
+fn learn<C: Counter>(
     cfg: &SwitchConfig,
-    fib: &mut Fib,
+    fib: &mut Fib<C>,
     stats: &mut SwitchStats,
     key: &FlowKey,
     hash: u64,
@@ -609,10 +742,18 @@ mod tests {
     }
 
     /// A learning switch measures flows it has never seen, from their first packet, and when
-    /// they go idle reports their last batches at both points and forgets them.
+    /// they go idle reports their last batches at both points and forgets them; at every
+    /// counter width (the hot state of 8- and 16-bit counters shares the forwarding entry's
+    /// line, 32-bit counters make the entry two lines).
     #[test]
     fn learned_flows_are_measured_then_retired_when_idle() {
-        let loss = LossConfig { idle_ns: 1_000, ..LossConfig::default() };
+        for bits in [8, 16, 32] {
+            learned_flows_at(bits);
+        }
+    }
+
+    fn learned_flows_at(counter_bits: u8) {
+        let loss = LossConfig { idle_ns: 1_000, counter_bits, ..LossConfig::default() };
         let cfg = SwitchConfig {
             link: LinkType::Ethernet,
             action: Action::NoAction,
@@ -641,12 +782,12 @@ mod tests {
         }
         assert_eq!(out.0.len(), pkts.len());
         assert!(out.0.iter().all(|(port, _)| *port == 3));
-        assert_eq!((sw.stats().learned, sw.fib().len()), (3, 3));
+        assert_eq!((sw.stats().learned, sw.routes()), (3, 3));
         // Not idle yet: nothing retired.
         sw.expire(pkts.len() as u64, &mut ev);
-        assert_eq!(sw.fib().len(), 3);
+        assert_eq!(sw.routes(), 3);
         sw.expire(pkts.len() as u64 + 5_000, &mut ev);
-        assert_eq!((sw.stats().unlearned, sw.fib().len()), (3, 0));
+        assert_eq!((sw.stats().unlearned, sw.routes()), (3, 0));
         for at in 1..=2u8 {
             for (f, n) in sizes.iter().enumerate() {
                 let counted: u32 = ev
@@ -655,7 +796,7 @@ mod tests {
                     .filter(|e| e.kind == telemark_core::loss::BatchEventKind::Closed)
                     .map(|e| e.count)
                     .sum();
-                assert_eq!(counted, *n, "flow {f} at point {at}");
+                assert_eq!(counted, *n, "flow {f} at point {at}, {counter_bits}-bit counters");
             }
         }
         let [i, e] = sw.point_stats().unwrap();
@@ -691,7 +832,7 @@ mod tests {
         }
         assert_eq!(out.0.len(), 300);
         let st = sw.stats();
-        assert_eq!((st.learned, st.unwatched, sw.fib().len()), (1, 150, 1));
+        assert_eq!((st.learned, st.unwatched, sw.routes()), (1, 150, 1));
         for (i, (p, orig)) in pkts.iter().zip(&sent).enumerate() {
             let parsed = flow::extract(&p.data, LinkType::Ethernet).unwrap();
             if i % 2 == 1 {
@@ -704,12 +845,45 @@ mod tests {
         assert!(ev.iter().all(|e| e.key == key(1)), "events for an unwatched flow");
     }
 
-    /// Random inserts and removals against a `HashMap` model: every flow the model holds is
-    /// found with its port, none it dropped is, and `moved` keeps a parallel array (as the
-    /// loss state is kept) in step with the table.
+    /// Flow `i` of three kinds: plain IPv4, IPv4 with NSH (packed in the entry), and IPv6
+    /// (compared against the side array), the IPv6 ones sharing their low bits with IPv4 ones.
+    fn mixed_key(i: u32) -> FlowKey {
+        match i % 3 {
+            0 => key(i),
+            1 => FlowKey { spi: Some(0x00ab_cdef - i), si: Some(254), ..key(i) },
+            _ => FlowKey {
+                src: IpAddr::V6(core::net::Ipv6Addr::from(u128::from(0x0a00_0000 + i))),
+                dst: IpAddr::V6(core::net::Ipv6Addr::from(0x0a09_0909u128)),
+                ..key(i)
+            },
+        }
+    }
+
+    #[test]
+    fn keys_pack_only_where_nothing_is_lost() {
+        assert!(pack(&key(1)).is_some() && pack(&mixed_key(1)).is_some());
+        assert!(pack(&mixed_key(2)).is_none(), "IPv6 goes to the side array");
+        let wide = FlowKey { spi: Some(0x0100_0000), ..key(1) };
+        assert!(pack(&wide).is_none(), "an SPI over 24 bits does not pack");
+        // Present-but-zero and absent SPI/SI differ.
+        let zero = FlowKey { spi: Some(0), si: Some(0), ..key(1) };
+        assert_ne!(pack(&zero), pack(&key(1)));
+        let mut fib = Fib::<u8>::with_capacity(8);
+        assert!(fib.insert(zero, 1) && fib.insert(key(1), 2) && fib.insert(wide, 3));
+        let port = |f: &Fib<u8>, k: &FlowKey| f.lookup(k, flow_hash(k)).and_then(|s| f.port(s));
+        assert_eq!(
+            (port(&fib, &zero), port(&fib, &key(1)), port(&fib, &wide)),
+            (Some(1), Some(2), Some(3))
+        );
+    }
+
+    /// Random inserts and removals against a `HashMap` model, over packed and side-array keys:
+    /// every flow the model holds is found with its port, none it dropped is, and `moved`
+    /// keeps a parallel array (as the cold loss state is kept) in step with the table.
     #[test]
     fn fib_removal_keeps_every_other_flow_findable() {
-        let mut fib = Fib::with_capacity(64);
+        let key = mixed_key;
+        let mut fib = Fib::<u8>::with_capacity(64);
         let mut model: HashMap<u32, u16> = HashMap::new();
         let mut side = vec![u32::MAX; fib.slots()];
         let mut rng = Rng::new(5);

@@ -1,13 +1,14 @@
-//! Both observation points of one switch (ingress and egress), kept beside the switch's own
-//! flow table instead of in two tables of their own.
+//! Both observation points of one switch (ingress and egress), kept in the switch's own flow
+//! table instead of in two tables of their own.
 //!
 //! A switch already finds every packet's flow to forward it (OvS's exact-match cache, and the
 //! per-flow `used`/packet/byte statistics it updates for every packet). The loss paper's
-//! prototype looks the flow up twice more, once per point, in tables of its own; here the
-//! switch passes the slot its lookup found, and the loss state of both points sits at the same
-//! index of a parallel array: one 64-byte line holding the hot state of ingress and egress,
-//! and a second, cold line touched once per batch. No hashing, no tag compare, no second miss,
-//! and no flow the switch forwards is refused for lack of room in a loss table.
+//! prototype looks the flow up twice more, once per point, in tables of its own. Here the hot
+//! state of both points ([`PairHot`]: 40 bytes with 8- or 16-bit counters) lives in the
+//! forwarding entry the lookup found, in the same cache line, and the switch hands it to
+//! [`PairTable`] with the entry's slot. What only the step and the late window's end touch is
+//! kept here, indexed by that slot. No hashing, no tag compare, no line the forwarding lookup
+//! did not already bring in, and no flow the switch forwards is refused for lack of room.
 //!
 //! The per-flow logic is the same as the stand-alone [`ColorTable`](super::ColorTable)'s
 //! (module `point`); only the storage differs.
@@ -17,23 +18,25 @@ use super::slots::Counter;
 use super::{EventSink, LossConfig, PointStats, Refusal, RefusedSet};
 use telemark_wire::FlowKey;
 
-/// Ingress and egress of one flow: one cache line for every counter width.
-#[repr(C, align(64))]
+/// The hot loss state of one flow at ingress and egress, held by the switch in the flow's
+/// forwarding entry: 40 bytes with 8- or 16-bit counters, 56 with 32-bit ones.
+#[repr(C)]
 #[derive(Clone, Copy, Default)]
-struct PairHot<C: Counter> {
+pub struct PairHot<C: Counter> {
     seen_ns: u64,
     pts: [Hot<C>; 2],
 }
 
-/// The loss state of a switch's two points, indexed by the switch's flow-table slot.
+/// The loss state of a switch's two points besides the hot state: the cold state, indexed by
+/// the switch's flow-table slot, and each point's constants and counters.
 pub struct PairTable<C: Counter> {
-    hot: Vec<PairHot<C>>,
     cold: Vec<[Cold; 2]>,
     params: [Params; 2],
     idle_ns: u64,
     refused: RefusedSet,
     /// Counters of the ingress (`[0]`) and egress (`[1]`) points.
     pub stats: [PointStats; 2],
+    counters: core::marker::PhantomData<C>,
 }
 
 impl<C: Counter> PairTable<C> {
@@ -41,79 +44,67 @@ impl<C: Counter> PairTable<C> {
     /// aggregator.
     pub fn new(cfg: &LossConfig, slots: usize, points: (u8, u8)) -> Self {
         PairTable {
-            hot: vec![PairHot::default(); slots],
             cold: vec![[Cold::default(); 2]; slots],
             params: [Params::new(cfg, points.0), Params::new(cfg, points.1)],
             idle_ns: cfg.idle_ns,
             refused: RefusedSet::default(),
             stats: [PointStats::default(); 2],
+            counters: core::marker::PhantomData,
         }
     }
 
-    /// Hints the CPU to bring slot `slot`'s hot line into cache.
+    /// Counts one packet of the flow in slot `slot`, whose hot state is `hot`, at point `at`
+    /// (0 ingress, 1 egress).
     #[inline(always)]
-    pub fn prefetch(&self, slot: usize) {
-        #[cfg(target_arch = "x86_64")]
-        if let Some(e) = self.hot.get(slot) {
-            // SAFETY: a prefetch hint on a live element never faults.
-            unsafe {
-                core::arch::x86_64::_mm_prefetch(
-                    e as *const PairHot<C> as *const i8,
-                    core::arch::x86_64::_MM_HINT_T0,
-                )
-            };
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = slot;
-    }
-
-    /// Counts one packet of the flow in slot `slot` at point `at` (0 ingress, 1 egress).
-    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     pub fn observe<S: EventSink>(
         &mut self,
         at: usize,
+        hot: &mut PairHot<C>,
         slot: usize,
         key: &FlowKey,
         color: u8,
         now: u64,
         sink: &mut S,
     ) {
-        let (Some(e), Some(p)) = (self.hot.get_mut(slot), self.params.get(at)) else { return };
-        e.seen_ns = now;
-        let Some(h) = e.pts.get_mut(at) else { return };
+        let Some(p) = self.params.get(at) else { return };
+        hot.seen_ns = now;
+        let Some(h) = hot.pts.get_mut(at) else { return };
         if point::fast(h, p, color, now) {
-            self.observe_slow(at, slot, key, color, now, sink);
+            self.observe_slow(at, hot, slot, key, color, now, sink);
         }
     }
 
     #[cold]
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn observe_slow<S: EventSink>(
         &mut self,
         at: usize,
+        hot: &mut PairHot<C>,
         slot: usize,
         key: &FlowKey,
         color: u8,
         now: u64,
         sink: &mut S,
     ) {
-        if let Some((h, c, p, st, _)) = self.point_mut(at, slot) {
+        if let Some((h, c, p, st, _)) = self.point_mut(at, hot, slot) {
             point::slow(h, c, key, p, st, color, now, sink);
         }
     }
 
-    /// Point `at` of slot `slot`: its hot and cold state, its constants and counters, and the
-    /// flow's last-seen time.
+    /// Point `at` of the flow in slot `slot`: its hot and cold state, its constants and
+    /// counters, and the flow's last-seen time.
     #[allow(clippy::type_complexity)]
-    fn point_mut(
-        &mut self,
+    fn point_mut<'a>(
+        &'a mut self,
         at: usize,
+        hot: &'a mut PairHot<C>,
         slot: usize,
-    ) -> Option<(&mut Hot<C>, &mut Cold, &Params, &mut PointStats, u64)> {
-        let e = self.hot.get_mut(slot)?;
-        let seen = e.seen_ns;
+    ) -> Option<(&'a mut Hot<C>, &'a mut Cold, &'a Params, &'a mut PointStats, u64)> {
+        let seen = hot.seen_ns;
         Some((
-            e.pts.get_mut(at)?,
+            hot.pts.get_mut(at)?,
             self.cold.get_mut(slot)?.get_mut(at)?,
             self.params.get(at)?,
             self.stats.get_mut(at)?,
@@ -133,111 +124,98 @@ impl<C: Counter> PairTable<C> {
 
     /// Starts watching the flow just installed in slot `slot` mid-flow: armed at both points
     /// (see `point::arm`).
-    pub fn arm(&mut self, slot: usize) {
-        self.clear(slot);
-        if let Some(e) = self.hot.get_mut(slot) {
-            for h in &mut e.pts {
-                point::arm(h);
-            }
+    pub fn arm(&mut self, hot: &mut PairHot<C>, slot: usize) {
+        self.clear(hot, slot);
+        for h in &mut hot.pts {
+            point::arm(h);
         }
     }
 
     /// Stops watching slot `slot`'s flow (active flow selection): its open batches at both
     /// points are reported cut, at the same moment, and the slot is freed.
-    pub fn cut<S: EventSink>(&mut self, slot: usize, key: &FlowKey, sink: &mut S) {
+    pub fn cut<S: EventSink>(
+        &mut self,
+        hot: &mut PairHot<C>,
+        slot: usize,
+        key: &FlowKey,
+        sink: &mut S,
+    ) {
         for at in 0..2 {
-            if let Some((h, c, p, st, seen)) = self.point_mut(at, slot) {
+            if let Some((h, c, p, st, seen)) = self.point_mut(at, hot, slot) {
                 point::retire(h, c, key, p, st, seen, Tail::Cut, sink);
                 st.deselected += 1;
             }
         }
-        self.clear(slot);
+        self.clear(hot, slot);
     }
 
-    /// Whether slot `slot` holds a flow idle for longer than the idle timeout at `now`.
-    pub fn is_idle(&self, slot: usize, now: u64) -> bool {
-        self.hot.get(slot).is_some_and(|e| {
-            e.pts.iter().any(|h| h.state & USED != 0)
-                && now.saturating_sub(e.seen_ns) > self.idle_ns
-        })
+    /// Whether `hot` holds a flow idle for longer than the idle timeout at `now`.
+    pub fn is_idle(&self, hot: &PairHot<C>, now: u64) -> bool {
+        hot.pts.iter().any(|h| h.state & USED != 0)
+            && now.saturating_sub(hot.seen_ns) > self.idle_ns
     }
 
     /// Closes and reports what slot `slot` holds at point `at` (0, 1) and frees that point.
     pub fn retire_point<S: EventSink>(
         &mut self,
         at: usize,
+        hot: &mut PairHot<C>,
         slot: usize,
         key: &FlowKey,
         sink: &mut S,
     ) {
-        if let Some((h, c, p, st, seen)) = self.point_mut(at, slot) {
+        if let Some((h, c, p, st, seen)) = self.point_mut(at, hot, slot) {
             point::retire(h, c, key, p, st, seen, Tail::End, sink);
             *h = Hot::default();
         }
     }
 
     /// Retires slot `slot` at both points, ingress first, counting it as evicted.
-    pub fn evict<S: EventSink>(&mut self, slot: usize, key: &FlowKey, sink: &mut S) {
+    pub fn evict<S: EventSink>(
+        &mut self,
+        hot: &mut PairHot<C>,
+        slot: usize,
+        key: &FlowKey,
+        sink: &mut S,
+    ) {
         for at in 0..2 {
-            self.retire_point(at, slot, key, sink);
+            self.retire_point(at, hot, slot, key, sink);
             if let Some(s) = self.stats.get_mut(at) {
                 s.evicted += 1;
             }
         }
-        self.clear(slot);
+        self.clear(hot, slot);
     }
 
-    /// Moves slot `from`'s state to `to` (the flow table moved the flow) and clears `from`.
+    /// Moves slot `from`'s cold state to `to` (the flow table moved the flow, its hot state
+    /// with it) and clears `from`.
     pub fn move_slot(&mut self, from: usize, to: usize) {
-        if let (Some(h), Some(c)) = (self.hot.get(from).copied(), self.cold.get(from).copied()) {
-            if let (Some(dh), Some(dc)) = (self.hot.get_mut(to), self.cold.get_mut(to)) {
-                *dh = h;
+        if let Some(c) = self.cold.get(from).copied() {
+            if let Some(dc) = self.cold.get_mut(to) {
                 *dc = c;
             }
         }
-        self.clear(from);
+        if let Some(c) = self.cold.get_mut(from) {
+            *c = [Cold::default(); 2];
+        }
     }
 
     /// Frees slot `slot` without reporting (its flow left the table).
-    pub fn clear(&mut self, slot: usize) {
-        if let (Some(h), Some(c)) = (self.hot.get_mut(slot), self.cold.get_mut(slot)) {
-            *h = PairHot::default();
+    pub fn clear(&mut self, hot: &mut PairHot<C>, slot: usize) {
+        *hot = PairHot::default();
+        if let Some(c) = self.cold.get_mut(slot) {
             *c = [Cold::default(); 2];
         }
     }
 
     /// Slots.
     pub fn len(&self) -> usize {
-        self.hot.len()
+        self.cold.len()
     }
 
     /// Whether the table has no slots.
     pub fn is_empty(&self) -> bool {
-        self.hot.is_empty()
-    }
-
-    /// Bytes of hot state per slot (for the prefetch decision).
-    pub const HOT_BYTES: usize = core::mem::size_of::<PairHot<C>>();
-}
-
-/// A [`PairTable`] whose counter width is chosen at run time (`--counter-bits`).
-pub enum AnyPairTable {
-    /// 8-bit counters (the paper's; B ≤ 255).
-    U8(PairTable<u8>),
-    /// 16-bit counters.
-    U16(PairTable<u16>),
-    /// 32-bit counters.
-    U32(PairTable<u32>),
-}
-
-impl AnyPairTable {
-    /// A table as `cfg.counter_bits` asks.
-    pub fn new(cfg: &LossConfig, slots: usize, points: (u8, u8)) -> Self {
-        match cfg.counter_bits {
-            8 => AnyPairTable::U8(PairTable::new(cfg, slots, points)),
-            16 => AnyPairTable::U16(PairTable::new(cfg, slots, points)),
-            _ => AnyPairTable::U32(PairTable::new(cfg, slots, points)),
-        }
+        self.cold.is_empty()
     }
 }
 
@@ -247,9 +225,10 @@ mod tests {
     use crate::loss::{test_key as key, BatchEventKind};
 
     #[test]
-    fn hot_state_of_both_points_is_one_cache_line() {
-        assert_eq!(core::mem::size_of::<PairHot<u8>>(), 64);
-        assert_eq!(core::mem::size_of::<PairHot<u32>>(), 64);
+    fn hot_state_of_both_points_leaves_room_for_a_forwarding_key_in_one_line() {
+        assert_eq!(core::mem::size_of::<PairHot<u8>>(), 40);
+        assert_eq!(core::mem::size_of::<PairHot<u16>>(), 40);
+        assert_eq!(core::mem::size_of::<PairHot<u32>>(), 56);
     }
 
     /// Against the generator's and the dropper's record: 3 interleaved flows of 12 batches of
@@ -264,6 +243,7 @@ mod tests {
         let cfg = LossConfig { threshold: 0.1, ..LossConfig::default() };
         assert_eq!((cfg.close_at(), cfg.late_limit()), (10, 56));
         let mut pair = PairTable::<u8>::new(&cfg, 8, (1, 2));
+        let mut hot = [PairHot::<u8>::default(); 8];
         let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
         let mut next = move || {
             rng ^= rng << 13;
@@ -296,17 +276,18 @@ mod tests {
                 pos[f] += 1;
                 now += 1;
                 let (k, slot, color) = (key(f as u8), f * 2, (batch % 2) as u8);
-                pair.observe(0, slot, &k, color, now, &mut ev);
+                pair.observe(0, &mut hot[slot], slot, &k, color, now, &mut ev);
                 truth[0][f][batch as usize] += 1;
                 if next() % 100 != 0 {
-                    pair.observe(1, slot, &k, color, now, &mut ev);
+                    pair.observe(1, &mut hot[slot], slot, &k, color, now, &mut ev);
                     truth[1][f][batch as usize] += 1;
                 }
             }
         }
         for at in 0..2 {
             for f in 0..3u8 {
-                pair.retire_point(at, usize::from(f) * 2, &key(f), &mut ev);
+                let slot = usize::from(f) * 2;
+                pair.retire_point(at, &mut hot[slot], slot, &key(f), &mut ev);
             }
         }
         let late = ev.iter().filter(|e| e.kind == BatchEventKind::Late && e.count > 0).count();
