@@ -76,7 +76,8 @@ const _: () = assert!(core::mem::size_of::<FibEntry<u8>>() == 64);
 const _: () = assert!(core::mem::size_of::<FibEntry<u16>>() == 64);
 
 /// `key` packed for an entry: the IPv4 5-tuple, then SPI (24 bits, as NSH carries it) and SI,
-/// with the flags saying which are present; `None` for keys that do not pack (IPv6).
+/// with the flags saying which are present; `None` for keys that do not pack (IPv6, an SPI
+/// over 24 bits).
 #[inline(always)]
 fn pack(key: &FlowKey) -> Option<([u8; 17], u8)> {
     let (core::net::IpAddr::V4(src), core::net::IpAddr::V4(dst)) = (key.src, key.dst) else {
@@ -121,9 +122,11 @@ pub struct Fib<C: Counter = u8> {
 }
 
 impl<C: Counter> Fib<C> {
-    /// A table with room for `flows` flows at a load factor ≤ 0.5.
+    /// A table with room for `flows` flows (at most 2³⁰, so that a 32-bit tag still gives the
+    /// home slot) at a load factor ≤ 0.5.
     pub fn with_capacity(flows: usize) -> Self {
-        let n = (flows.max(1) * 2).next_power_of_two();
+        let flows = flows.clamp(1, 1 << 30);
+        let n = (flows * 2).next_power_of_two();
         let none = FlowKey {
             src: core::net::IpAddr::V4(core::net::Ipv4Addr::UNSPECIFIED),
             dst: core::net::IpAddr::V4(core::net::Ipv4Addr::UNSPECIFIED),
@@ -138,7 +141,7 @@ impl<C: Counter> Fib<C> {
             keys: vec![none; n],
             mask: n - 1,
             len: 0,
-            max: flows.max(1),
+            max: flows,
         }
     }
 
