@@ -213,14 +213,20 @@ pub fn scrambled_flow(i: u64, flows: u64) -> FlowKey {
     synthetic_flow(((z >> 32) * flows.max(1)) >> 32)
 }
 
-/// Packets `first ..` of uniform traffic over `flows` flows ([`scrambled_flow`]), written into
-/// `out` as a switch's parser leaves a burst of keys in memory. Benchmarks read the keys back
-/// through [`std::hint::black_box`]: a key made on the fly and passed straight on lets the
-/// compiler fold its constant fields (one destination, port and protocol) into the code being
-/// measured, which flattered the SFCMon pipeline and the exact table by a third to a half.
-pub fn scrambled_burst(first: u64, flows: u64, out: &mut [FlowKey]) {
-    for (j, k) in out.iter_mut().enumerate() {
-        *k = scrambled_flow(first + j as u64, flows);
+/// Hands `f` the keys of packets `first .. first + n` (rounded up to whole bursts of 32) of
+/// uniform traffic over `flows` flows ([`scrambled_flow`]). Each burst is written into memory,
+/// as a switch's parser leaves it, and read back through [`std::hint::black_box`]: a key made
+/// on the fly and passed straight on lets the compiler fold its constant fields (one
+/// destination, port and protocol) into the code being measured, which flattered the SFCMon
+/// pipeline and the exact table by a third to a half.
+#[inline]
+pub fn uniform_bursts(first: u64, n: u64, flows: u64, mut f: impl FnMut(&FlowKey)) {
+    let mut burst = [scrambled_flow(0, 1); 32];
+    for at in (first..first + n).step_by(32) {
+        for (j, k) in burst.iter_mut().enumerate() {
+            *k = scrambled_flow(at + j as u64, flows);
+        }
+        std::hint::black_box(&burst).iter().for_each(&mut f);
     }
 }
 

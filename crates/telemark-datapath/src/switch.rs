@@ -77,7 +77,9 @@ const _: () = assert!(core::mem::size_of::<FibEntry<u16>>() == 64);
 
 /// `key` packed for an entry: the IPv4 5-tuple, then SPI (24 bits, as NSH carries it) and SI,
 /// with the flags saying which are present; `None` for keys that do not pack (IPv6, an SPI
-/// over 24 bits).
+/// over 24 bits). Not `KeyBytes::flow_of`, the sketches' encoding: that one keeps one NSH bit
+/// for SPI and SI together and the SPI's low 24 bits, which is right for counting but would let
+/// two different keys match here.
 #[inline(always)]
 fn pack(key: &FlowKey) -> Option<([u8; 17], u8)> {
     let (core::net::IpAddr::V4(src), core::net::IpAddr::V4(dst)) = (key.src, key.dst) else {
@@ -127,18 +129,9 @@ impl<C: Counter> Fib<C> {
     pub fn with_capacity(flows: usize) -> Self {
         let flows = flows.clamp(1, 1 << 30);
         let n = (flows * 2).next_power_of_two();
-        let none = FlowKey {
-            src: core::net::IpAddr::V4(core::net::Ipv4Addr::UNSPECIFIED),
-            dst: core::net::IpAddr::V4(core::net::Ipv4Addr::UNSPECIFIED),
-            sport: 0,
-            dport: 0,
-            proto: 0,
-            spi: None,
-            si: None,
-        };
         Fib {
             slots: vec![FibEntry::default(); n],
-            keys: vec![none; n],
+            keys: vec![FlowKey::default(); n],
             mask: n - 1,
             len: 0,
             max: flows,

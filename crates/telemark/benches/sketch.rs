@@ -15,7 +15,7 @@ use telemark_core::sketch::sfcmon::{ExactFlows, HhConfig, Sfcmon};
 use telemark_core::sketch::univmon::UnivMon;
 use telemark_core::sketch::{fast64, murmur3_32, Hasher, Hashing, KeyBytes, RowSketch};
 use telemark_core::FlowKey;
-use telemark_datapath::bench::{scrambled_burst, scrambled_flow};
+use telemark_datapath::bench::{scrambled_flow, uniform_bursts};
 
 const POOL: usize = 65_536;
 
@@ -155,27 +155,16 @@ fn pipeline(c: &mut Criterion) {
         for i in 0..flows.max(POOL as u64) {
             e.observe(&scrambled_flow(i, flows), 64);
         }
-        let mut burst = [scrambled_flow(0, 1); 32];
         g.bench_function("sfcmon", |b| {
             b.iter(|| {
-                for _ in 0..POOL / 32 {
-                    scrambled_burst(next, flows, &mut burst);
-                    next += 32;
-                    for key in black_box(&burst) {
-                        s.observe(key, 64);
-                    }
-                }
+                uniform_bursts(next, POOL as u64, flows, |key| s.observe(key, 64));
+                next += POOL as u64;
             })
         });
         g.bench_function("exact", |b| {
             b.iter(|| {
-                for _ in 0..POOL / 32 {
-                    scrambled_burst(next, flows, &mut burst);
-                    next += 32;
-                    for key in black_box(&burst) {
-                        e.observe(key, 64);
-                    }
-                }
+                uniform_bursts(next, POOL as u64, flows, |key| e.observe(key, 64));
+                next += POOL as u64;
             })
         });
         black_box((s.end_window(), e.packets()));

@@ -14,9 +14,7 @@ use telemark_core::sketch::nitro::Nitro;
 use telemark_core::sketch::sfcmon::{ExactFlows, HhConfig, Sfcmon};
 use telemark_core::sketch::univmon::UnivMon;
 use telemark_core::sketch::{Hasher, Hashing, KeyBytes, RowSketch};
-use telemark_datapath::bench::{
-    median, scrambled_burst, scrambled_flow, synthetic_flow, zipf_ranks,
-};
+use telemark_datapath::bench::{median, synthetic_flow, uniform_bursts, zipf_ranks};
 use telemark_datapath::nitro_thread;
 
 /// `telemark bench-sketch` flags.
@@ -215,23 +213,12 @@ pub fn run(a: Args) -> Result<()> {
         for (&flows, (e, sf, ex)) in a.flows.iter().zip(&mut state) {
             let base = pass * n;
             black_box(s.end_window());
-            // Keys come from memory, 32 at a time (see `scrambled_burst`).
-            let mut burst = [scrambled_flow(0, 1); 32];
+            // Keys come from memory, 32 at a time (see `uniform_bursts`).
             let t = Instant::now();
-            for at in (base..base + n).step_by(32) {
-                scrambled_burst(at, flows as u64, &mut burst);
-                for key in black_box(&burst) {
-                    s.observe(key, 64);
-                }
-            }
+            uniform_bursts(base, n, flows as u64, |key| s.observe(key, 64));
             let t_s = t.elapsed().as_nanos() as f64 / n as f64;
             let t = Instant::now();
-            for at in (base..base + n).step_by(32) {
-                scrambled_burst(at, flows as u64, &mut burst);
-                for key in black_box(&burst) {
-                    e.observe(key, 64);
-                }
-            }
+            uniform_bursts(base, n, flows as u64, |key| e.observe(key, 64));
             let t_e = t.elapsed().as_nanos() as f64 / n as f64;
             // Pass 0 warms up (fills the exact table).
             if pass > 0 {

@@ -141,8 +141,9 @@ impl<C: Counter> PairTable<C> {
         sink: &mut S,
     ) {
         for at in 0..2 {
-            if let Some((h, c, p, st, seen)) = self.point_mut(at, hot, slot) {
-                point::retire(h, c, key, p, st, seen, Tail::Cut, sink);
+            if let (true, Some(st)) =
+                (self.close(at, hot, slot, key, Tail::Cut, sink), self.stats.get_mut(at))
+            {
                 st.deselected += 1;
             }
         }
@@ -164,10 +165,24 @@ impl<C: Counter> PairTable<C> {
         key: &FlowKey,
         sink: &mut S,
     ) {
-        if let Some((h, c, p, st, seen)) = self.point_mut(at, hot, slot) {
-            point::retire(h, c, key, p, st, seen, Tail::End, sink);
-            *h = Hot::default();
-        }
+        self.close(at, hot, slot, key, Tail::End, sink);
+    }
+
+    /// Closes and reports point `at` of slot `slot` as `tail` says and frees that point; false
+    /// if there is no such point.
+    fn close<S: EventSink>(
+        &mut self,
+        at: usize,
+        hot: &mut PairHot<C>,
+        slot: usize,
+        key: &FlowKey,
+        tail: Tail,
+        sink: &mut S,
+    ) -> bool {
+        let Some((h, c, p, st, seen)) = self.point_mut(at, hot, slot) else { return false };
+        point::retire(h, c, key, p, st, seen, tail, sink);
+        *h = Hot::default();
+        true
     }
 
     /// Retires slot `slot` at both points, ingress first, counting it as evicted.
@@ -179,9 +194,10 @@ impl<C: Counter> PairTable<C> {
         sink: &mut S,
     ) {
         for at in 0..2 {
-            self.retire_point(at, hot, slot, key, sink);
-            if let Some(s) = self.stats.get_mut(at) {
-                s.evicted += 1;
+            if let (true, Some(st)) =
+                (self.close(at, hot, slot, key, Tail::End, sink), self.stats.get_mut(at))
+            {
+                st.evicted += 1;
             }
         }
         self.clear(hot, slot);
