@@ -67,6 +67,8 @@ struct Events {
     tx: Producer<BatchEvent>,
     rx: Consumer<BatchEvent>,
     dropped: u64,
+    /// Events drained so far.
+    drained: u64,
 }
 
 impl EventSink for Events {
@@ -81,10 +83,14 @@ impl EventSink for Events {
 /// One prepared benchmark case.
 pub struct Case {
     switch: Switch,
+    keys: Vec<FlowKey>,
+    frame_len: usize,
     pool: Vec<Pkt>,
     /// Flow of each pool packet, and each flow's packets so far (for its colors).
     flow_of: Vec<u32>,
     sent: Vec<u64>,
+    /// Time of the next packet.
+    clock: u64,
     rings: Rings,
     events: Events,
 }
@@ -92,11 +98,16 @@ pub struct Case {
 /// Packets in the in-memory pool cycled through by every pass.
 pub const POOL: usize = 8192;
 
+/// The batch size the benchmark's traffic is marked with: the loss check's default, and the
+/// paper's for its overhead runs (Sec. V-B).
+pub const MARK_B: u32 = 100;
+
 impl Case {
-    /// `flows` active flows (uniformly interleaved), frames of `frame_len` bytes.
+    /// `flows` active flows (uniformly interleaved), frames of `frame_len` bytes, every flow
+    /// already in steady state (see [`Case::warm`]).
     pub fn new(variant: Variant, flows: usize, frame_len: usize, seed: u64) -> Case {
         let loss = matches!(variant, Variant::LossCheck | Variant::DecTtlLossCheck)
-            .then(|| LossConfig { idle_ns: u64::MAX / 2, ..LossConfig::default() });
+            .then(|| LossConfig { idle_ns: u64::MAX / 2, batch: MARK_B, ..LossConfig::default() });
         let action = match variant {
             Variant::DecTtl | Variant::DecTtlLossCheck => Action::DecTtl,
             _ => Action::NoAction,
@@ -115,30 +126,109 @@ impl Case {
         for (i, k) in keys.iter().enumerate() {
             switch.route(*k, 1 + (i % 2) as u16);
         }
-        let payload = frame_len.saturating_sub(14 + 20 + 8).max(18);
-        let mut rng = Rng::new(seed);
-        let flow_of: Vec<u32> =
-            (0..POOL.max(flows)).map(|_| rng.below(flows as u64) as u32).collect();
-        let pool = flow_of
+        let (rings, events) = outputs();
+        let mut case = Case {
+            switch,
+            keys,
+            frame_len,
+            pool: Vec::new(),
+            flow_of: Vec::new(),
+            sent: vec![0; flows],
+            clock: 0,
+            rings,
+            events,
+        };
+        case.warm(&mut Rng::new(seed));
+        case.deal(seed);
+        case
+    }
+
+    /// A copy of this case, tables and flow state included, in memory of its own and with a
+    /// new packet order drawn from `seed`. Two instances of the same pipeline differ by up to
+    /// 22 % depending on where their packets and tables land (docs/overhead.md), so every
+    /// round of [`measure`] times fresh copies of one warmed case.
+    pub fn fork(&self, seed: u64) -> Case {
+        let (rings, events) = outputs();
+        let mut case = Case {
+            switch: self.switch.clone(),
+            keys: self.keys.clone(),
+            frame_len: self.frame_len,
+            pool: Vec::new(),
+            flow_of: Vec::new(),
+            sent: self.sent.clone(),
+            clock: self.clock,
+            rings,
+            events,
+        };
+        case.deal(seed);
+        case
+    }
+
+    /// Brings every flow into steady state, untimed: each is placed at a random point of its
+    /// marking period, past its first step, as long-running flows are. Started from nothing,
+    /// a timed pass's few packets per flow (8 at 1,024 flows, 1 at 65,536) never reach a
+    /// color change, and the benchmark would time only the cheapest case of the loss check:
+    /// no step, no late window, no early packets of the next batch. Each flow gets the
+    /// packets from just before the last step ahead of its point, interleaved with the other
+    /// flows' in bursts, 81 a flow on average.
+    fn warm(&mut self, rng: &mut Rng) {
+        let b = u64::from(MARK_B);
+        let close_at = u64::from(LossConfig { batch: MARK_B, ..LossConfig::default() }.close_at());
+        let mut left: Vec<u64> = Vec::with_capacity(self.keys.len());
+        for n in &mut self.sent {
+            let at = 2 * b + rng.below(2 * b);
+            let from = (at - close_at) / b * b - 1;
+            *n = from;
+            left.push(at - from);
+        }
+        let templates: Vec<Vec<u8>> = self.keys.iter().map(|k| self.frame(k)).collect();
+        let mut burst: Vec<Pkt> = Vec::with_capacity(BURST);
+        let mut flows: Vec<usize> = (0..self.keys.len()).collect();
+        while !flows.is_empty() {
+            flows.retain(|&f| left[f] > 0);
+            for &f in &flows {
+                left[f] -= 1;
+                let mut data = templates[f].clone();
+                self.sent[f] = recolor(&mut data, self.sent[f]);
+                burst.push(Pkt { ts_ns: self.clock, data, seq: self.clock, batch: None });
+                self.clock += 1;
+                if burst.len() == BURST {
+                    self.run(&mut burst);
+                }
+            }
+        }
+        self.run(&mut burst);
+    }
+
+    /// Processes and drains `pkts` untimed, then empties it.
+    fn run(&mut self, pkts: &mut Vec<Pkt>) {
+        self.switch.process(pkts, &mut self.events, &mut self.rings, |_, _| false);
+        for r in &self.rings.rx {
+            while r.pop().is_some() {}
+        }
+        while self.events.rx.pop().is_some() {}
+        pkts.clear();
+    }
+
+    fn frame(&self, key: &FlowKey) -> Vec<u8> {
+        build_frame(key, self.frame_len.saturating_sub(14 + 20 + 8).max(18), 0, 255)
+    }
+
+    /// A new pool of packets in an order drawn from `seed`: uniform over the flows.
+    fn deal(&mut self, seed: u64) {
+        let mut rng = Rng::new(seed ^ 0x5eed);
+        let flows = self.keys.len() as u64;
+        self.flow_of = (0..POOL.max(self.keys.len())).map(|_| rng.below(flows) as u32).collect();
+        self.pool = self
+            .flow_of
             .iter()
-            .enumerate()
-            .map(|(i, f)| Pkt {
-                ts_ns: i as u64,
-                data: build_frame(&keys[*f as usize], payload, 0, 255),
-                seq: i as u64,
+            .map(|f| Pkt {
+                ts_ns: 0,
+                data: self.frame(&self.keys[*f as usize]),
+                seq: 0,
                 batch: None,
             })
             .collect();
-        let (tx, rx): (Vec<_>, Vec<_>) = (0..3).map(|_| spsc::channel::<u32>(BURST * 2)).unzip();
-        let (etx, erx) = spsc::channel(4096);
-        Case {
-            switch,
-            pool,
-            flow_of,
-            sent: vec![0; flows],
-            rings: Rings { tx, rx, full: 0 },
-            events: Events { tx: etx, rx: erx, dropped: 0 },
-        }
     }
 
     /// Runs the whole pool through the switch once; returns (packets, nanoseconds).
@@ -153,27 +243,23 @@ impl Case {
                     n += u64::from(i < BURST as u32);
                 }
             }
-            while self.events.rx.pop().is_some() {}
+            while self.events.rx.pop().is_some() {
+                self.events.drained += 1;
+            }
         }
         (n, start.elapsed().as_nanos() as u64)
     }
 
     /// Untimed, before every pass and for every variant alike: colors each packet as a first
-    /// hop marking its flow with B = 100 would (so batches close at the real rate, once per 100
-    /// packets of a flow), and restores the TTL that `dec_ttl` took.
+    /// hop marking its flow with B = [`MARK_B`] would (so batches close at the real rate, once
+    /// per B packets of a flow), and restores the TTL that `dec_ttl` took.
     fn prepare(&mut self) {
         for (p, f) in self.pool.iter_mut().zip(&self.flow_of) {
             let Some(n) = self.sent.get_mut(*f as usize) else { continue };
-            let color = ((*n / 100) & 1) as u8;
-            *n += 1;
-            p.ts_ns += POOL as u64;
-            if let Some(ip) = p.data.get_mut(14..34) {
-                if let Ok(mut v) = telemark_wire::ipv4::Packet::new_lenient(ip) {
-                    v.set_ttl(255);
-                    v.set_tos(color, 0);
-                    v.fill_checksum();
-                }
-            }
+            *n = recolor(&mut p.data, *n);
+            p.ts_ns = self.clock;
+            p.seq = self.clock;
+            self.clock += 1;
         }
     }
 
@@ -186,6 +272,34 @@ impl Case {
     pub fn lost(&self) -> u64 {
         self.switch.stats().dropped + self.rings.full + self.events.dropped
     }
+}
+
+/// Colors an IPv4 frame as packet number `n` of its flow (B = [`MARK_B`]) and restores its
+/// TTL; returns `n + 1`.
+fn recolor(data: &mut [u8], n: u64) -> u64 {
+    let color = ((n / u64::from(MARK_B)) & 1) as u8;
+    if let Some(ip) = data.get_mut(14..34) {
+        if let Ok(mut v) = telemark_wire::ipv4::Packet::new_lenient(ip) {
+            v.set_ttl(255);
+            v.set_tos(color, 0);
+            v.fill_checksum();
+        }
+    }
+    n + 1
+}
+
+/// Slots of a case's event ring.
+pub const EVENT_RING: usize = 512;
+
+/// Output rings and the event ring of a case.
+fn outputs() -> (Rings, Events) {
+    let (tx, rx): (Vec<_>, Vec<_>) = (0..3).map(|_| spsc::channel::<u32>(BURST * 2)).unzip();
+    // The aggregator here drains the ring after every burst, so the ring never holds more
+    // than a burst's events (one per batch closed, at most a few per packet). A ring far
+    // larger than that only walks the same events through more memory: at 4,096 slots, 320 KB
+    // of 80-byte records, each written to a line long evicted (docs/overhead.md).
+    let (etx, erx) = spsc::channel(EVENT_RING);
+    (Rings { tx, rx, full: 0 }, Events { tx: etx, rx: erx, dropped: 0, drained: 0 })
 }
 
 /// The i-th of a family of distinct UDP flows (benchmarks' traffic).
@@ -278,23 +392,22 @@ impl Row {
 }
 
 /// Measures every variant for one (flows, frame length) point, interleaving the variants
-/// round by round so that machine noise hits them alike: each round builds every variant
-/// afresh, warms it with one pass and times the next; the median of `rounds` is reported.
+/// round by round so that machine noise hits them alike: each variant is built and warmed once
+/// ([`Case::new`]); each round times a fresh copy of each ([`Case::fork`], a new packet order
+/// the same for every variant) after one untimed pass; the median of `rounds` is reported.
 pub fn measure(flows: usize, frame_len: usize, rounds: usize) -> Row {
+    let warmed: Vec<Case> =
+        Variant::ALL.iter().map(|v| Case::new(*v, flows, frame_len, 42)).collect();
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); Variant::ALL.len()];
     let mut refused = 0;
     for round in 0..rounds {
-        // Fresh instances every round, with a new packet order each (the same for every
-        // variant): two instances of `no_action` differed by up to 22 % (0.785 to 1.04)
-        // depending on where their packets and tables landed in memory, which one set of
-        // instances reports as a difference between variants. Over fresh instances it is noise
+        // Fresh copies every round: two instances of `no_action` differed by up to 22 % (0.785
+        // to 1.04) depending on where their packets and tables landed in memory, which one set
+        // of instances reports as a difference between variants. Over fresh copies it is noise
         // the median removes: identical variants then agree within 2.2 %.
-        let mut cases: Vec<Case> = Variant::ALL
-            .iter()
-            .map(|v| Case::new(*v, flows, frame_len, 42 + round as u64))
-            .collect();
+        let mut cases: Vec<Case> = warmed.iter().map(|c| c.fork(1 + round as u64)).collect();
         for c in cases.iter_mut() {
-            c.pass(); // warm caches and tables
+            c.pass(); // warm caches
         }
         for (c, s) in cases.iter_mut().zip(samples.iter_mut()) {
             let (n, ns) = c.pass();
@@ -327,6 +440,26 @@ mod tests {
                 "{v:?}"
             );
             assert_eq!(c.switch.stats().fib_miss, 0);
+        }
+    }
+
+    #[test]
+    fn the_loss_check_meets_steps_at_their_real_rate() {
+        // Each point closes a batch (one `Closed` event; nothing is late here) once per MARK_B
+        // packets of a flow; flows in steady state meet that rate even when a pass gives each
+        // only a few packets. Before the flows were warmed to steady state, this count was 0 at
+        // 1,024 flows and more.
+        for flows in [1024, 65_536] {
+            let mut c = Case::new(Variant::LossCheck, flows, 64, 7);
+            c.pass();
+            let before = c.events.drained;
+            let (n, _) = c.pass();
+            let events = c.events.drained - before;
+            let expected = 2.0 * n as f64 / f64::from(MARK_B);
+            assert!(
+                (events as f64) > 0.5 * expected && (events as f64) < 1.5 * expected,
+                "{flows} flows: {events} events in {n} packets, expected about {expected}"
+            );
         }
     }
 }

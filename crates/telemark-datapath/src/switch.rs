@@ -114,6 +114,7 @@ fn words(k: &[u8; 17]) -> (u128, u8) {
 /// line per entry holding the flow's hot loss state too, sized at start-up (like OvS's
 /// exact-match cache). The slot a lookup finds also indexes the flow's cold loss state
 /// ([`PairTable`]).
+#[derive(Clone)]
 pub struct Fib<C: Counter = u8> {
     slots: Vec<FibEntry<C>>,
     /// Every slot's full key: compared for keys that do not pack, read by sweeps and flushes.
@@ -331,6 +332,7 @@ struct Meta {
 }
 
 /// Everything of the switch but the cold loss state, so a burst can borrow the two apart.
+#[derive(Clone)]
 struct Core<C: Counter> {
     cfg: SwitchConfig,
     fib: Fib<C>,
@@ -346,6 +348,7 @@ struct Core<C: Counter> {
 
 /// The switch's parts at one counter width: the forwarding table (with the hot loss state),
 /// and the cold loss state when the loss check is on.
+#[derive(Clone)]
 enum Inner {
     U8(Core<u8>, Option<PairTable<u8>>),
     U16(Core<u16>, Option<PairTable<u16>>),
@@ -353,6 +356,7 @@ enum Inner {
 }
 
 /// The switch: forwarding table, optional marker, the loss state of ingress and egress.
+#[derive(Clone)]
 pub struct Switch {
     inner: Inner,
 }

@@ -28,6 +28,7 @@ impl Slot for MarkEntry {
 /// Count-based (B packets per color, the loss paper) or time-based (period T, RFC 9341)
 /// marker. It reports each batch it marked as a closed batch of its own point, so the
 /// aggregator knows exactly how many packets each batch started with.
+#[derive(Clone)]
 pub struct Marker {
     slots: Vec<MarkEntry>,
     keys: Vec<FlowKey>,

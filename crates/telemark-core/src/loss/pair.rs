@@ -19,18 +19,31 @@ use super::{EventSink, LossConfig, PointStats, Refusal, RefusedSet};
 use telemark_wire::FlowKey;
 
 /// The hot loss state of one flow at ingress and egress, held by the switch in the flow's
-/// forwarding entry: 40 bytes with 8- or 16-bit counters, 56 with 32-bit ones.
+/// forwarding entry: 32 bytes with 8-bit counters, 40 with 16-bit ones, 48 with 32-bit ones.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct PairHot<C: Counter> {
-    seen_ns: u64,
     pts: [Hot<C>; 2],
 }
 
+impl<C: Counter> PairHot<C> {
+    /// The flow's last packet at either point.
+    fn seen_ns(&self) -> u64 {
+        self.pts.iter().map(Hot::last).max().unwrap_or(0)
+    }
+}
+
+/// Both points' cold state of one flow, in a line of its own: the packet that visits the slow
+/// path at ingress usually does at egress too.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Default)]
+struct ColdPair([Cold; 2]);
+
 /// The loss state of a switch's two points besides the hot state: the cold state, indexed by
 /// the switch's flow-table slot, and each point's constants and counters.
+#[derive(Clone)]
 pub struct PairTable<C: Counter> {
-    cold: Vec<[Cold; 2]>,
+    cold: Vec<ColdPair>,
     params: [Params; 2],
     idle_ns: u64,
     refused: RefusedSet,
@@ -44,7 +57,7 @@ impl<C: Counter> PairTable<C> {
     /// aggregator.
     pub fn new(cfg: &LossConfig, slots: usize, points: (u8, u8)) -> Self {
         PairTable {
-            cold: vec![[Cold::default(); 2]; slots],
+            cold: vec![ColdPair::default(); slots],
             params: [Params::new(cfg, points.0), Params::new(cfg, points.1)],
             idle_ns: cfg.idle_ns,
             refused: RefusedSet::default(),
@@ -67,10 +80,8 @@ impl<C: Counter> PairTable<C> {
         now: u64,
         sink: &mut S,
     ) {
-        let Some(p) = self.params.get(at) else { return };
-        hot.seen_ns = now;
         let Some(h) = hot.pts.get_mut(at) else { return };
-        if point::fast(h, p, color, now) {
+        if point::fast(h, color, now) {
             self.observe_slow(at, hot, slot, key, color, now, sink);
         }
     }
@@ -88,27 +99,25 @@ impl<C: Counter> PairTable<C> {
         now: u64,
         sink: &mut S,
     ) {
-        if let Some((h, c, p, st, _)) = self.point_mut(at, hot, slot) {
+        if let Some((h, c, p, st)) = self.point_mut(at, hot, slot) {
             point::slow(h, c, key, p, st, color, now, sink);
         }
     }
 
     /// Point `at` of the flow in slot `slot`: its hot and cold state, its constants and
-    /// counters, and the flow's last-seen time.
+    /// counters.
     #[allow(clippy::type_complexity)]
     fn point_mut<'a>(
         &'a mut self,
         at: usize,
         hot: &'a mut PairHot<C>,
         slot: usize,
-    ) -> Option<(&'a mut Hot<C>, &'a mut Cold, &'a Params, &'a mut PointStats, u64)> {
-        let seen = hot.seen_ns;
+    ) -> Option<(&'a mut Hot<C>, &'a mut Cold, &'a Params, &'a mut PointStats)> {
         Some((
             hot.pts.get_mut(at)?,
-            self.cold.get_mut(slot)?.get_mut(at)?,
+            self.cold.get_mut(slot)?.0.get_mut(at)?,
             self.params.get(at)?,
             self.stats.get_mut(at)?,
-            seen,
         ))
     }
 
@@ -153,7 +162,7 @@ impl<C: Counter> PairTable<C> {
     /// Whether `hot` holds a flow idle for longer than the idle timeout at `now`.
     pub fn is_idle(&self, hot: &PairHot<C>, now: u64) -> bool {
         hot.pts.iter().any(|h| h.state & USED != 0)
-            && now.saturating_sub(hot.seen_ns) > self.idle_ns
+            && now.saturating_sub(hot.seen_ns()) > self.idle_ns
     }
 
     /// Closes and reports what slot `slot` holds at point `at` (0, 1) and frees that point.
@@ -179,8 +188,8 @@ impl<C: Counter> PairTable<C> {
         tail: Tail,
         sink: &mut S,
     ) -> bool {
-        let Some((h, c, p, st, seen)) = self.point_mut(at, hot, slot) else { return false };
-        point::retire(h, c, key, p, st, seen, tail, sink);
+        let Some((h, c, p, st)) = self.point_mut(at, hot, slot) else { return false };
+        point::retire(h, c, key, p, st, tail, sink);
         *h = Hot::default();
         true
     }
@@ -212,7 +221,7 @@ impl<C: Counter> PairTable<C> {
             }
         }
         if let Some(c) = self.cold.get_mut(from) {
-            *c = [Cold::default(); 2];
+            *c = ColdPair::default();
         }
     }
 
@@ -220,7 +229,7 @@ impl<C: Counter> PairTable<C> {
     pub fn clear(&mut self, hot: &mut PairHot<C>, slot: usize) {
         *hot = PairHot::default();
         if let Some(c) = self.cold.get_mut(slot) {
-            *c = [Cold::default(); 2];
+            *c = ColdPair::default();
         }
     }
 
@@ -242,9 +251,9 @@ mod tests {
 
     #[test]
     fn hot_state_of_both_points_leaves_room_for_a_forwarding_key_in_one_line() {
-        assert_eq!(core::mem::size_of::<PairHot<u8>>(), 40);
+        assert_eq!(core::mem::size_of::<PairHot<u8>>(), 32);
         assert_eq!(core::mem::size_of::<PairHot<u16>>(), 40);
-        assert_eq!(core::mem::size_of::<PairHot<u32>>(), 56);
+        assert_eq!(core::mem::size_of::<PairHot<u32>>(), 48);
     }
 
     /// Against the generator's and the dropper's record: 3 interleaved flows of 12 batches of

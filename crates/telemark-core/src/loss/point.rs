@@ -3,9 +3,14 @@
 //! [`PairTable`](super::PairTable) (both points of a switch, beside its flow table).
 //!
 //! A flow's state at a point is split in two: [`Hot`], what almost every packet reads and
-//! writes (state bits, the two color counters, the late counter, the last packet's time), and
-//! [`Cold`], what only the step, the late window's end and the first early packet touch. The
-//! hot part of both points of a switch fits in one cache line with room to spare.
+//! writes (state bits, each color's budget, the counters, the last packet's time), and
+//! [`Cold`], what only the step and the first packet of the next batch touch. The hot part of
+//! both points of a switch fits in a cache line beside the forwarding entry's key.
+//!
+//! A packet takes the hot path ([`fast`]) when it changes nothing but its counter and the
+//! time; which packets do is worked out by the slow path when it last looked at the flow, and
+//! left as a per-color budget ([`rearm`]). So the hot path does not classify packets: it
+//! spends. Every other packet goes through [`slow`], the state machine proper.
 
 use super::slots::Counter;
 use super::{BatchEvent, BatchEventKind, EventSink, LossConfig, PointStats};
@@ -28,16 +33,35 @@ pub(crate) const ARM_BATCHES: u32 = 2;
 /// Index of the late counter in [`Hot::c`].
 pub(crate) const LATE: usize = 2;
 
-/// What nearly every packet touches.
+/// What nearly every packet touches: 16 bytes with 8-bit counters, 20 with 16-bit ones (the
+/// time is kept as two 32-bit halves so that nothing aligns the state to 8 bytes), so that
+/// both points fit beside a forwarding key in one cache line.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Hot<C: Counter> {
     pub state: u8,
+    /// Packets of each color [`fast`] may still take (see [`rearm`]).
+    pub left: [u8; 2],
     /// `c[open]`: the open batch; `c[other]`: early packets of the next batch; `c[LATE]`: late
     /// packets of the batch closed last.
     pub c: [C; 3],
-    /// Time of the open batch's last packet.
-    pub last_ns: u64,
+    /// [`Hot::last`], low half first.
+    last: [u32; 2],
+}
+
+impl<C: Counter> Hot<C> {
+    /// Time of the point's last packet, late ones aside: the open batch's last until the next
+    /// batch's first packet, then that batch's (the open batch's is kept in [`Cold`]). It is
+    /// also the flow's last-seen time for idle timeouts.
+    #[inline(always)]
+    pub fn last(&self) -> u64 {
+        u64::from(self.last[0]) | u64::from(self.last[1]) << 32
+    }
+
+    #[inline(always)]
+    pub fn set_last(&mut self, t: u64) {
+        self.last = [t as u32, (t >> 32) as u32];
+    }
 }
 
 /// What only the slow path touches.
@@ -47,6 +71,8 @@ pub(crate) struct Cold {
     pub ordinal: u32,
     pub first_ns: u64,
     pub next_first_ns: u64,
+    /// Time of the open batch's last packet, kept once the next batch has begun.
+    pub open_last_ns: u64,
 }
 
 /// A point's constants, derived once from the [`LossConfig`].
@@ -71,54 +97,84 @@ impl Params {
     }
 }
 
-/// The hot path of a count-based point: a packet of the open batch, a late packet, or an
-/// early packet of the next batch short of the step, none of which emits an event. Anything
-/// else (first packet, the step, the late window's end, time-based periods) returns true (go
-/// to [`slow`]) before changing anything. Late packets are added to the point's statistics
-/// when their window ends, so this path touches nothing but the flow's own line.
+/// The hot path of a count-based point: a packet of the open batch, or an early packet of the
+/// next batch short of the step, neither of which emits an event. Anything else (first
+/// packet, the first packet of the next batch, the step, late packets, time-based periods)
+/// returns true (go to [`slow`]) before changing anything.
+///
+/// It does not look at the state: a packet here counts for its own color and moves the time,
+/// as long as its color has budget left. Flows in steady state take the open batch's packets
+/// and the next batch's early packets in turn, and telling the two apart packet by packet
+/// (with the late window, a third kind) was a branch taken at random across interleaved flows
+/// and mispredicted, about once per packet per point (docs/overhead.md).
 #[inline(always)]
-pub(crate) fn fast<C: Counter>(h: &mut Hot<C>, p: &Params, color: u8, now: u64) -> bool {
-    let s = h.state;
-    if s & USED == 0 || p.period_ns.is_some() {
+pub(crate) fn fast<C: Counter>(h: &mut Hot<C>, color: u8, now: u64) -> bool {
+    let k = usize::from(color & 1);
+    let Some(left) = h.left.get_mut(k) else { return true };
+    if *left == 0 {
         return true;
     }
-    let open = (s & OPEN_COLOR) / OPEN_COLOR;
-    let o = usize::from(open);
-    let in_window = s & LATE_WINDOW != 0;
-    if color & 1 == open {
-        if in_window {
-            if h.c[o].get() + 1 >= p.late_limit {
-                return true;
-            }
-        } else if h.c[o ^ 1].get() != 0 {
-            // The open color again after early packets of the next batch: late packets, or a
-            // batch after the next one (see `resumed`).
-            return true;
-        }
-        h.c[o].inc();
-        h.last_ns = now;
-        return false;
+    *left -= 1;
+    if let Some(c) = h.c.get_mut(k) {
+        c.inc();
     }
-    if in_window {
-        if h.c[o].get() < p.late_limit && h.c[LATE].get() + 1 < p.close_at {
-            h.c[LATE].inc();
-            return false;
-        }
-        return true;
-    }
-    let x = o ^ 1;
-    let next = h.c[x].get();
-    if next != 0 && next + 1 < p.close_at {
-        h.c[x].inc();
-        return false;
-    }
-    true
+    h.set_last(now);
+    false
 }
 
-/// Every case of one packet at one point, the step included.
+/// Sets the budgets [`fast`] spends: for each color, how many more of its packets change
+/// nothing but their counter and the time, so that the packet after them is the first the
+/// slow path must see. Each flow's events are those of the state machine run packet by packet
+/// (the equivalence test in this module runs both):
+/// - not in use, or time-based periods: none (every packet needs the clock);
+/// - in the late window: the open color without limit (255 at a time); the other none. A late
+///   packet (only reordering makes one) is counted by the slow path, and the first packet of
+///   the other color after the window's end ends the window there: the window needs no visit
+///   of its own, and its `Late` event goes out with that packet, before any other event of
+///   the flow at this point;
+/// - outside it, before any early packet: the open color without limit; the other none, as
+///   its first packet opens the next batch;
+/// - after early packets: the open color none (a resumed batch); the other until the step.
+///
+/// Per batch, the slow path sees two packets: the next batch's first, and the step.
+#[inline]
+pub(crate) fn rearm<C: Counter>(h: &mut Hot<C>, p: &Params) {
+    let until = |limit: u32, have: u32| limit.saturating_sub(have.saturating_add(1)).min(255) as u8;
+    if h.state & USED == 0 || p.period_ns.is_some() {
+        h.left = [0; 2];
+        return;
+    }
+    let o = usize::from((h.state & OPEN_COLOR) / OPEN_COLOR);
+    let next = h.c[o ^ 1].get();
+    let (for_open, for_next) = if h.state & LATE_WINDOW != 0 || next == 0 {
+        (255, 0)
+    } else {
+        (0, until(p.close_at, next))
+    };
+    h.left = if o == 0 { [for_open, for_next] } else { [for_next, for_open] };
+}
+
+/// Every case of one packet at one point, the step included; then the budgets for what comes
+/// next.
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn slow<C: Counter, S: EventSink>(
+    h: &mut Hot<C>,
+    c: &mut Cold,
+    key: &FlowKey,
+    p: &Params,
+    stats: &mut PointStats,
+    color: u8,
+    now: u64,
+    sink: &mut S,
+) {
+    advance(h, c, key, p, stats, color, now, sink);
+    rearm(h, p);
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn advance<C: Counter, S: EventSink>(
     h: &mut Hot<C>,
     c: &mut Cold,
     key: &FlowKey,
@@ -136,6 +192,12 @@ pub(crate) fn slow<C: Counter, S: EventSink>(
         *c = Cold { first_ns: now, ..Cold::default() };
         stats.admitted += 1;
     }
+    // The late window ends once the open batch holds `late_limit` packets (count-based), or
+    // half a period in (time-based). The hot path lets the open color run past that point, so
+    // this packet may be the first to find the window over.
+    if h.state & LATE_WINDOW != 0 && !in_late_window(h, c, p, now) {
+        end_late_window(h, c, key, p.point, stats, sink);
+    }
     let open = (h.state & OPEN_COLOR) / OPEN_COLOR;
     let o = usize::from(open);
     if color == open && p.period_ns.is_none() && h.state & LATE_WINDOW == 0 && h.c[o ^ 1].get() != 0
@@ -145,28 +207,25 @@ pub(crate) fn slow<C: Counter, S: EventSink>(
     }
     if color == open {
         h.c[o].inc();
-        h.last_ns = now;
-        if h.state & LATE_WINDOW != 0 && !in_late_window(h, c, p, now) {
-            end_late_window(h, c, key, p.point, stats, sink);
-        }
+        h.set_last(now);
         return;
     }
     if h.state & LATE_WINDOW != 0 {
-        if in_late_window(h, c, p, now) {
-            h.c[LATE].inc();
-            if p.period_ns.is_none() && h.c[LATE].get() >= p.close_at {
-                late_step(h, c, key, p, stats, now, sink);
-            }
-            return;
+        // Inside the window (it was ended above otherwise): a late packet.
+        h.c[LATE].inc();
+        if p.period_ns.is_none() && h.c[LATE].get() >= p.close_at {
+            late_step(h, c, key, p, stats, now, sink);
         }
-        end_late_window(h, c, key, p.point, stats, sink);
+        return;
     }
     // An early packet of the next batch.
     let x = o ^ 1;
     if h.c[x].get() == 0 {
         c.next_first_ns = now;
+        c.open_last_ns = h.last();
     }
     h.c[x].inc();
+    h.set_last(now);
     let step = match p.period_ns {
         None => h.c[x].get() >= p.close_at,
         Some(_) => now.saturating_sub(c.next_first_ns) >= p.close_after_ns,
@@ -174,7 +233,7 @@ pub(crate) fn slow<C: Counter, S: EventSink>(
     if step {
         // Packets of the open color that came between the early ones were its late packets.
         fold_resumed(h, o);
-        report(h, stats, sink, closed(h, c, key, p.point, false, Tail::No, now));
+        report(h, stats, sink, closed(h, c, key, p.point, false, Tail::No));
         let first = c.next_first_ns;
         open_batch(h, c, color, h.c[x], 1, first, now);
     }
@@ -204,7 +263,7 @@ fn open_batch<C: Counter>(
     h.c[usize::from(color)] = count;
     c.ordinal = c.ordinal.wrapping_add(advance);
     c.first_ns = first_ns;
-    h.last_ns = now;
+    h.set_last(now);
     // An armed flow's ordinals count its steps from admission.
     let was_armed = h.state & ARMED != 0;
     let armed = if was_armed && c.ordinal < ARM_BATCHES { ARMED } else { 0 };
@@ -268,7 +327,7 @@ fn late_step<C: Counter, S: EventSink>(
     // Nothing was late for the batch before after all.
     h.c[LATE] = C::default();
     end_late_window(h, c, key, p.point, stats, sink);
-    report(h, stats, sink, closed(h, c, key, p.point, false, Tail::No, now));
+    report(h, stats, sink, closed(h, c, key, p.point, false, Tail::No));
     let open = (h.state & OPEN_COLOR) / OPEN_COLOR;
     open_batch(h, c, open ^ 1, n, 1, now, now);
 }
@@ -298,25 +357,22 @@ fn resumed<C: Counter, S: EventSink>(
     if h.c[LATE].get() < p.close_at {
         return;
     }
-    // Times are those of the packet that made the step (the entry has no room for the first
-    // resumed packet's): within the threshold's worth of packets of the truth.
-    report(h, stats, sink, closed(h, c, key, p.point, false, Tail::No, now));
-    report(h, stats, sink, closed(h, c, key, p.point, true, Tail::No, now));
+    // The open batch's resumed packets move no time (the entry has no room for them): its
+    // last time is that before the next batch began.
+    report(h, stats, sink, closed(h, c, key, p.point, false, Tail::No));
+    report(h, stats, sink, closed(h, c, key, p.point, true, Tail::No));
     // Stragglers of the batch just closed count as its late packets.
     open_batch(h, c, open, h.c[LATE], 2, now, now);
 }
 
 /// Closes and reports everything a flow holds at a point (flush, idle timeout, eviction:
-/// [`Tail::End`]; deselection: [`Tail::Cut`]); `seen_ns` is the flow's last packet. The
-/// caller frees the state.
-#[allow(clippy::too_many_arguments)]
+/// [`Tail::End`]; deselection: [`Tail::Cut`]). The caller frees the state.
 pub(crate) fn retire<C: Counter, S: EventSink>(
     h: &mut Hot<C>,
     c: &Cold,
     key: &FlowKey,
     p: &Params,
     stats: &mut PointStats,
-    seen_ns: u64,
     how: Tail,
     sink: &mut S,
 ) {
@@ -330,17 +386,16 @@ pub(crate) fn retire<C: Counter, S: EventSink>(
     // Resumed packets short of a double step: taken as the open batch's.
     fold_resumed(h, o);
     if h.c[o].get() > 0 {
-        report(h, stats, sink, closed(h, c, key, p.point, false, how, seen_ns));
+        report(h, stats, sink, closed(h, c, key, p.point, false, how));
     }
     if h.c[o ^ 1].get() > 0 {
         // Early packets of a batch that never reached the step: report them as that batch so
         // the totals add up.
-        report(h, stats, sink, closed(h, c, key, p.point, true, how, seen_ns));
+        report(h, stats, sink, closed(h, c, key, p.point, true, how));
     }
 }
 
-/// The `Closed` event of the open batch, or (`next`) of the early packets of the next one,
-/// whose last packet is taken to be `seen_ns`.
+/// The `Closed` event of the open batch, or (`next`) of the early packets of the next one.
 fn closed<C: Counter>(
     h: &Hot<C>,
     c: &Cold,
@@ -348,13 +403,14 @@ fn closed<C: Counter>(
     point: u8,
     next: bool,
     tail: Tail,
-    seen_ns: u64,
 ) -> BatchEvent {
     let open = (h.state & OPEN_COLOR) / OPEN_COLOR;
+    // Once the next batch has begun, the time in the hot state is its last packet's.
+    let began = h.c[usize::from(open ^ 1)].get() > 0;
     let (color, ordinal, first_ns, last_ns) = if next {
-        (open ^ 1, c.ordinal.wrapping_add(1), c.next_first_ns, seen_ns)
+        (open ^ 1, c.ordinal.wrapping_add(1), c.next_first_ns, h.last())
     } else {
-        (open, c.ordinal, c.first_ns, h.last_ns)
+        (open, c.ordinal, c.first_ns, if began { c.open_last_ns } else { h.last() })
     };
     BatchEvent {
         key: *key,
@@ -390,12 +446,15 @@ fn end_late_window<C: Counter, S: EventSink>(
     stats: &mut PointStats,
     sink: &mut S,
 ) {
-    // Sent even when nothing was late: it tells the aggregator the batch is final now, rather
-    // than one batch later. Not for the batch before a flow's first reported one (never
-    // reported itself).
+    // Sent only when something was late. An empty one would tell the aggregator the batch is
+    // final a little earlier than the next batch's `Closed` event does: that comes with the
+    // step, a threshold's worth of packets after the window's end is noticed (at the next
+    // batch's first packet, see `rearm`). Every event costs the fast path a record written to
+    // the ring; empty ones were half of them. Nor is one sent for the batch before a flow's
+    // first reported one (never reported itself).
     let reported = h.state & (ARMED | HEAD) == 0;
     h.state &= !LATE_WINDOW;
-    if !reported {
+    if !reported || h.c[LATE].get() == 0 {
         h.c[LATE] = C::default();
         return;
     }
@@ -414,4 +473,120 @@ fn end_late_window<C: Counter, S: EventSink>(
         cut: false,
     });
     h.c[LATE] = C::default();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One flow's packets (colors, 10 ns apart) through one point, then a flush: every event,
+    /// and the point's counters. `budgeted`: as the tables run it, the hot path first;
+    /// otherwise the reference, every packet through the state machine.
+    fn run<C: Counter>(
+        cfg: &LossConfig,
+        colors: &[u8],
+        armed: bool,
+        budgeted: bool,
+    ) -> (Vec<BatchEvent>, PointStats) {
+        let p = Params::new(cfg, 3);
+        let (mut h, mut c) = (Hot::<C>::default(), Cold::default());
+        if armed {
+            arm(&mut h);
+        }
+        let (mut stats, mut ev) = (PointStats::default(), Vec::new());
+        let key = FlowKey::default();
+        for (i, &color) in colors.iter().enumerate() {
+            let now = 1_000 + 10 * i as u64;
+            if !budgeted || fast(&mut h, color, now) {
+                slow(&mut h, &mut c, &key, &p, &mut stats, color, now, &mut ev);
+            }
+        }
+        retire(&mut h, &c, &key, &p, &mut stats, Tail::End, &mut ev);
+        (ev, stats)
+    }
+
+    /// B-packet batches of alternating colors, each packet dropped with probability `drop`
+    /// (in runs, when `bursty`), then moved back by up to `depth` places.
+    fn marked(seed: u64, n: usize, b: u32, drop: f64, bursty: bool, depth: usize) -> Vec<u8> {
+        let mut r = seed | 1;
+        let mut rand = move || {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            (r >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let mut out = Vec::with_capacity(n);
+        let mut burst = 0;
+        for i in 0..n {
+            if burst > 0 {
+                burst -= 1;
+                continue;
+            }
+            if rand() < drop {
+                burst = if bursty { (rand() * 8.0) as usize } else { 0 };
+                continue;
+            }
+            out.push(((i as u32 / b.max(1)) & 1) as u8);
+        }
+        for i in 1..out.len() {
+            let back = (rand() * (depth + 1) as f64) as usize;
+            out[i.saturating_sub(back)..=i].rotate_right(1);
+        }
+        out
+    }
+
+    fn cfg(batch: u32, threshold: f64, period: bool) -> LossConfig {
+        LossConfig {
+            batch,
+            threshold,
+            period_ns: period.then_some(batch as u64 * 10),
+            ..LossConfig::default()
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        /// The budgets let through exactly the packets the state machine would only count:
+        /// every event and counter is the same on marked traffic with loss and reordering.
+        #[test]
+        fn budgets_change_no_event_on_marked_traffic(
+            seed in any::<u64>(),
+            b in 1u32..=255,
+            threshold in prop::sample::select(vec![0.05, 0.3, 0.5, 0.95]),
+            drop in prop::sample::select(vec![0.0, 0.01, 0.2, 0.7]),
+            bursty in any::<bool>(),
+            depth in 0usize..40,
+            armed in any::<bool>(),
+            period in prop::bool::weighted(0.1),
+        ) {
+            let colors = marked(seed, 2_000, b, drop, bursty, depth);
+            let c = cfg(b, threshold, period);
+            prop_assert!(run::<u8>(&c, &colors, armed, true) == run::<u8>(&c, &colors, armed, false));
+            prop_assert!(run::<u32>(&c, &colors, armed, true) == run::<u32>(&c, &colors, armed, false));
+        }
+
+        /// And on any sequence of colors at all, with batches too long for 8-bit counters.
+        #[test]
+        fn budgets_change_no_event_on_any_colors(
+            colors in prop::collection::vec(0u8..4, 0..3_000),
+            b in prop::sample::select(vec![1u32, 2, 3, 10, 100, 255, 600, 1_000]),
+            threshold in prop::sample::select(vec![0.05, 0.3, 0.95]),
+            armed in any::<bool>(),
+        ) {
+            let c = cfg(b, threshold, false);
+            prop_assert!(run::<u16>(&c, &colors, armed, true) == run::<u16>(&c, &colors, armed, false));
+            if b <= 255 {
+                prop_assert!(run::<u8>(&c, &colors, armed, true) == run::<u8>(&c, &colors, armed, false));
+            }
+        }
+    }
+
+    #[test]
+    fn the_hot_state_keeps_its_size() {
+        assert_eq!(core::mem::size_of::<Hot<u8>>(), 16);
+        assert_eq!(core::mem::size_of::<Hot<u16>>(), 20);
+        assert_eq!(core::mem::size_of::<Hot<u32>>(), 24);
+    }
 }

@@ -12,7 +12,6 @@ use telemark_wire::FlowKey;
 struct Entry<C: Counter> {
     tag: u32,
     hot: Hot<C>,
-    seen_ns: u64,
     cold: Cold,
 }
 
@@ -21,7 +20,7 @@ impl<C: Counter> Slot for Entry<C> {
         self.tag
     }
     fn seen_ns(&self) -> u64 {
-        self.seen_ns
+        self.hot.last()
     }
 }
 
@@ -121,8 +120,7 @@ impl<C: Counter> ColorTable<C> {
             _ => None,
         };
         if let Some(e) = hit.and_then(|i| self.slots.get_mut(i)) {
-            if !point::fast(&mut e.hot, &self.params, color, now) {
-                e.seen_ns = now;
+            if !point::fast(&mut e.hot, color, now) {
                 return true;
             }
         }
@@ -167,7 +165,6 @@ impl<C: Counter> ColorTable<C> {
             }
         };
         let Some(e) = self.slots.get_mut(i) else { return false };
-        e.seen_ns = now;
         point::slow(&mut e.hot, &mut e.cold, key, &self.params, &mut self.stats, color, now, sink);
         true
     }
@@ -192,7 +189,7 @@ impl<C: Counter> ColorTable<C> {
     fn retire<S: EventSink>(&mut self, i: usize, how: Tail, sink: &mut S) {
         let (Some(e), Some(key)) = (self.slots.get_mut(i), self.keys.get(i)) else { return };
         let (p, st) = (&self.params, &mut self.stats);
-        point::retire(&mut e.hot, &e.cold, key, p, st, e.seen_ns, how, sink);
+        point::retire(&mut e.hot, &e.cold, key, p, st, how, sink);
         *e = Entry::default();
     }
 
@@ -204,7 +201,7 @@ impl<C: Counter> ColorTable<C> {
             let idle = self
                 .slots
                 .get(i)
-                .is_some_and(|e| e.tag != 0 && now.saturating_sub(e.seen_ns) > self.idle_ns);
+                .is_some_and(|e| e.tag != 0 && now.saturating_sub(e.hot.last()) > self.idle_ns);
             if idle {
                 self.retire(i, Tail::End, sink);
                 self.stats.evicted += 1;
