@@ -634,33 +634,23 @@ fn burst<C, S, T, D>(
         }
         let port = slot.and_then(|s| core.fib.port(s)).unwrap_or(core.cfg.default_port);
         let color = color_of(parsed.dscp, color_bit);
-        let watched = match (loss.as_deref_mut(), slot) {
-            (Some(t), Some(s)) => {
-                if let Some(e) = core.fib.slots.get_mut(s) {
-                    t.observe(0, &mut e.hot, s, &parsed.key, color, now, sink);
-                }
-                Some(s)
-            }
-            (Some(t), None) => {
-                // Not in the table (full, or not selected): forwarded, but not measured.
-                let why = if unselected { Refusal::NotSelected } else { Refusal::Full };
-                t.refuse(why, &parsed.key, m.hash, sink);
-                None
-            }
-            _ => None,
-        };
-        if core.cfg.action == Action::DecTtl && !dec_ttl(&mut p.data, parsed) {
-            core.stats.dropped += 1;
-            continue;
+        if let (Some(t), None) = (loss.as_deref_mut(), slot) {
+            // Not in the table (full, or not selected): forwarded, but not measured.
+            let why = if unselected { Refusal::NotSelected } else { Refusal::Full };
+            t.refuse(why, &parsed.key, m.hash, sink);
         }
-        if drop_inside(&parsed.key, p) {
-            core.stats.dropped += 1;
-            continue;
-        }
-        if let (Some(t), Some(s)) = (loss.as_deref_mut(), watched) {
+        let forwarded = (core.cfg.action != Action::DecTtl || dec_ttl(&mut p.data, parsed))
+            && !drop_inside(&parsed.key, p);
+        // Both points at once, after the switch's decision: ingress saw the packet, egress
+        // sees it if it goes out. Each point's packets still reach it in their order.
+        if let (Some(t), Some(s)) = (loss.as_deref_mut(), slot) {
             if let Some(e) = core.fib.slots.get_mut(s) {
-                t.observe(1, &mut e.hot, s, &parsed.key, color, now, sink);
+                t.observe(&mut e.hot, s, &parsed.key, color, now, forwarded, sink);
             }
+        }
+        if !forwarded {
+            core.stats.dropped += 1;
+            continue;
         }
         send(tx, &mut core.stats, port, idx);
     }

@@ -13,14 +13,16 @@ fn switch(c: &mut Criterion) {
         g.measurement_time(Duration::from_secs(3));
         g.sample_size(20);
         for v in Variant::ALL {
+            // Flows warmed to steady state once; each sample times a fresh copy.
+            let warmed = Case::new(v, flows, 64, 42);
             let mut seed = 42;
             g.bench_function(v.name(), |b| {
                 b.iter_custom(|iters| {
-                    // A fresh instance per sample: where one instance's packets and tables land
-                    // in memory moves it by up to 22 % (docs/overhead.md), so the samples span
+                    // A fresh copy per sample: where one instance's packets and tables land in
+                    // memory moves it by up to 22 % (docs/overhead.md), so the samples span
                     // many layouts instead of repeating one.
                     seed += 1;
-                    let mut case = Case::new(v, flows, 64, seed);
+                    let mut case = warmed.fork(seed);
                     case.pass();
                     // Time only the switch: each pass re-colors and re-TTLs its pool untimed.
                     (0..iters).map(|_| Duration::from_nanos(case.pass().1)).sum()

@@ -19,18 +19,57 @@ use super::{EventSink, LossConfig, PointStats, Refusal, RefusedSet};
 use telemark_wire::FlowKey;
 
 /// The hot loss state of one flow at ingress and egress, held by the switch in the flow's
-/// forwarding entry: 32 bytes with 8-bit counters, 40 with 16-bit ones, 48 with 32-bit ones.
+/// forwarding entry: 28 bytes with 8-bit counters, 36 with 16-bit ones, 48 with 32-bit ones.
+/// Field by field, both points side by side: a packet that crosses the switch spends the same
+/// color's budget and bumps the same counter at both, in neighbouring bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct PairHot<C: Counter> {
-    pts: [Hot<C>; 2],
+    state: [u8; 2],
+    /// `left[color][point]`.
+    left: [[u8; 2]; 2],
+    /// `c[counter][point]`.
+    c: [[C; 2]; 3],
+    /// Each point's last time, as two 32-bit halves.
+    last: [[u32; 2]; 2],
 }
 
 impl<C: Counter> PairHot<C> {
+    /// Point `at`'s state as the per-point logic reads it.
+    #[inline]
+    fn point(&self, at: usize) -> Hot<C> {
+        let mut h = Hot::default();
+        let at = at & 1;
+        h.state = self.state[at];
+        h.left = [self.left[0][at], self.left[1][at]];
+        h.c = [self.c[0][at], self.c[1][at], self.c[2][at]];
+        h.set_last(u64::from(self.last[at][0]) | u64::from(self.last[at][1]) << 32);
+        h
+    }
+
+    /// Stores point `at`'s state back.
+    #[inline]
+    fn set_point(&mut self, at: usize, h: &Hot<C>) {
+        let at = at & 1;
+        self.state[at] = h.state;
+        for (color, left) in h.left.iter().enumerate() {
+            self.left[color][at] = *left;
+        }
+        for (i, c) in h.c.iter().enumerate() {
+            self.c[i][at] = *c;
+        }
+        self.last[at] = split(h.last());
+    }
+
     /// The flow's last packet at either point.
     fn seen_ns(&self) -> u64 {
-        self.pts.iter().map(Hot::last).max().unwrap_or(0)
+        self.last.iter().map(|l| u64::from(l[0]) | u64::from(l[1]) << 32).max().unwrap_or(0)
     }
+}
+
+#[inline(always)]
+fn split(t: u64) -> [u32; 2] {
+    [t as u32, (t >> 32) as u32]
 }
 
 /// Both points' cold state of one flow, in a line of its own: the packet that visits the slow
@@ -66,23 +105,36 @@ impl<C: Counter> PairTable<C> {
         }
     }
 
-    /// Counts one packet of the flow in slot `slot`, whose hot state is `hot`, at point `at`
-    /// (0 ingress, 1 egress).
+    /// Counts one packet of the flow in slot `slot`, whose hot state is `hot`: at ingress, and
+    /// at egress too when the switch `forwarded` it. Both points' hot paths at once (see
+    /// `point::fast`): when the color has budget left at each point the packet is counted at,
+    /// it spends it there, bumps the counter and sets the time, nothing else.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub fn observe<S: EventSink>(
         &mut self,
-        at: usize,
         hot: &mut PairHot<C>,
         slot: usize,
         key: &FlowKey,
         color: u8,
         now: u64,
+        forwarded: bool,
         sink: &mut S,
     ) {
-        let Some(h) = hot.pts.get_mut(at) else { return };
-        if point::fast(h, color, now) {
-            self.observe_slow(at, hot, slot, key, color, now, sink);
+        let k = usize::from(color & 1);
+        let (Some(left), Some(c)) = (hot.left.get_mut(k), hot.c.get_mut(k)) else { return };
+        // `&`, not `&&`: one branch, taken only when a slow-path visit is due.
+        if (left[0] == 0) | (forwarded & (left[1] == 0)) {
+            self.observe_slow(hot, slot, key, color, now, forwarded, sink);
+            return;
+        }
+        left[0] -= 1;
+        c[0].bump();
+        hot.last[0] = split(now);
+        if forwarded {
+            left[1] -= 1;
+            c[1].bump();
+            hot.last[1] = split(now);
         }
     }
 
@@ -91,30 +143,32 @@ impl<C: Counter> PairTable<C> {
     #[allow(clippy::too_many_arguments)]
     fn observe_slow<S: EventSink>(
         &mut self,
-        at: usize,
         hot: &mut PairHot<C>,
         slot: usize,
         key: &FlowKey,
         color: u8,
         now: u64,
+        forwarded: bool,
         sink: &mut S,
     ) {
-        if let Some((h, c, p, st)) = self.point_mut(at, hot, slot) {
-            point::slow(h, c, key, p, st, color, now, sink);
+        for at in 0..1 + usize::from(forwarded) {
+            let mut h = hot.point(at);
+            if point::fast(&mut h, color, now) {
+                if let Some((c, p, st)) = self.point_mut(at, slot) {
+                    point::slow(&mut h, c, key, p, st, color, now, sink);
+                }
+            }
+            hot.set_point(at, &h);
         }
     }
 
-    /// Point `at` of the flow in slot `slot`: its hot and cold state, its constants and
-    /// counters.
-    #[allow(clippy::type_complexity)]
-    fn point_mut<'a>(
-        &'a mut self,
+    /// Point `at`'s cold state for slot `slot`, its constants and counters.
+    fn point_mut(
+        &mut self,
         at: usize,
-        hot: &'a mut PairHot<C>,
         slot: usize,
-    ) -> Option<(&'a mut Hot<C>, &'a mut Cold, &'a Params, &'a mut PointStats)> {
+    ) -> Option<(&mut Cold, &Params, &mut PointStats)> {
         Some((
-            hot.pts.get_mut(at)?,
             self.cold.get_mut(slot)?.0.get_mut(at)?,
             self.params.get(at)?,
             self.stats.get_mut(at)?,
@@ -135,8 +189,10 @@ impl<C: Counter> PairTable<C> {
     /// (see `point::arm`).
     pub fn arm(&mut self, hot: &mut PairHot<C>, slot: usize) {
         self.clear(hot, slot);
-        for h in &mut hot.pts {
-            point::arm(h);
+        for at in 0..2 {
+            let mut h = hot.point(at);
+            point::arm(&mut h);
+            hot.set_point(at, &h);
         }
     }
 
@@ -161,8 +217,7 @@ impl<C: Counter> PairTable<C> {
 
     /// Whether `hot` holds a flow idle for longer than the idle timeout at `now`.
     pub fn is_idle(&self, hot: &PairHot<C>, now: u64) -> bool {
-        hot.pts.iter().any(|h| h.state & USED != 0)
-            && now.saturating_sub(hot.seen_ns()) > self.idle_ns
+        hot.state.iter().any(|s| s & USED != 0) && now.saturating_sub(hot.seen_ns()) > self.idle_ns
     }
 
     /// Closes and reports what slot `slot` holds at point `at` (0, 1) and frees that point.
@@ -188,9 +243,10 @@ impl<C: Counter> PairTable<C> {
         tail: Tail,
         sink: &mut S,
     ) -> bool {
-        let Some((h, c, p, st)) = self.point_mut(at, hot, slot) else { return false };
-        point::retire(h, c, key, p, st, tail, sink);
-        *h = Hot::default();
+        let Some((c, p, st)) = self.point_mut(at, slot) else { return false };
+        let mut h = hot.point(at);
+        point::retire(&mut h, c, key, p, st, tail, sink);
+        hot.set_point(at, &Hot::default());
         true
     }
 
@@ -251,8 +307,8 @@ mod tests {
 
     #[test]
     fn hot_state_of_both_points_leaves_room_for_a_forwarding_key_in_one_line() {
-        assert_eq!(core::mem::size_of::<PairHot<u8>>(), 32);
-        assert_eq!(core::mem::size_of::<PairHot<u16>>(), 40);
+        assert_eq!(core::mem::size_of::<PairHot<u8>>(), 28);
+        assert_eq!(core::mem::size_of::<PairHot<u16>>(), 36);
         assert_eq!(core::mem::size_of::<PairHot<u32>>(), 48);
     }
 
@@ -301,10 +357,10 @@ mod tests {
                 pos[f] += 1;
                 now += 1;
                 let (k, slot, color) = (key(f as u8), f * 2, (batch % 2) as u8);
-                pair.observe(0, &mut hot[slot], slot, &k, color, now, &mut ev);
+                let forwarded = next() % 100 != 0;
+                pair.observe(&mut hot[slot], slot, &k, color, now, forwarded, &mut ev);
                 truth[0][f][batch as usize] += 1;
-                if next() % 100 != 0 {
-                    pair.observe(1, &mut hot[slot], slot, &k, color, now, &mut ev);
+                if forwarded {
                     truth[1][f][batch as usize] += 1;
                 }
             }

@@ -24,6 +24,10 @@ pub(crate) const LATE_WINDOW: u8 = 4;
 pub(crate) const ARMED: u8 = 8;
 /// The open batch is the first one reported after an armed admission.
 pub(crate) const HEAD: u8 = 16;
+/// The open batch's counter reached its largest value (a batch longer than the counters hold:
+/// traffic not marked as configured). The hot path lets it wrap from then on; the slow path
+/// reads it as the largest value.
+pub(crate) const SATURATED: u8 = 32;
 /// Steps an armed flow waits before its open batch is reported. One step would do without
 /// reordering (the batch after the first color change the point sees is whole); with it, the
 /// packet that armed the flow may be a straggler of the batch before the open one, so the
@@ -116,10 +120,21 @@ pub(crate) fn fast<C: Counter>(h: &mut Hot<C>, color: u8, now: u64) -> bool {
     }
     *left -= 1;
     if let Some(c) = h.c.get_mut(k) {
-        c.inc();
+        c.bump();
     }
     h.set_last(now);
     false
+}
+
+/// Undoes what the hot path's wrapping did to a saturated open batch (see [`SATURATED`]):
+/// the first thing the slow path does.
+#[inline]
+pub(crate) fn settle<C: Counter>(h: &mut Hot<C>) {
+    if h.state & SATURATED != 0 {
+        let o = usize::from((h.state & OPEN_COLOR) / OPEN_COLOR);
+        h.c[o] = C::from_u32(C::MAX);
+        h.state &= !SATURATED;
+    }
 }
 
 /// Sets the budgets [`fast`] spends: for each color, how many more of its packets change
@@ -145,9 +160,15 @@ pub(crate) fn rearm<C: Counter>(h: &mut Hot<C>, p: &Params) {
         return;
     }
     let o = usize::from((h.state & OPEN_COLOR) / OPEN_COLOR);
-    let next = h.c[o ^ 1].get();
+    let (open, next) = (h.c[o].get(), h.c[o ^ 1].get());
+    // The hot path's increments wrap: the open color may take what its counter has room for,
+    // and once that is nothing, the counter is marked saturated and the color runs on.
+    let room = (C::MAX - open).min(255) as u8;
+    if room == 0 {
+        h.state |= SATURATED;
+    }
     let (for_open, for_next) = if h.state & LATE_WINDOW != 0 || next == 0 {
-        (255, 0)
+        (if room == 0 { 255 } else { room }, 0)
     } else {
         (0, until(p.close_at, next))
     };
@@ -168,6 +189,7 @@ pub(crate) fn slow<C: Counter, S: EventSink>(
     now: u64,
     sink: &mut S,
 ) {
+    settle(h);
     advance(h, c, key, p, stats, color, now, sink);
     rearm(h, p);
 }
@@ -376,6 +398,7 @@ pub(crate) fn retire<C: Counter, S: EventSink>(
     how: Tail,
     sink: &mut S,
 ) {
+    settle(h);
     if h.state & USED == 0 || h.state & ARMED != 0 {
         return;
     }
@@ -498,7 +521,10 @@ mod tests {
         let key = FlowKey::default();
         for (i, &color) in colors.iter().enumerate() {
             let now = 1_000 + 10 * i as u64;
-            if !budgeted || fast(&mut h, color, now) {
+            if !budgeted {
+                // The state machine alone: no budgets, no hot path.
+                advance(&mut h, &mut c, &key, &p, &mut stats, color, now, &mut ev);
+            } else if fast(&mut h, color, now) {
                 slow(&mut h, &mut c, &key, &p, &mut stats, color, now, &mut ev);
             }
         }
@@ -580,6 +606,24 @@ mod tests {
             if b <= 255 {
                 prop_assert!(run::<u8>(&c, &colors, armed, true) == run::<u8>(&c, &colors, armed, false));
             }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(100))]
+
+        /// Traffic marked with batches longer than the configured B, and than 8-bit counters
+        /// hold: the saturated counter, wrapping on the hot path, reads as saturated.
+        #[test]
+        fn budgets_change_no_event_when_batches_overflow_the_counters(
+            seed in any::<u64>(),
+            marked_b in 200u32..1_000,
+            drop in prop::sample::select(vec![0.0, 0.05]),
+            depth in 0usize..5,
+        ) {
+            let colors = marked(seed, 4_000, marked_b, drop, false, depth);
+            let c = cfg(100, 0.3, false);
+            prop_assert!(run::<u8>(&c, &colors, false, true) == run::<u8>(&c, &colors, false, false));
         }
     }
 

@@ -12,6 +12,10 @@ pub trait Counter: Copy + Default + Send + 'static {
     const MAX: u32;
     /// Adds one, saturating.
     fn inc(&mut self);
+    /// Adds one, wrapping (the hot path, whose budgets keep it from wrapping unnoticed).
+    fn bump(&mut self);
+    /// `v`, or the largest value if `v` is larger.
+    fn from_u32(v: u32) -> Self;
     /// The value.
     fn get(self) -> u32;
 }
@@ -23,6 +27,14 @@ macro_rules! counter {
             #[inline(always)]
             fn inc(&mut self) {
                 *self = self.saturating_add(1);
+            }
+            #[inline(always)]
+            fn bump(&mut self) {
+                *self = self.wrapping_add(1);
+            }
+            #[inline(always)]
+            fn from_u32(v: u32) -> Self {
+                <$t>::try_from(v).unwrap_or(<$t>::MAX)
             }
             #[inline(always)]
             fn get(self) -> u32 {
