@@ -109,8 +109,8 @@ impl Params {
 /// It does not look at the state: a packet here counts for its own color and moves the time,
 /// as long as its color has budget left. Flows in steady state take the open batch's packets
 /// and the next batch's early packets in turn, and telling the two apart packet by packet
-/// (with the late window, a third kind) was a branch taken at random across interleaved flows
-/// and mispredicted, about once per packet per point (docs/overhead.md).
+/// (with the late window, a third kind) was a branch taken at random across interleaved flows,
+/// and often mispredicted (docs/overhead.md).
 #[inline(always)]
 pub(crate) fn fast<C: Counter>(h: &mut Hot<C>, color: u8, now: u64) -> bool {
     let k = usize::from(color & 1);
