@@ -339,3 +339,26 @@ fn bench_sketch_prints_every_row() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("--p in (0, 1]"), "{err}");
 }
+
+/// `telemark bench --csv` prints one row per flow count and frame size, every variant timed,
+/// no flow refused; bad parameters get one line. Rates are not asserted.
+#[test]
+fn bench_prints_every_row() {
+    let out = ok(&bin()
+        .args(["bench", "--csv", "--rounds", "1", "--flows", "4,1024", "--sizes", "64,512"])
+        .output()
+        .unwrap());
+    let rows: Vec<Vec<&str>> = out.lines().skip(1).map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 4, "{out}");
+    for r in &rows {
+        assert_eq!(r.len(), 10, "{r:?}");
+        for v in &r[2..9] {
+            let x: f64 = v.parse().unwrap_or_else(|_| panic!("{r:?}"));
+            assert!(x.is_finite() && x > 0.0, "{r:?}");
+        }
+        assert_eq!(r[9], "0", "flows refused: {r:?}");
+    }
+    let o = bin().args(["bench", "--flows", "0"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--flows must be"), "{err}");
+}
