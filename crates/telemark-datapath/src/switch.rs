@@ -6,8 +6,10 @@
 //! loss state ([`PairHot`]) lives in the forwarding entry the lookup found, as OvS updates a
 //! flow's statistics in the entry its lookup found. An entry is one 64-byte line: a hash tag,
 //! the port, flags and the flow key packed into 17 bytes (IPv4 5-tuple and NSH SPI/SI; other
-//! keys are compared against a side array of full keys), then the 40 bytes of hot state (8- or
-//! 16-bit counters; with 32-bit counters an entry takes two lines).
+//! keys are compared against a side array of full keys), then the hot state (28 bytes with
+//! 8-bit counters, 36 with 16-bit; with 32-bit counters an entry takes two lines). Both points
+//! are counted in one call once the switch has decided the packet's fate: ingress always,
+//! egress if it goes out.
 //!
 //! Packets move in bursts of up to [`BURST`]: the first pass parses and hashes every packet
 //! and prefetches the flow's home slot, the second pass does the work, so one packet's cache

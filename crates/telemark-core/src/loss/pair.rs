@@ -4,10 +4,10 @@
 //! A switch already finds every packet's flow to forward it (OvS's exact-match cache, and the
 //! per-flow `used`/packet/byte statistics it updates for every packet). The loss paper's
 //! prototype looks the flow up twice more, once per point, in tables of its own. Here the hot
-//! state of both points ([`PairHot`]: 40 bytes with 8- or 16-bit counters) lives in the
-//! forwarding entry the lookup found, in the same cache line, and the switch hands it to
-//! [`PairTable`] with the entry's slot. What only the step and the late window's end touch is
-//! kept here, indexed by that slot. No hashing, no tag compare, no line the forwarding lookup
+//! state of both points ([`PairHot`]: 28 bytes with 8-bit counters, 36 with 16-bit) lives in
+//! the forwarding entry the lookup found, in the same cache line, and the switch hands it to
+//! [`PairTable`] with the entry's slot, once per packet for both points. What only the slow
+//! path touches is kept here, indexed by that slot. No hashing, no tag compare, no line the forwarding lookup
 //! did not already bring in, and no flow the switch forwards is refused for lack of room.
 //!
 //! The per-flow logic is the same as the stand-alone [`ColorTable`](super::ColorTable)'s
