@@ -333,6 +333,15 @@ struct Meta {
     hash: u64,
 }
 
+/// A packet whose loss check waits for the end of its burst (see `burst`).
+#[derive(Clone, Copy, Default)]
+struct Visit {
+    idx: u8,
+    color: u8,
+    forwarded: bool,
+    slot: u32,
+}
+
 /// Everything of the switch but the cold loss state, so a burst can borrow the two apart.
 #[derive(Clone)]
 struct Core<C: Counter> {
@@ -340,6 +349,7 @@ struct Core<C: Counter> {
     fib: Fib<C>,
     marker: Option<Marker>,
     meta: [Meta; BURST],
+    visits: [Visit; BURST],
     stats: SwitchStats,
     /// Flows to learn and measure (`None`: all, first come first served).
     watch: Option<Watch>,
@@ -371,6 +381,7 @@ fn parts<C: Counter>(cfg: SwitchConfig, flows: usize) -> (Core<C>, Option<PairTa
         marker: cfg.loss.filter(|_| cfg.mark).map(|l| Marker::new(&l, m)),
         fib,
         meta: [Meta::default(); BURST],
+        visits: [Visit::default(); BURST],
         stats: SwitchStats::default(),
         watch: None,
         selection: None,
@@ -588,8 +599,9 @@ fn burst<C, S, T, D>(
         }
     }
     core.stats.rx += n as u64;
-    // Pass 2: mark, look up, observe, act, observe, send.
+    // Pass 2: mark, look up, act, count at both points, send.
     let color_bit = core.cfg.loss.map_or(0, |l| l.color_bit);
+    let mut visits = 0;
     for (idx, (m, p)) in core.meta.iter_mut().zip(pkts.iter_mut()).take(n).enumerate() {
         let Some(parsed) = m.parsed.as_mut() else {
             send(tx, &mut core.stats, core.cfg.default_port, idx);
@@ -644,10 +656,19 @@ fn burst<C, S, T, D>(
         let forwarded = (core.cfg.action != Action::DecTtl || dec_ttl(&mut p.data, parsed))
             && !drop_inside(&parsed.key, p);
         // Both points at once, after the switch's decision: ingress saw the packet, egress
-        // sees it if it goes out. Each point's packets still reach it in their order.
-        if let (Some(t), Some(s)) = (loss.as_deref_mut(), slot) {
+        // sees it if it goes out. A packet the slow path must see waits for the end of the
+        // burst, with its cold line fetched meanwhile; its flow's later packets in the burst
+        // wait behind it, so each point still sees them in their order.
+        if let (Some(t), Some(s)) = (loss.as_deref(), slot) {
             if let Some(e) = core.fib.slots.get_mut(s) {
-                t.observe(&mut e.hot, s, &parsed.key, color, now, forwarded, sink);
+                if !e.hot.count(color, now, forwarded) {
+                    e.hot.hold();
+                    t.prefetch(s);
+                    if let Some(v) = core.visits.get_mut(visits) {
+                        *v = Visit { idx: idx as u8, color, forwarded, slot: s as u32 };
+                        visits += 1;
+                    }
+                }
             }
         }
         if !forwarded {
@@ -655,6 +676,18 @@ fn burst<C, S, T, D>(
             continue;
         }
         send(tx, &mut core.stats, port, idx);
+    }
+    // Pass 3: the packets the slow path must see, in order.
+    if let Some(t) = loss {
+        for v in core.visits.iter().take(visits) {
+            let idx = usize::from(v.idx);
+            let (Some(e), Some(Meta { parsed: Some(parsed), .. }), Some(p)) =
+                (core.fib.slots.get_mut(v.slot as usize), core.meta.get(idx), pkts.get(idx))
+            else {
+                continue;
+            };
+            t.visit(&mut e.hot, v.slot as usize, &parsed.key, v.color, p.ts_ns, v.forwarded, sink);
+        }
     }
 }
 
@@ -730,6 +763,78 @@ mod tests {
         fn send(&mut self, port: u16, idx: usize) -> bool {
             self.0.push((port, idx));
             true
+        }
+    }
+
+    /// Putting a packet's slow-path visit off to the end of its burst changes nothing: three
+    /// flows, often several packets of one flow in a burst, small batches (many steps),
+    /// reordering and drops inside the switch give, per flow and point, the same events as the
+    /// loss state driven one packet at a time with nothing put off.
+    #[test]
+    fn visits_put_off_to_the_end_of_the_burst_change_no_event() {
+        use telemark_core::loss::{BatchEvent, PairHot, PairTable};
+        let loss = LossConfig { batch: 20, idle_ns: u64::MAX / 2, ..LossConfig::default() };
+        let cfg = SwitchConfig {
+            link: LinkType::Ethernet,
+            action: Action::NoAction,
+            loss: Some(loss),
+            mark: false,
+            default_port: 3,
+            learn: true,
+            points: (0, 1, 2),
+        };
+        let mut rng = Rng::new(11);
+        let mut sent = [0u32; 3];
+        let mut order: Vec<(usize, u8)> = (0..4_000)
+            .map(|_| {
+                // Flow 0 carries half the packets, so bursts hold it many times over.
+                let f = [0, 0, 1, 2][rng.below(4) as usize];
+                sent[f] += 1;
+                (f, (((sent[f] - 1) / 20) % 2) as u8)
+            })
+            .collect();
+        for i in 1..order.len() {
+            let back = rng.below(4) as usize;
+            order[i.saturating_sub(back)..=i].rotate_right(1);
+        }
+        let dropped = |seq: u64| seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 60 == 0;
+        let mut pkts: Vec<Pkt> = order
+            .iter()
+            .enumerate()
+            .map(|(i, &(f, color))| Pkt {
+                ts_ns: 10 * i as u64,
+                data: crate::gen::build_frame(&key(f as u32), 18, color, 64),
+                seq: i as u64,
+                batch: None,
+            })
+            .collect();
+        let mut sw = Switch::new(cfg, 16);
+        let (mut got, mut out) = (Vec::new(), Out(Vec::new()));
+        for chunk in pkts.chunks_mut(BURST) {
+            sw.process(chunk, &mut got, &mut out, |_, p| dropped(p.seq));
+        }
+        sw.flush(&mut got, |_| {});
+        let mut t = PairTable::<u8>::new(&loss, 3, (1, 2));
+        let mut hot = [PairHot::<u8>::default(); 3];
+        let mut want: Vec<BatchEvent> = Vec::new();
+        for (i, &(f, color)) in order.iter().enumerate() {
+            let now = 10 * i as u64;
+            t.observe(&mut hot[f], f, &key(f as u32), color, now, !dropped(i as u64), &mut want);
+        }
+        for at in 0..2 {
+            for (f, h) in hot.iter_mut().enumerate() {
+                t.retire_point(at, h, f, &key(f as u32), &mut want);
+            }
+        }
+        assert!(sw.stats().dropped > 100, "too few drops to show anything");
+        assert!(want.iter().filter(|e| e.count > 0).count() > 300);
+        for f in 0..3 {
+            for point in [1, 2] {
+                let of = |ev: &[BatchEvent]| -> Vec<BatchEvent> {
+                    ev.iter().filter(|e| e.key == key(f) && e.point == point).copied().collect()
+                };
+                assert_eq!(of(&got), of(&want), "flow {f}, point {point}");
+            }
         }
     }
 

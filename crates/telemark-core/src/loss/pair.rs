@@ -35,6 +35,38 @@ pub struct PairHot<C: Counter> {
 }
 
 impl<C: Counter> PairHot<C> {
+    /// Both points' hot path (see `point::fast`): counts the packet at ingress, and at egress
+    /// when `forwarded`, if its color has budget left at each; true if it did. False, having
+    /// changed nothing, when either point needs the slow path ([`PairTable::visit`]).
+    #[inline(always)]
+    pub fn count(&mut self, color: u8, now: u64, forwarded: bool) -> bool {
+        let k = usize::from(color & 1);
+        let (Some(left), Some(c)) = (self.left.get_mut(k), self.c.get_mut(k)) else {
+            return false;
+        };
+        // `|`, not `||`: one branch, taken only when the slow path is due.
+        if (left[0] == 0) | (forwarded & (left[1] == 0)) {
+            return false;
+        }
+        left[0] -= 1;
+        c[0].bump();
+        self.last[0] = split(now);
+        if forwarded {
+            left[1] -= 1;
+            c[1].bump();
+            self.last[1] = split(now);
+        }
+        true
+    }
+
+    /// Sends every later packet of the flow to the slow path until it has been there: for a
+    /// caller that puts off a slow-path visit, so that the flow's packets still reach each
+    /// point in their order.
+    #[inline(always)]
+    pub fn hold(&mut self) {
+        self.left = [[0; 2]; 2];
+    }
+
     /// Point `at`'s state as the per-point logic reads it.
     #[inline]
     fn point(&self, at: usize) -> Hot<C> {
@@ -106,9 +138,7 @@ impl<C: Counter> PairTable<C> {
     }
 
     /// Counts one packet of the flow in slot `slot`, whose hot state is `hot`: at ingress, and
-    /// at egress too when the switch `forwarded` it. Both points' hot paths at once (see
-    /// `point::fast`): when the color has budget left at each point the packet is counted at,
-    /// it spends it there, bumps the counter and sets the time, nothing else.
+    /// at egress too when the switch `forwarded` it ([`PairHot::count`], else [`Self::visit`]).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub fn observe<S: EventSink>(
@@ -121,27 +151,17 @@ impl<C: Counter> PairTable<C> {
         forwarded: bool,
         sink: &mut S,
     ) {
-        let k = usize::from(color & 1);
-        let (Some(left), Some(c)) = (hot.left.get_mut(k), hot.c.get_mut(k)) else { return };
-        // `&`, not `&&`: one branch, taken only when a slow-path visit is due.
-        if (left[0] == 0) | (forwarded & (left[1] == 0)) {
-            self.observe_slow(hot, slot, key, color, now, forwarded, sink);
-            return;
-        }
-        left[0] -= 1;
-        c[0].bump();
-        hot.last[0] = split(now);
-        if forwarded {
-            left[1] -= 1;
-            c[1].bump();
-            hot.last[1] = split(now);
+        if !hot.count(color, now, forwarded) {
+            self.visit(hot, slot, key, color, now, forwarded, sink);
         }
     }
 
+    /// The packet [`PairHot::count`] left: each point takes its hot path if it can, or the
+    /// slow path.
     #[cold]
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
-    fn observe_slow<S: EventSink>(
+    pub fn visit<S: EventSink>(
         &mut self,
         hot: &mut PairHot<C>,
         slot: usize,
@@ -159,6 +179,21 @@ impl<C: Counter> PairTable<C> {
                 }
             }
             hot.set_point(at, &h);
+        }
+    }
+
+    /// Hints the CPU to fetch slot `slot`'s cold state, ahead of a [`Self::visit`].
+    #[inline(always)]
+    pub fn prefetch(&self, slot: usize) {
+        if let Some(c) = self.cold.get(slot) {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a prefetch is a hint and never faults; this one is a live element.
+            unsafe {
+                use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                _mm_prefetch((c as *const ColdPair).cast::<i8>(), _MM_HINT_T0);
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = c;
         }
     }
 
