@@ -182,32 +182,37 @@ impl Case {
             left.push(at - from);
         }
         let templates: Vec<Vec<u8>> = self.keys.iter().map(|k| self.frame(k)).collect();
-        let mut burst: Vec<Pkt> = Vec::with_capacity(BURST);
+        // One burst of packet buffers, refilled from the templates.
+        let mut burst: Vec<Pkt> = (0..BURST).map(|_| Pkt::default()).collect();
+        let mut n = 0;
         let mut flows: Vec<usize> = (0..self.keys.len()).collect();
         while !flows.is_empty() {
             flows.retain(|&f| left[f] > 0);
             for &f in &flows {
                 left[f] -= 1;
-                let mut data = templates[f].clone();
-                self.sent[f] = recolor(&mut data, self.sent[f]);
-                burst.push(Pkt { ts_ns: self.clock, data, seq: self.clock, batch: None });
+                let (Some(p), Some(t)) = (burst.get_mut(n), templates.get(f)) else { continue };
+                p.data.clear();
+                p.data.extend_from_slice(t);
+                self.sent[f] = recolor(&mut p.data, self.sent[f]);
+                (p.ts_ns, p.seq) = (self.clock, self.clock);
                 self.clock += 1;
-                if burst.len() == BURST {
+                n += 1;
+                if n == BURST {
                     self.run(&mut burst);
+                    n = 0;
                 }
             }
         }
-        self.run(&mut burst);
+        self.run(&mut burst[..n]);
     }
 
-    /// Processes and drains `pkts` untimed, then empties it.
-    fn run(&mut self, pkts: &mut Vec<Pkt>) {
+    /// Processes and drains `pkts` untimed.
+    fn run(&mut self, pkts: &mut [Pkt]) {
         self.switch.process(pkts, &mut self.events, &mut self.rings, |_, _| false);
         for r in &self.rings.rx {
             while r.pop().is_some() {}
         }
         while self.events.rx.pop().is_some() {}
-        pkts.clear();
     }
 
     fn frame(&self, key: &FlowKey) -> Vec<u8> {

@@ -758,6 +758,19 @@ mod tests {
         }
     }
 
+    /// A learning switch with the loss check (points 0, 1, 2), flows sent to `port`.
+    fn learning(loss: LossConfig, mark: bool, port: u16) -> SwitchConfig {
+        SwitchConfig {
+            link: LinkType::Ethernet,
+            action: Action::NoAction,
+            loss: Some(loss),
+            mark,
+            default_port: port,
+            learn: true,
+            points: (0, 1, 2),
+        }
+    }
+
     struct Out(Vec<(u16, usize)>);
     impl Tx for Out {
         fn send(&mut self, port: u16, idx: usize) -> bool {
@@ -774,15 +787,7 @@ mod tests {
     fn visits_put_off_to_the_end_of_the_burst_change_no_event() {
         use telemark_core::loss::{BatchEvent, PairHot, PairTable};
         let loss = LossConfig { batch: 20, idle_ns: u64::MAX / 2, ..LossConfig::default() };
-        let cfg = SwitchConfig {
-            link: LinkType::Ethernet,
-            action: Action::NoAction,
-            loss: Some(loss),
-            mark: false,
-            default_port: 3,
-            learn: true,
-            points: (0, 1, 2),
-        };
+        let cfg = learning(loss, false, 3);
         let mut rng = Rng::new(11);
         let mut sent = [0u32; 3];
         let mut order: Vec<(usize, u8)> = (0..4_000)
@@ -828,6 +833,24 @@ mod tests {
         }
         assert!(sw.stats().dropped > 100, "too few drops to show anything");
         assert!(want.iter().filter(|e| e.count > 0).count() > 300);
+        // Against what arrived: every packet of a flow is counted once at ingress, in a batch
+        // or as late, and every packet the switch let through once at egress.
+        for f in 0..3 {
+            let arrived = order.iter().filter(|(g, _)| *g == f).count() as u32;
+            let out = order
+                .iter()
+                .enumerate()
+                .filter(|(i, (g, _))| *g == f && !dropped(*i as u64))
+                .count() as u32;
+            for (point, truth) in [(1u8, arrived), (2, out)] {
+                let counted: u32 = got
+                    .iter()
+                    .filter(|e| e.key == key(f as u32) && e.point == point)
+                    .map(|e| e.count)
+                    .sum();
+                assert_eq!(counted, truth, "flow {f}, point {point}");
+            }
+        }
         for f in 0..3 {
             for point in [1, 2] {
                 let of = |ev: &[BatchEvent]| -> Vec<BatchEvent> {
@@ -851,15 +874,7 @@ mod tests {
 
     fn learned_flows_at(counter_bits: u8) {
         let loss = LossConfig { idle_ns: 1_000, counter_bits, ..LossConfig::default() };
-        let cfg = SwitchConfig {
-            link: LinkType::Ethernet,
-            action: Action::NoAction,
-            loss: Some(loss),
-            mark: false,
-            default_port: 3,
-            learn: true,
-            points: (0, 1, 2),
-        };
+        let cfg = learning(loss, false, 3);
         let mut sw = Switch::new(cfg, 16);
         // 3 flows: 250, 120 and 40 packets, colors in batches of 100, interleaved.
         let sizes = [250u32, 120, 40];
@@ -904,15 +919,7 @@ mod tests {
     /// forwards the others byte for byte, without learning them.
     #[test]
     fn only_watched_flows_are_marked_and_measured() {
-        let cfg = SwitchConfig {
-            link: LinkType::Ethernet,
-            action: Action::NoAction,
-            loss: Some(LossConfig::default()),
-            mark: true,
-            default_port: 1,
-            learn: true,
-            points: (0, 1, 2),
-        };
+        let cfg = learning(LossConfig::default(), true, 1);
         let watch = Watch { rules: vec!["src=10.0.0.1/32".parse().unwrap()] };
         let mut sw = Switch::new(cfg, 16).with_watch(watch);
         let mut pkts: Vec<Pkt> = (0..300u32)

@@ -13,7 +13,7 @@
 //! The per-flow logic is the same as the stand-alone [`ColorTable`](super::ColorTable)'s
 //! (module `point`); only the storage differs.
 
-use super::point::{self, Cold, Hot, Params, Tail, USED};
+use super::point::{self, join, split, Cold, Hot, Params, Tail, USED};
 use super::slots::Counter;
 use super::{EventSink, LossConfig, PointStats, Refusal, RefusedSet};
 use telemark_wire::FlowKey;
@@ -75,7 +75,7 @@ impl<C: Counter> PairHot<C> {
         h.state = self.state[at];
         h.left = [self.left[0][at], self.left[1][at]];
         h.c = [self.c[0][at], self.c[1][at], self.c[2][at]];
-        h.set_last(u64::from(self.last[at][0]) | u64::from(self.last[at][1]) << 32);
+        h.set_last(join(self.last[at]));
         h
     }
 
@@ -95,13 +95,8 @@ impl<C: Counter> PairHot<C> {
 
     /// The flow's last packet at either point.
     fn seen_ns(&self) -> u64 {
-        self.last.iter().map(|l| u64::from(l[0]) | u64::from(l[1]) << 32).max().unwrap_or(0)
+        self.last.iter().map(|l| join(*l)).max().unwrap_or(0)
     }
-}
-
-#[inline(always)]
-fn split(t: u64) -> [u32; 2] {
-    [t as u32, (t >> 32) as u32]
 }
 
 /// Both points' cold state of one flow, in a line of its own: the packet that visits the slow
