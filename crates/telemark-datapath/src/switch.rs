@@ -7,7 +7,7 @@
 //! flow's statistics in the entry its lookup found. An entry is one 64-byte line: a hash tag,
 //! the port, flags and the flow key packed into 17 bytes (IPv4 5-tuple and NSH SPI/SI; other
 //! keys are compared against a side array of full keys), then the hot state (28 bytes with
-//! 8-bit counters, 36 with 16-bit; with 32-bit counters an entry takes two lines). Both points
+//! 8-bit counters, 40 with 16-bit; with 32-bit counters an entry takes two lines). Both points
 //! are counted in one call once the switch has decided the packet's fate: ingress always,
 //! egress if it goes out.
 //!

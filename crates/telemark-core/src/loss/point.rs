@@ -25,8 +25,8 @@ pub(crate) const ARMED: u8 = 8;
 /// The open batch is the first one reported after an armed admission.
 pub(crate) const HEAD: u8 = 16;
 /// The open batch's counter reached its largest value (a batch longer than the counters hold:
-/// traffic not marked as configured). The hot path lets it wrap from then on; the slow path
-/// reads it as the largest value.
+/// traffic not marked as configured). It restarts from zero, so that the hot path may go on
+/// counting without ever wrapping, and the slow path reads it as the largest value.
 pub(crate) const SATURATED: u8 = 32;
 /// Steps an armed flow waits before its open batch is reported. One step would do without
 /// reordering (the batch after the first color change the point sees is whole); with it, the
@@ -138,8 +138,8 @@ pub(crate) fn fast<C: Counter>(h: &mut Hot<C>, color: u8, now: u64) -> bool {
     false
 }
 
-/// Undoes what the hot path's wrapping did to a saturated open batch (see [`SATURATED`]):
-/// the first thing the slow path does.
+/// Gives a saturated open batch's counter back its largest value (see [`SATURATED`]): the
+/// first thing the slow path does.
 #[inline]
 pub(crate) fn settle<C: Counter>(h: &mut Hot<C>) {
     if h.state & SATURATED != 0 {
@@ -154,7 +154,8 @@ pub(crate) fn settle<C: Counter>(h: &mut Hot<C>) {
 /// slow path must see. Each flow's events are those of the state machine run packet by packet
 /// (the equivalence test in this module runs both):
 /// - not in use, or time-based periods: none (every packet needs the clock);
-/// - in the late window: the open color without limit (255 at a time); the other none. A late
+/// - in the late window: the open color without limit ([`Counter::BUDGET`] at a time); the
+///   other none. A late
 ///   packet (only reordering makes one) is counted by the slow path, and the first packet of
 ///   the other color after the window's end ends the window there: the window needs no visit
 ///   of its own, and its `Late` event goes out with that packet, before any other event of
@@ -166,21 +167,24 @@ pub(crate) fn settle<C: Counter>(h: &mut Hot<C>) {
 /// Per batch, the slow path sees two packets: the next batch's first, and the step.
 #[inline]
 pub(crate) fn rearm<C: Counter>(h: &mut Hot<C>, p: &Params) {
-    let until = |limit: u32, have: u32| limit.saturating_sub(have.saturating_add(1)).min(255) as u8;
+    let cap = u32::from(C::BUDGET);
+    let until = |limit: u32, have: u32| limit.saturating_sub(have.saturating_add(1)).min(cap) as u8;
     if h.state & USED == 0 || p.period_ns.is_some() {
         h.left = [0; 2];
         return;
     }
     let o = usize::from((h.state & OPEN_COLOR) / OPEN_COLOR);
-    let (open, next) = (h.c[o].get(), h.c[o ^ 1].get());
-    // The hot path's increments wrap: the open color may take what its counter has room for,
-    // and once that is nothing, the counter is marked saturated and the color runs on.
-    let room = (C::MAX - open).min(255) as u8;
-    if room == 0 {
+    // A counter at its largest value is marked saturated and restarts from zero, to be read
+    // as its largest value again by the slow path (`settle`): so the open color runs on, and
+    // no hot-path increment ever wraps.
+    if h.c[o].get() == C::MAX {
         h.state |= SATURATED;
+        h.c[o] = C::default();
     }
+    let (open, next) = (h.c[o].get(), h.c[o ^ 1].get());
+    let room = (C::MAX - open).min(cap) as u8;
     let (for_open, for_next) = if h.state & LATE_WINDOW != 0 || next == 0 {
-        (if room == 0 { 255 } else { room }, 0)
+        (room, 0)
     } else {
         (0, until(p.close_at, next))
     };
@@ -510,6 +514,23 @@ fn end_late_window<C: Counter, S: EventSink>(
     h.c[LATE] = C::default();
 }
 
+/// The reference for tests of the tables built on this module: one packet through the state
+/// machine alone, with no budgets and no hot path.
+#[cfg(test)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn reference<C: Counter, S: EventSink>(
+    h: &mut Hot<C>,
+    c: &mut Cold,
+    key: &FlowKey,
+    p: &Params,
+    stats: &mut PointStats,
+    color: u8,
+    now: u64,
+    sink: &mut S,
+) {
+    advance(h, c, key, p, stats, color, now, sink);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -637,7 +658,7 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(100))]
 
         /// Traffic marked with batches longer than the configured B, and than 8-bit counters
-        /// hold: the saturated counter, wrapping on the hot path, reads as saturated.
+        /// hold: the saturated counter, restarted on the hot path, reads as saturated.
         #[test]
         fn budgets_change_no_event_when_batches_overflow_the_counters(
             seed in any::<u64>(),

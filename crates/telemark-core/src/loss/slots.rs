@@ -10,20 +10,47 @@
 pub trait Counter: Copy + Default + Send + 'static {
     /// Largest value.
     const MAX: u32;
+    /// The most packets a budget of the hot path may let through before the slow path looks
+    /// again (see `point::rearm`): 127 with 8-bit counters (a budget is kept in a lane of the
+    /// counter's width, with its top bit as the guard, see [`Counter::Lanes`]), 255 otherwise.
+    const BUDGET: u8;
+    /// One color's budgets and counters at both points of a switch, as four lanes of the
+    /// counter's width in one integer (`u32` for 8-bit counters, `u64` for 16, `u128` for 32):
+    /// lane 0 and 1 hold ingress's and egress's budgets, each offset by the lane's top bit;
+    /// lanes 2 and 3 hold their counters. One add spends both budgets and bumps both counters
+    /// ([`Counter::spend`]); a budget running out clears its lane's top bit. No lane carries
+    /// or borrows into the next: a budget lane never falls below its offset (the add that
+    /// would take it there is not kept), and a budget never lets a counter pass [`Self::MAX`].
+    type Lanes: Copy + Default + Send + 'static;
+    /// Lanes holding budgets of 0 and counters of 0.
+    const EMPTY: Self::Lanes;
     /// Adds one, saturating.
     fn inc(&mut self);
-    /// Adds one, wrapping (the hot path, whose budgets keep it from wrapping unnoticed).
+    /// Adds one, wrapping (the hot path, whose budgets keep it from wrapping).
     fn bump(&mut self);
     /// `v`, or the largest value if `v` is larger.
     fn from_u32(v: u32) -> Self;
     /// The value.
     fn get(self) -> u32;
+    /// Spends one packet's budget at ingress, and at egress when `forwarded`, and counts it
+    /// there: the new lanes, or `None` (and nothing changed) when a budget it needs is spent
+    /// or `lanes` holds no valid budget.
+    fn spend(lanes: Self::Lanes, forwarded: bool) -> Option<Self::Lanes>;
+    /// Point `at`'s (0, 1) budget and counter.
+    fn lane(lanes: Self::Lanes, at: usize) -> (u8, Self);
+    /// Sets point `at`'s budget (at most [`Self::BUDGET`]) and counter.
+    fn set_lane(lanes: &mut Self::Lanes, at: usize, budget: u8, count: Self);
+    /// Both budgets spent, counters kept.
+    fn spent(lanes: Self::Lanes) -> Self::Lanes;
 }
 
 macro_rules! counter {
-    ($t:ty) => {
+    ($t:ty, $lanes:ty, $budget:expr) => {
         impl Counter for $t {
             const MAX: u32 = <$t>::MAX as u32;
+            const BUDGET: u8 = $budget;
+            type Lanes = $lanes;
+            const EMPTY: $lanes = Self::GUARD | Self::GUARD << <$t>::BITS;
             #[inline(always)]
             fn inc(&mut self) {
                 *self = self.saturating_add(1);
@@ -40,12 +67,54 @@ macro_rules! counter {
             fn get(self) -> u32 {
                 self as u32
             }
+            #[inline(always)]
+            fn spend(lanes: $lanes, forwarded: bool) -> Option<$lanes> {
+                const W: u32 = <$t>::BITS;
+                // Lane 0 down one and lane 2 up one; with egress, lanes 1 and 3 too.
+                const INGRESS: $lanes = (1 << 2 * W) - 1;
+                const BOTH: $lanes = ((1 << 2 * W) | (1 << 3 * W)) - (1 | 1 << W);
+                let next = lanes.wrapping_add(if forwarded { BOTH } else { INGRESS });
+                (lanes & next & Self::EMPTY == Self::EMPTY).then_some(next)
+            }
+            #[inline(always)]
+            fn lane(lanes: $lanes, at: usize) -> (u8, Self) {
+                let w = <$t>::BITS as usize * (at & 1);
+                let budget = (lanes >> w) as $t & !(Self::GUARD as $t);
+                (budget as u8, (lanes >> (w + 2 * <$t>::BITS as usize)) as $t)
+            }
+            #[inline(always)]
+            fn set_lane(lanes: &mut $lanes, at: usize, budget: u8, count: Self) {
+                let w = <$t>::BITS as usize * (at & 1);
+                let c = w + 2 * <$t>::BITS as usize;
+                let mask = <$lanes>::from(<$t>::MAX);
+                let budget = <$lanes>::from(budget.min(Self::BUDGET)) | Self::GUARD;
+                *lanes = (*lanes & !(mask << w) & !(mask << c))
+                    | budget << w
+                    | <$lanes>::from(count) << c;
+            }
+            #[inline(always)]
+            fn spent(lanes: $lanes) -> $lanes {
+                let counters =
+                    !(<$lanes>::from(<$t>::MAX) | <$lanes>::from(<$t>::MAX) << <$t>::BITS);
+                (lanes & counters) | Self::EMPTY
+            }
+        }
+        impl Guard for $t {
+            type L = $lanes;
+            const GUARD: $lanes = 1 << (<$t>::BITS - 1);
         }
     };
 }
-counter!(u8);
-counter!(u16);
-counter!(u32);
+
+/// The top bit of a lane, which a budget keeps set while it lasts.
+trait Guard {
+    type L;
+    const GUARD: Self::L;
+}
+
+counter!(u8, u32, 127);
+counter!(u16, u64, 255);
+counter!(u32, u128, 255);
 
 /// A table entry: how the shared lookup sees it.
 pub(crate) trait Slot: Copy + Default {
