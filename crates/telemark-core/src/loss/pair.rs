@@ -13,9 +13,12 @@
 //! The per-flow logic is the same as the stand-alone [`ColorTable`](super::ColorTable)'s
 //! (module `point`); only the storage differs.
 
-use super::point::{self, join, split, Cold, Hot, Params, Tail, USED};
+use super::point::{
+    self, join, split, Cold, Hot, Params, Tail, ARMED, HEAD, LATE_WINDOW, OPEN_COLOR, SATURATED,
+    USED,
+};
 use super::slots::Counter;
-use super::{EventSink, LossConfig, PointStats, Refusal, RefusedSet};
+use super::{BatchEvent, BatchEventKind, EventSink, LossConfig, PointStats, Refusal, RefusedSet};
 use telemark_wire::FlowKey;
 
 /// The hot loss state of one flow at ingress and egress, held by the switch in the flow's
@@ -104,6 +107,17 @@ impl<C: Counter> PairHot<C> {
     }
 }
 
+/// Color `y`'s lanes and the other color's, both mutable.
+#[inline(always)]
+fn split_lanes<L>(lanes: &mut [L; 2], y: usize) -> (&mut L, &mut L) {
+    let [a, b] = lanes;
+    if y == 0 {
+        (a, b)
+    } else {
+        (b, a)
+    }
+}
+
 /// Both points' cold state of one flow, in a line of its own: the packet that visits the slow
 /// path at ingress usually does at egress too.
 #[repr(C, align(64))]
@@ -171,6 +185,9 @@ impl<C: Counter> PairTable<C> {
         forwarded: bool,
         sink: &mut S,
     ) {
+        if self.steady(hot, slot, key, color, now, forwarded, sink) {
+            return;
+        }
         for at in 0..1 + usize::from(forwarded) {
             let mut h = hot.point(at);
             if point::fast(&mut h, color, now) {
@@ -180,6 +197,95 @@ impl<C: Counter> PairTable<C> {
             }
             hot.set_point(at, &h);
         }
+    }
+
+    /// The two visits a batch brings each point in steady state, done on the lanes directly
+    /// for both points at once: the next batch's first packet (it ends the late window, with
+    /// nothing late, and records when the next batch began), and the step (it reports the
+    /// batch and opens the next). True if the packet was one of these at every point it
+    /// reached; false, having changed nothing, when any point needs the state machine (armed,
+    /// saturated, time-based, late packets, a threshold of one packet), so that the caller
+    /// runs it. Each point ends exactly where `point::slow` would leave it (the property test
+    /// `both_points_in_lanes_change_no_event` runs both against the state machine alone).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn steady<S: EventSink>(
+        &mut self,
+        hot: &mut PairHot<C>,
+        slot: usize,
+        key: &FlowKey,
+        color: u8,
+        now: u64,
+        forwarded: bool,
+        sink: &mut S,
+    ) -> bool {
+        let y = usize::from(color & 1);
+        let x = y ^ 1;
+        let points = 1 + usize::from(forwarded);
+        let (Some(&ly), Some(&lx)) = (hot.lanes.get(y), hot.lanes.get(x)) else { return false };
+        // Which of the two each point is (true: the step); all or none are done here.
+        let mut step = [false; 2];
+        for (at, (p, is_step)) in self.params.iter().zip(&mut step).enumerate().take(points) {
+            let (s, late) = (hot.state[at], hot.late[at].get());
+            let ((_, cy), (_, cx)) = (C::lane(ly, at), C::lane(lx, at));
+            let (cy, cx) = (cy.get(), cx.get());
+            let steady = s & (USED | ARMED | SATURATED | OPEN_COLOR)
+                == USED | (x as u8 * OPEN_COLOR)
+                && late == 0
+                && p.period_ns.is_none()
+                && (2..C::MAX).contains(&p.close_at)
+                && cx < C::MAX;
+            let window = s & LATE_WINDOW != 0;
+            if steady && cy == 0 && (!window || cx >= p.late_limit) {
+                *is_step = false;
+            } else if steady && !window && cy + 1 == p.close_at {
+                *is_step = true;
+            } else {
+                return false;
+            }
+        }
+        let Some(cold) = self.cold.get_mut(slot) else { return false };
+        let budget = |n: u32| n.min(u32::from(C::BUDGET)) as u8;
+        for (at, ((p, st), c)) in
+            self.params.iter().zip(&mut self.stats).zip(&mut cold.0).enumerate().take(points)
+        {
+            let (_, count_x) = C::lane(lx, at);
+            let (wy, wx) = split_lanes(&mut hot.lanes, y);
+            if !step[at] {
+                // The next batch's first packet: the late window is over (nothing was late),
+                // the open batch's last time moves to the cold state, the next color runs
+                // until the step.
+                hot.state[at] &= !LATE_WINDOW;
+                c.next_first_ns = now;
+                c.open_last_ns = join(hot.last[at]);
+                C::set_lane(wy, at, budget(p.close_at - 2), C::from_u32(1));
+                C::set_lane(wx, at, 0, count_x);
+            } else {
+                // The step: the open batch is reported and the next opens, in its late window,
+                // with the threshold's packets in it.
+                sink.emit(BatchEvent {
+                    key: *key,
+                    point: p.point,
+                    kind: BatchEventKind::Closed,
+                    color: x as u8,
+                    ordinal: c.ordinal,
+                    count: count_x.get(),
+                    first_ns: c.first_ns,
+                    last_ns: c.open_last_ns,
+                    tail: false,
+                    head: hot.state[at] & HEAD != 0,
+                    cut: false,
+                });
+                st.batches += 1;
+                c.ordinal = c.ordinal.wrapping_add(1);
+                c.first_ns = c.next_first_ns;
+                hot.state[at] = USED | (y as u8 * OPEN_COLOR) | LATE_WINDOW;
+                C::set_lane(wy, at, budget(C::MAX - p.close_at), C::from_u32(p.close_at));
+                C::set_lane(wx, at, 0, C::default());
+            }
+            hot.last[at] = split(now);
+        }
+        true
     }
 
     /// Hints the CPU to fetch slot `slot`'s cold state, ahead of a [`Self::visit`].
