@@ -471,7 +471,7 @@ mod tests {
                 reference.iter_mut().enumerate().take(1 + usize::from(forwarded))
             {
                 let (p, st) = (&pair.params[at], &mut pair.stats[at]);
-                point::reference(h, c, &k, p, st, color, now, out);
+                point::advance(h, c, &k, p, st, color, now, out);
             }
         }
         if budgeted {

@@ -210,9 +210,11 @@ pub(crate) fn slow<C: Counter, S: EventSink>(
     rearm(h, p);
 }
 
+/// One packet through the state machine alone: what [`slow`] runs, and, with no budgets and
+/// no hot path, the reference the tables' tests compare against.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn advance<C: Counter, S: EventSink>(
+pub(crate) fn advance<C: Counter, S: EventSink>(
     h: &mut Hot<C>,
     c: &mut Cold,
     key: &FlowKey,
@@ -512,23 +514,6 @@ fn end_late_window<C: Counter, S: EventSink>(
         cut: false,
     });
     h.c[LATE] = C::default();
-}
-
-/// The reference for tests of the tables built on this module: one packet through the state
-/// machine alone, with no budgets and no hot path.
-#[cfg(test)]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn reference<C: Counter, S: EventSink>(
-    h: &mut Hot<C>,
-    c: &mut Cold,
-    key: &FlowKey,
-    p: &Params,
-    stats: &mut PointStats,
-    color: u8,
-    now: u64,
-    sink: &mut S,
-) {
-    advance(h, c, key, p, stats, color, now, sink);
 }
 
 #[cfg(test)]
