@@ -78,6 +78,11 @@ impl EventSink for Events {
             self.dropped += 1;
         }
     }
+
+    #[inline(always)]
+    fn prefetch(&mut self) {
+        self.tx.prefetch(crate::pipeline::EVENTS_AHEAD);
+    }
 }
 
 /// One prepared benchmark case.

@@ -601,6 +601,11 @@ fn burst<C, S, T, D>(
     core.stats.rx += n as u64;
     // Pass 2: mark, look up, act, count at both points, send.
     let color_bit = core.cfg.loss.map_or(0, |l| l.color_bit);
+    if loss.is_some() {
+        // Where the burst's events will be written (a ring slot comes round again only long
+        // after it left the cache), fetched while the burst is worked on.
+        sink.prefetch();
+    }
     let mut visits = 0;
     for (idx, (m, p)) in core.meta.iter_mut().zip(pkts.iter_mut()).take(n).enumerate() {
         let Some(parsed) = m.parsed.as_mut() else {

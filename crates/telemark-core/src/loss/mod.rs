@@ -79,6 +79,11 @@ pub struct BatchEvent {
 pub trait EventSink {
     /// Takes one event. Must not block.
     fn emit(&mut self, ev: BatchEvent);
+
+    /// Events may follow soon: a sink writing to memory may start fetching where they will
+    /// go (the switch calls this once per burst).
+    #[inline(always)]
+    fn prefetch(&mut self) {}
 }
 
 impl EventSink for Vec<BatchEvent> {
