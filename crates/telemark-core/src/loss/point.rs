@@ -155,11 +155,10 @@ pub(crate) fn settle<C: Counter>(h: &mut Hot<C>) {
 /// (the equivalence test in this module runs both):
 /// - not in use, or time-based periods: none (every packet needs the clock);
 /// - in the late window: the open color without limit ([`Counter::BUDGET`] at a time); the
-///   other none. A late
-///   packet (only reordering makes one) is counted by the slow path, and the first packet of
-///   the other color after the window's end ends the window there: the window needs no visit
-///   of its own, and its `Late` event goes out with that packet, before any other event of
-///   the flow at this point;
+///   other none. A late packet (only reordering makes one) is counted by the slow path, and
+///   the first packet of the other color after the window's end ends the window there: the
+///   window needs no visit of its own, and its `Late` event goes out with that packet, before
+///   any other event of the flow at this point;
 /// - outside it, before any early packet: the open color without limit; the other none, as
 ///   its first packet opens the next batch;
 /// - after early packets: the open color none (a resumed batch); the other until the step.

@@ -16,7 +16,7 @@ pub trait Counter: Copy + Default + Send + 'static {
     const BUDGET: u8;
     /// One color's budgets and counters at both points of a switch, as four lanes of the
     /// counter's width in one integer (`u32` for 8-bit counters, `u64` for 16, `u128` for 32):
-    /// lane 0 and 1 hold ingress's and egress's budgets, each offset by the lane's top bit;
+    /// lanes 0 and 1 hold ingress's and egress's budgets, each offset by the lane's top bit;
     /// lanes 2 and 3 hold their counters. One add spends both budgets and bumps both counters
     /// ([`Counter::spend`]); a budget running out clears its lane's top bit. No lane carries
     /// or borrows into the next: a budget lane never falls below its offset (the add that
