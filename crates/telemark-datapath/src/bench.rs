@@ -107,12 +107,17 @@ pub const POOL: usize = 8192;
 /// paper's for its overhead runs (Sec. V-B).
 pub const MARK_B: u32 = 100;
 
+/// The loss check the benchmark measures: B = [`MARK_B`], flows never idle.
+fn loss_config() -> LossConfig {
+    LossConfig { idle_ns: u64::MAX / 2, batch: MARK_B, ..LossConfig::default() }
+}
+
 impl Case {
     /// `flows` active flows (uniformly interleaved), frames of `frame_len` bytes, every flow
     /// already in steady state (see [`Case::warm`]).
     pub fn new(variant: Variant, flows: usize, frame_len: usize, seed: u64) -> Case {
-        let loss = matches!(variant, Variant::LossCheck | Variant::DecTtlLossCheck)
-            .then(|| LossConfig { idle_ns: u64::MAX / 2, batch: MARK_B, ..LossConfig::default() });
+        let loss =
+            matches!(variant, Variant::LossCheck | Variant::DecTtlLossCheck).then(loss_config);
         let action = match variant {
             Variant::DecTtl | Variant::DecTtlLossCheck => Action::DecTtl,
             _ => Action::NoAction,
@@ -178,7 +183,7 @@ impl Case {
     /// flows' in bursts, 81 a flow on average.
     fn warm(&mut self, rng: &mut Rng) {
         let b = u64::from(MARK_B);
-        let close_at = u64::from(LossConfig { batch: MARK_B, ..LossConfig::default() }.close_at());
+        let close_at = u64::from(loss_config().close_at());
         let mut left: Vec<u64> = Vec::with_capacity(self.keys.len());
         for n in &mut self.sent {
             let at = 2 * b + rng.below(2 * b);
@@ -337,7 +342,7 @@ pub fn scrambled_flow(i: u64, flows: u64) -> FlowKey {
     synthetic_flow(((z >> 32) * flows.max(1)) >> 32)
 }
 
-/// Hands `f` the keys of packets `first .. first + n` (rounded up to whole bursts of 32) of
+/// Hands `f` the keys of packets `first .. first + n` (rounded up to whole bursts) of
 /// uniform traffic over `flows` flows ([`scrambled_flow`]). Each burst is written into memory,
 /// as a switch's parser leaves it, and read back through [`std::hint::black_box`]: a key made
 /// on the fly and passed straight on lets the compiler fold its constant fields (one
@@ -345,8 +350,8 @@ pub fn scrambled_flow(i: u64, flows: u64) -> FlowKey {
 /// pipeline and the exact table by a third to a half.
 #[inline]
 pub fn uniform_bursts(first: u64, n: u64, flows: u64, mut f: impl FnMut(&FlowKey)) {
-    let mut burst = [scrambled_flow(0, 1); 32];
-    for at in (first..first + n).step_by(32) {
+    let mut burst = [scrambled_flow(0, 1); BURST];
+    for at in (first..first + n).step_by(BURST) {
         for (j, k) in burst.iter_mut().enumerate() {
             *k = scrambled_flow(at + j as u64, flows);
         }
@@ -455,21 +460,24 @@ mod tests {
 
     #[test]
     fn the_loss_check_meets_steps_at_their_real_rate() {
-        // Each point closes a batch (one `Closed` event; nothing is late here) once per MARK_B
-        // packets of a flow; flows in steady state meet that rate even when a pass gives each
-        // only a few packets. Before the flows were warmed to steady state, this count was 0 at
-        // 1,024 flows and more.
+        // Each point closes a batch (one `Closed` event; nothing is late or lost here) when the
+        // threshold's packet of the next color arrives: for a flow's packets numbered from 0
+        // as the benchmark marked them, packet k·B + close_at − 1 for k ≥ 1. Counted from the
+        // marking arithmetic over what each flow was sent during the pass, not from the loss
+        // code. Before the flows were warmed to steady state, the events were 0 at 1,024
+        // flows and more.
+        let (b, close_at) = (u64::from(MARK_B), u64::from(loss_config().close_at()));
+        let steps_before = |n: u64| n.saturating_sub(close_at) / b; // step packets among 0..n
         for flows in [1024, 65_536] {
             let mut c = Case::new(Variant::LossCheck, flows, 64, 7);
             c.pass();
-            let before = c.events.drained;
-            let (n, _) = c.pass();
+            let (sent, before) = (c.sent.clone(), c.events.drained);
+            c.pass();
             let events = c.events.drained - before;
-            let expected = 2.0 * n as f64 / f64::from(MARK_B);
-            assert!(
-                (events as f64) > 0.5 * expected && (events as f64) < 1.5 * expected,
-                "{flows} flows: {events} events in {n} packets, expected about {expected}"
-            );
+            let steps: u64 =
+                sent.iter().zip(&c.sent).map(|(a, z)| steps_before(*z) - steps_before(*a)).sum();
+            assert!(steps > 0, "{flows} flows: the pass crossed no step");
+            assert_eq!(events, 2 * steps, "{flows} flows: one event per step at each point");
         }
     }
 }

@@ -245,7 +245,6 @@ impl<C: Counter> PairTable<C> {
             }
         }
         let Some(cold) = self.cold.get_mut(slot) else { return false };
-        let budget = |n: u32| n.min(u32::from(C::BUDGET)) as u8;
         for (at, ((p, st), c)) in
             self.params.iter().zip(&mut self.stats).zip(&mut cold.0).enumerate().take(points)
         {
@@ -258,7 +257,7 @@ impl<C: Counter> PairTable<C> {
                 hot.state[at] &= !LATE_WINDOW;
                 c.next_first_ns = now;
                 c.open_last_ns = join(hot.last[at]);
-                C::set_lane(wy, at, budget(p.close_at - 2), C::from_u32(1));
+                C::set_lane(wy, at, point::until_step::<C>(p.close_at, 1), C::from_u32(1));
                 C::set_lane(wx, at, 0, count_x);
             } else {
                 // The step: the open batch is reported and the next opens, in its late window,
@@ -280,7 +279,7 @@ impl<C: Counter> PairTable<C> {
                 c.ordinal = c.ordinal.wrapping_add(1);
                 c.first_ns = c.next_first_ns;
                 hot.state[at] = USED | (y as u8 * OPEN_COLOR) | LATE_WINDOW;
-                C::set_lane(wy, at, budget(C::MAX - p.close_at), C::from_u32(p.close_at));
+                C::set_lane(wy, at, point::room::<C>(p.close_at), C::from_u32(p.close_at));
                 C::set_lane(wx, at, 0, C::default());
             }
             hot.last[at] = split(now);
@@ -536,6 +535,13 @@ mod tests {
         ) {
             let pkts = traffic(seed, 3_000, b * marked_over, lost_up, drop_in, depth);
             let cfg = LossConfig { batch: b, threshold, ..LossConfig::default() };
+            // Against the packets themselves (32-bit counters never saturate here): each point
+            // counts every packet that reached it once, in a batch or late.
+            let wide = run_pair::<u32>(&cfg, &pkts, true);
+            let reached = [pkts.len(), pkts.iter().filter(|(_, fwd)| *fwd).count()];
+            for ((ev, _), n) in wide.iter().zip(reached) {
+                prop_assert_eq!(ev.iter().map(|e| e.count as usize).sum::<usize>(), n);
+            }
             prop_assert!(run_pair::<u8>(&cfg, &pkts, true) == run_pair::<u8>(&cfg, &pkts, false));
             prop_assert!(run_pair::<u16>(&cfg, &pkts, true) == run_pair::<u16>(&cfg, &pkts, false));
             prop_assert!(run_pair::<u32>(&cfg, &pkts, true) == run_pair::<u32>(&cfg, &pkts, false));

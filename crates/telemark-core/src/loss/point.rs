@@ -166,8 +166,6 @@ pub(crate) fn settle<C: Counter>(h: &mut Hot<C>) {
 /// Per batch, the slow path sees two packets: the next batch's first, and the step.
 #[inline]
 pub(crate) fn rearm<C: Counter>(h: &mut Hot<C>, p: &Params) {
-    let cap = u32::from(C::BUDGET);
-    let until = |limit: u32, have: u32| limit.saturating_sub(have.saturating_add(1)).min(cap) as u8;
     if h.state & USED == 0 || p.period_ns.is_some() {
         h.left = [0; 2];
         return;
@@ -181,13 +179,25 @@ pub(crate) fn rearm<C: Counter>(h: &mut Hot<C>, p: &Params) {
         h.c[o] = C::default();
     }
     let (open, next) = (h.c[o].get(), h.c[o ^ 1].get());
-    let room = (C::MAX - open).min(cap) as u8;
     let (for_open, for_next) = if h.state & LATE_WINDOW != 0 || next == 0 {
-        (room, 0)
+        (room::<C>(open), 0)
     } else {
-        (0, until(p.close_at, next))
+        (0, until_step::<C>(p.close_at, next))
     };
     h.left = if o == 0 { [for_open, for_next] } else { [for_next, for_open] };
+}
+
+/// The open color's budget with `open` packets counted: what its counter has room for.
+#[inline(always)]
+pub(crate) fn room<C: Counter>(open: u32) -> u8 {
+    C::MAX.saturating_sub(open).min(u32::from(C::BUDGET)) as u8
+}
+
+/// The next color's budget with `have` early packets counted: up to the packet before the
+/// step, which the slow path must see.
+#[inline(always)]
+pub(crate) fn until_step<C: Counter>(close_at: u32, have: u32) -> u8 {
+    close_at.saturating_sub(have.saturating_add(1)).min(u32::from(C::BUDGET)) as u8
 }
 
 /// Every case of one packet at one point, the step included; then the budgets for what comes
