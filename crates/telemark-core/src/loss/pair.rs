@@ -45,23 +45,21 @@ impl<C: Counter> Default for PairHot<C> {
 }
 
 impl<C: Counter> PairHot<C> {
-    /// Both points' hot path (see `point::fast`): counts the packet at ingress, and at egress
-    /// when `forwarded`, if its color has budget left at each; true if it did. False, having
-    /// changed nothing, when either point needs the slow path ([`PairTable::visit`]).
+    /// Both points' hot path (see `point::fast`): counts a packet the switch `forwarded` at
+    /// ingress and at egress, if its color has budget left at both; true if it did. False,
+    /// having changed nothing, when either point needs the slow path ([`PairTable::visit`]),
+    /// and for a packet the switch dropped: only ingress saw that one, and drops inside a
+    /// switch are rare enough that the slow path may count it. Left to the hot path, it cost
+    /// every packet a choice between two increments and between two times (docs/overhead.md).
     #[inline(always)]
     pub fn count(&mut self, color: u8, now: u64, forwarded: bool) -> bool {
+        if !forwarded {
+            return false;
+        }
         let Some(lanes) = self.lanes.get_mut(usize::from(color & 1)) else { return false };
-        let Some(next) = C::spend(*lanes, forwarded) else { return false };
+        let Some(next) = C::spend(*lanes) else { return false };
         *lanes = next;
-        // Egress's time only when forwarded, without a branch: ingress's is stored twice
-        // otherwise.
-        let t = split(now);
-        if let Some(l) = self.last.get_mut(usize::from(forwarded)) {
-            *l = t;
-        }
-        if let Some(l) = self.last.first_mut() {
-            *l = t;
-        }
+        self.last = [split(now); 2];
         true
     }
 

@@ -16,11 +16,13 @@ pub trait Counter: Copy + Default + Send + 'static {
     const BUDGET: u8;
     /// One color's budgets and counters at both points of a switch, as four lanes of the
     /// counter's width in one integer (`u32` for 8-bit counters, `u64` for 16, `u128` for 32):
-    /// lanes 0 and 1 hold ingress's and egress's budgets, each offset by the lane's top bit;
-    /// lanes 2 and 3 hold their counters. One add spends both budgets and bumps both counters
-    /// ([`Counter::spend`]); a budget running out clears its lane's top bit. No lane carries
-    /// or borrows into the next: a budget lane never falls below its offset (the add that
-    /// would take it there is not kept), and a budget never lets a counter pass [`Self::MAX`].
+    /// lanes 0 and 1 hold ingress's and egress's budgets, each as how far the lane is below
+    /// its top bit (a budget of b is kept as `top − 1 − b`); lanes 2 and 3 hold their
+    /// counters. One add of one to every lane spends both budgets and bumps both counters
+    /// ([`Counter::spend`]), and the packet was within budget if no budget lane reached its
+    /// top bit. No lane carries into the next: a budget lane is kept only below its top bit
+    /// (the add that would take it there is not kept), and a budget never lets a counter pass
+    /// [`Self::MAX`].
     type Lanes: Copy + Default + Send + 'static;
     /// Lanes holding budgets of 0 and counters of 0.
     const EMPTY: Self::Lanes;
@@ -32,10 +34,10 @@ pub trait Counter: Copy + Default + Send + 'static {
     fn from_u32(v: u32) -> Self;
     /// The value.
     fn get(self) -> u32;
-    /// Spends one packet's budget at ingress, and at egress when `forwarded`, and counts it
-    /// there: the new lanes, or `None` (and nothing changed) when a budget it needs is spent
-    /// or `lanes` holds no valid budget.
-    fn spend(lanes: Self::Lanes, forwarded: bool) -> Option<Self::Lanes>;
+    /// Spends one packet's budget at both points and counts it at both: the new lanes, or
+    /// `None` (and nothing changed) when either budget is spent or `lanes` holds no valid
+    /// budget.
+    fn spend(lanes: Self::Lanes) -> Option<Self::Lanes>;
     /// Point `at`'s (0, 1) budget and counter.
     fn lane(lanes: Self::Lanes, at: usize) -> (u8, Self);
     /// Sets point `at`'s budget (at most [`Self::BUDGET`]) and counter.
@@ -50,7 +52,7 @@ macro_rules! counter {
             const MAX: u32 = <$t>::MAX as u32;
             const BUDGET: u8 = $budget;
             type Lanes = $lanes;
-            const EMPTY: $lanes = Self::GUARD | Self::GUARD << <$t>::BITS;
+            const EMPTY: $lanes = (Self::GUARD - 1) | (Self::GUARD - 1) << <$t>::BITS;
             #[inline(always)]
             fn inc(&mut self) {
                 *self = self.saturating_add(1);
@@ -68,18 +70,18 @@ macro_rules! counter {
                 self as u32
             }
             #[inline(always)]
-            fn spend(lanes: $lanes, forwarded: bool) -> Option<$lanes> {
+            fn spend(lanes: $lanes) -> Option<$lanes> {
                 const W: u32 = <$t>::BITS;
-                // Lane 0 down one and lane 2 up one; with egress, lanes 1 and 3 too.
-                const INGRESS: $lanes = (1 << 2 * W) - 1;
-                const BOTH: $lanes = ((1 << 2 * W) | (1 << 3 * W)) - (1 | 1 << W);
-                let next = lanes.wrapping_add(if forwarded { BOTH } else { INGRESS });
-                (lanes & next & Self::EMPTY == Self::EMPTY).then_some(next)
+                const ONE_EACH: $lanes = 1 | 1 << W | 1 << 2 * W | 1 << 3 * W;
+                const TOPS: $lanes = <$t as Guard>::GUARD | <$t as Guard>::GUARD << W;
+                let next = lanes.wrapping_add(ONE_EACH);
+                (next & TOPS == 0).then_some(next)
             }
             #[inline(always)]
             fn lane(lanes: $lanes, at: usize) -> (u8, Self) {
                 let w = <$t>::BITS as usize * (at & 1);
-                let budget = (lanes >> w) as $t & !(Self::GUARD as $t);
+                let below = (Self::GUARD - 1) as $t;
+                let budget = below.saturating_sub((lanes >> w) as $t);
                 (budget as u8, (lanes >> (w + 2 * <$t>::BITS as usize)) as $t)
             }
             #[inline(always)]
@@ -87,7 +89,7 @@ macro_rules! counter {
                 let w = <$t>::BITS as usize * (at & 1);
                 let c = w + 2 * <$t>::BITS as usize;
                 let mask = <$lanes>::from(<$t>::MAX);
-                let budget = <$lanes>::from(budget.min(Self::BUDGET)) | Self::GUARD;
+                let budget = Self::GUARD - 1 - <$lanes>::from(budget.min(Self::BUDGET));
                 *lanes = (*lanes & !(mask << w) & !(mask << c))
                     | budget << w
                     | <$lanes>::from(count) << c;
@@ -106,7 +108,7 @@ macro_rules! counter {
     };
 }
 
-/// The top bit of a lane, which a budget keeps set while it lasts.
+/// The top bit of a lane: a budget lane that would reach it has no budget left.
 trait Guard {
     type L;
     const GUARD: Self::L;
