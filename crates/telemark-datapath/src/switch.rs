@@ -651,28 +651,33 @@ fn burst<C, S, T, D>(
                 p.batch = Some(ord);
             }
         }
-        let port = slot.and_then(|s| core.fib.port(s)).unwrap_or(core.cfg.default_port);
+        // The flow's entry, read for its port and, with the loss check on, counted in.
+        let entry = slot.and_then(|s| core.fib.slots.get_mut(s)).filter(|e| e.flags & USED != 0);
+        let port = entry.as_ref().map_or(core.cfg.default_port, |e| e.port);
         let color = color_of(parsed.dscp, color_bit);
-        if let (Some(t), None) = (loss.as_deref_mut(), slot) {
-            // Not in the table (full, or not selected): forwarded, but not measured.
-            let why = if unselected { Refusal::NotSelected } else { Refusal::Full };
-            t.refuse(why, &parsed.key, m.hash, sink);
-        }
         let forwarded = (core.cfg.action != Action::DecTtl || dec_ttl(&mut p.data, parsed))
             && !drop_inside(&parsed.key, p);
         // Both points at once, after the switch's decision: ingress saw the packet, egress
         // sees it if it goes out. A packet the slow path must see waits for the end of the
         // burst, with its cold line fetched meanwhile; its flow's later packets in the burst
         // wait behind it, so each point still sees them in their order.
-        if let (Some(t), Some(s)) = (loss.as_deref(), slot) {
-            if let Some(e) = core.fib.slots.get_mut(s) {
-                if !e.hot.count(color, now, forwarded) {
-                    e.hot.hold();
-                    t.prefetch(s);
-                    if let Some(v) = core.visits.get_mut(visits) {
-                        *v = Visit { idx: idx as u8, color, forwarded, slot: s as u32 };
-                        visits += 1;
+        if let Some(t) = loss.as_deref_mut() {
+            match (slot, entry) {
+                (Some(s), Some(e)) => {
+                    if !e.hot.count(color, now, forwarded) {
+                        e.hot.hold();
+                        t.prefetch(s);
+                        if let Some(v) = core.visits.get_mut(visits) {
+                            *v = Visit { idx: idx as u8, color, forwarded, slot: s as u32 };
+                            visits += 1;
+                        }
                     }
+                }
+                (Some(_), None) => {}
+                (None, _) => {
+                    // Not in the table (full, or not selected): forwarded, but not measured.
+                    let why = if unselected { Refusal::NotSelected } else { Refusal::Full };
+                    t.refuse(why, &parsed.key, m.hash, sink);
                 }
             }
         }
