@@ -130,6 +130,9 @@ pub struct PairTable<C: Counter> {
     params: [Params; 2],
     idle_ns: u64,
     refused: RefusedSet,
+    /// Count-based periods with a threshold of more than one packet (and less than the
+    /// counters hold): what [`Self::steady`] handles.
+    counted: bool,
     /// Counters of the ingress (`[0]`) and egress (`[1]`) points.
     pub stats: [PointStats; 2],
     counters: core::marker::PhantomData<C>,
@@ -142,6 +145,7 @@ impl<C: Counter> PairTable<C> {
         PairTable {
             cold: vec![ColdPair::default(); slots],
             params: [Params::new(cfg, points.0), Params::new(cfg, points.1)],
+            counted: cfg.period_ns.is_none() && (2..C::MAX).contains(&cfg.close_at()),
             idle_ns: cfg.idle_ns,
             refused: RefusedSet::default(),
             stats: [PointStats::default(); 2],
@@ -168,10 +172,9 @@ impl<C: Counter> PairTable<C> {
         }
     }
 
-    /// The packet [`PairHot::count`] left: each point takes its hot path if it can, or the
-    /// slow path.
-    #[cold]
-    #[inline(never)]
+    /// The packet [`PairHot::count`] left: the two visits of a steady flow are done here on
+    /// the lanes ([`Self::steady`]); anything else goes through each point's state machine.
+    #[inline]
     #[allow(clippy::too_many_arguments)]
     pub fn visit<S: EventSink>(
         &mut self,
@@ -183,9 +186,25 @@ impl<C: Counter> PairTable<C> {
         forwarded: bool,
         sink: &mut S,
     ) {
-        if self.steady(hot, slot, key, color, now, forwarded, sink) {
-            return;
+        if !self.steady(hot, slot, key, color, now, forwarded, sink) {
+            self.visit_points(hot, slot, key, color, now, forwarded, sink);
         }
+    }
+
+    /// Each point the packet reached takes its hot path if it can, or the slow path.
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn visit_points<S: EventSink>(
+        &mut self,
+        hot: &mut PairHot<C>,
+        slot: usize,
+        key: &FlowKey,
+        color: u8,
+        now: u64,
+        forwarded: bool,
+        sink: &mut S,
+    ) {
         for at in 0..1 + usize::from(forwarded) {
             let mut h = hot.point(at);
             if point::fast(&mut h, color, now) {
@@ -197,11 +216,13 @@ impl<C: Counter> PairTable<C> {
         }
     }
 
-    /// The two visits a batch brings each point in steady state, done on the lanes directly
-    /// for both points at once: the next batch's first packet (it ends the late window, with
-    /// nothing late, and records when the next batch began), and the step (it reports the
-    /// batch and opens the next). True if the packet was one of these at every point it
-    /// reached; false, having changed nothing, when any point needs the state machine (armed,
+    /// The two visits a batch brings a steady flow, done on the lanes directly for both points
+    /// at once: the next batch's first packet (it ends the late window, with nothing late, and
+    /// records when the next batch began), and the step (it reports the batch and opens the
+    /// next). Only for a forwarded packet of a flow whose two points are alike (state, counts,
+    /// nothing late: every packet since the last difference crossed the switch), so that one
+    /// decision and one write of each color's lanes serve both. True if it was done; false,
+    /// having changed nothing, when a point needs the state machine (points apart, armed,
     /// saturated, time-based, late packets, a threshold of one packet), so that the caller
     /// runs it. Each point ends exactly where `point::slow` would leave it (the property test
     /// `both_points_in_lanes_change_no_event` runs both against the state machine alone).
@@ -219,69 +240,71 @@ impl<C: Counter> PairTable<C> {
     ) -> bool {
         let y = usize::from(color & 1);
         let x = y ^ 1;
-        let points = 1 + usize::from(forwarded);
         let (Some(&ly), Some(&lx)) = (hot.lanes.get(y), hot.lanes.get(x)) else { return false };
-        // Which of the two each point is (true: the step); all or none are done here.
-        let mut step = [false; 2];
-        for (at, (p, is_step)) in self.params.iter().zip(&mut step).enumerate().take(points) {
-            let (s, late) = (hot.state[at], hot.late[at].get());
-            let ((_, cy), (_, cx)) = (C::lane(ly, at), C::lane(lx, at));
-            let (cy, cx) = (cy.get(), cx.get());
-            let steady = s & (USED | ARMED | SATURATED | OPEN_COLOR)
-                == USED | (x as u8 * OPEN_COLOR)
-                && late == 0
-                && p.period_ns.is_none()
-                && (2..C::MAX).contains(&p.close_at)
-                && cx < C::MAX;
-            let window = s & LATE_WINDOW != 0;
-            if steady && cy == 0 && (!window || cx >= p.late_limit) {
-                *is_step = false;
-            } else if steady && !window && cy + 1 == p.close_at {
-                *is_step = true;
-            } else {
-                return false;
-            }
-        }
-        let Some(cold) = self.cold.get_mut(slot) else { return false };
-        for (at, ((p, st), c)) in
-            self.params.iter().zip(&mut self.stats).zip(&mut cold.0).enumerate().take(points)
+        let (cy, cx) = (C::lane(ly, 0).1, C::lane(lx, 0).1);
+        let s = hot.state[0];
+        let alike = forwarded
+            && self.counted
+            && s == hot.state[1]
+            && C::lane(ly, 1).1.get() == cy.get()
+            && C::lane(lx, 1).1.get() == cx.get()
+            && hot.late[0].get() == 0
+            && hot.late[1].get() == 0;
+        let (cy, cx) = (cy.get(), cx.get());
+        if !alike
+            || cx >= C::MAX
+            || s & (USED | ARMED | SATURATED | OPEN_COLOR) != USED | (x as u8 * OPEN_COLOR)
         {
-            let (_, count_x) = C::lane(lx, at);
-            let (wy, wx) = split_lanes(&mut hot.lanes, y);
-            if !step[at] {
-                // The next batch's first packet: the late window is over (nothing was late),
-                // the open batch's last time moves to the cold state, the next color runs
-                // until the step.
-                hot.state[at] &= !LATE_WINDOW;
+            return false;
+        }
+        let (close_at, late_limit) = (self.params[0].close_at, self.params[0].late_limit);
+        let window = s & LATE_WINDOW != 0;
+        let step = if cy == 0 && (!window || cx >= late_limit) {
+            false
+        } else if !window && cy + 1 == close_at {
+            true
+        } else {
+            return false;
+        };
+        let Some(cold) = self.cold.get_mut(slot) else { return false };
+        let (wy, wx) = split_lanes(&mut hot.lanes, y);
+        if !step {
+            // The next batch's first packet: the late window is over (nothing was late), the
+            // open batch's last time moves to the cold state, the next color runs until the
+            // step.
+            for (c, last) in cold.0.iter_mut().zip(&hot.last) {
                 c.next_first_ns = now;
-                c.open_last_ns = join(hot.last[at]);
-                C::set_lane(wy, at, point::until_step::<C>(p.close_at, 1), C::from_u32(1));
-                C::set_lane(wx, at, 0, count_x);
-            } else {
-                // The step: the open batch is reported and the next opens, in its late window,
-                // with the threshold's packets in it.
+                c.open_last_ns = join(*last);
+            }
+            hot.state = [s & !LATE_WINDOW; 2];
+            *wy = C::twin(point::until_step::<C>(close_at, 1), C::from_u32(1));
+            *wx = C::twin(0, C::from_u32(cx));
+        } else {
+            // The step: the open batch is reported and the next opens, in its late window,
+            // with the threshold's packets in it.
+            for ((p, st), c) in self.params.iter().zip(&mut self.stats).zip(&mut cold.0) {
                 sink.emit(BatchEvent {
                     key: *key,
                     point: p.point,
                     kind: BatchEventKind::Closed,
                     color: x as u8,
                     ordinal: c.ordinal,
-                    count: count_x.get(),
+                    count: cx,
                     first_ns: c.first_ns,
                     last_ns: c.open_last_ns,
                     tail: false,
-                    head: hot.state[at] & HEAD != 0,
+                    head: s & HEAD != 0,
                     cut: false,
                 });
                 st.batches += 1;
                 c.ordinal = c.ordinal.wrapping_add(1);
                 c.first_ns = c.next_first_ns;
-                hot.state[at] = USED | (y as u8 * OPEN_COLOR) | LATE_WINDOW;
-                C::set_lane(wy, at, point::room::<C>(p.close_at), C::from_u32(p.close_at));
-                C::set_lane(wx, at, 0, C::default());
             }
-            hot.last[at] = split(now);
+            hot.state = [USED | (y as u8 * OPEN_COLOR) | LATE_WINDOW; 2];
+            *wy = C::twin(point::room::<C>(close_at), C::from_u32(close_at));
+            *wx = C::EMPTY;
         }
+        hot.last = [split(now); 2];
         true
     }
 

@@ -42,6 +42,9 @@ pub trait Counter: Copy + Default + Send + 'static {
     fn lane(lanes: Self::Lanes, at: usize) -> (u8, Self);
     /// Sets point `at`'s budget (at most [`Self::BUDGET`]) and counter.
     fn set_lane(lanes: &mut Self::Lanes, at: usize, budget: u8, count: Self);
+    /// Lanes with both points' budgets `budget` (at most [`Self::BUDGET`]) and counters
+    /// `count`.
+    fn twin(budget: u8, count: Self) -> Self::Lanes;
     /// Both budgets spent, counters kept.
     fn spent(lanes: Self::Lanes) -> Self::Lanes;
 }
@@ -93,6 +96,13 @@ macro_rules! counter {
                 *lanes = (*lanes & !(mask << w) & !(mask << c))
                     | budget << w
                     | <$lanes>::from(count) << c;
+            }
+            #[inline(always)]
+            fn twin(budget: u8, count: Self) -> $lanes {
+                const W: u32 = <$t>::BITS;
+                let b = Self::GUARD - 1 - <$lanes>::from(budget.min(Self::BUDGET));
+                let c = <$lanes>::from(count);
+                b | b << W | c << 2 * W | c << 3 * W
             }
             #[inline(always)]
             fn spent(lanes: $lanes) -> $lanes {
