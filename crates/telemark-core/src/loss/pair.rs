@@ -34,13 +34,24 @@ pub struct PairHot<C: Counter> {
     late: [C; 2],
     /// `lanes[color]`: both points' budgets and counters of that color.
     lanes: [C::Lanes; 2],
-    /// Each point's last time, as two 32-bit halves.
+    /// Ingress's last time (`[0]`) and egress's (`[1]`), each as two 32-bit halves. Egress's
+    /// is [`SAME`] while it is ingress's, so that the hot path, whose packets reach both
+    /// points, stores one time. A packet only ingress saw (dropped inside the switch) sets
+    /// egress's apart, and holds the flow until a packet that reaches both (`visit_points`).
     last: [[u32; 2]; 2],
 }
 
+/// Egress's last time when it is ingress's (no real time is `u64::MAX`).
+const SAME: [u32; 2] = [u32::MAX; 2];
+
 impl<C: Counter> Default for PairHot<C> {
     fn default() -> Self {
-        PairHot { state: [0; 2], late: [C::default(); 2], lanes: [C::EMPTY; 2], last: [[0; 2]; 2] }
+        PairHot {
+            state: [0; 2],
+            late: [C::default(); 2],
+            lanes: [C::EMPTY; 2],
+            last: [[0; 2], SAME],
+        }
     }
 }
 
@@ -59,7 +70,8 @@ impl<C: Counter> PairHot<C> {
         let Some(lanes) = self.lanes.get_mut(usize::from(color & 1)) else { return false };
         let Some(next) = C::spend(*lanes) else { return false };
         *lanes = next;
-        self.last = [split(now); 2];
+        // Egress's time is ingress's: a flow whose times are apart has no budget.
+        self.last[0] = split(now);
         true
     }
 
@@ -83,8 +95,17 @@ impl<C: Counter> PairHot<C> {
             (h.left[color], h.c[color]) = C::lane(*lanes, at);
         }
         h.c[point::LATE] = self.late[at];
-        h.set_last(join(self.last[at]));
+        h.set_last(join(self.last_at(at)));
         h
+    }
+
+    /// Point `at`'s last time.
+    #[inline]
+    fn last_at(&self, at: usize) -> [u32; 2] {
+        match self.last {
+            [_, e] if at & 1 == 1 && e != SAME => e,
+            [i, _] => i,
+        }
     }
 
     /// Stores point `at`'s state back.
@@ -96,12 +117,25 @@ impl<C: Counter> PairHot<C> {
             C::set_lane(lanes, at, h.left[color], h.c[color]);
         }
         self.late[at] = h.c[point::LATE];
-        self.last[at] = split(h.last());
+        let t = split(h.last());
+        let [i, e] = &mut self.last;
+        if at == 0 {
+            // Egress keeps its own time, unless it is the new one.
+            if *e == SAME {
+                *e = *i;
+            }
+            *i = t;
+            if *e == t {
+                *e = SAME;
+            }
+        } else {
+            *e = if t == *i { SAME } else { t };
+        }
     }
 
     /// The flow's last packet at either point.
     fn seen_ns(&self) -> u64 {
-        self.last.iter().map(|l| join(*l)).max().unwrap_or(0)
+        join(self.last_at(0)).max(join(self.last_at(1)))
     }
 }
 
@@ -214,6 +248,11 @@ impl<C: Counter> PairTable<C> {
             }
             hot.set_point(at, &h);
         }
+        if hot.last[1] != SAME {
+            // Egress's time is apart (ingress saw a packet it did not): the hot path, which
+            // stores one time for both, waits for a packet that reaches both.
+            hot.hold();
+        }
     }
 
     /// The two visits a batch brings a steady flow, done on the lanes directly for both points
@@ -249,7 +288,8 @@ impl<C: Counter> PairTable<C> {
             && C::lane(ly, 1).1.get() == cy.get()
             && C::lane(lx, 1).1.get() == cx.get()
             && hot.late[0].get() == 0
-            && hot.late[1].get() == 0;
+            && hot.late[1].get() == 0
+            && hot.last[1] == SAME;
         let (cy, cx) = (cy.get(), cx.get());
         if !alike
             || cx >= C::MAX
@@ -272,9 +312,9 @@ impl<C: Counter> PairTable<C> {
             // The next batch's first packet: the late window is over (nothing was late), the
             // open batch's last time moves to the cold state, the next color runs until the
             // step.
-            for (c, last) in cold.0.iter_mut().zip(&hot.last) {
+            for c in &mut cold.0 {
                 c.next_first_ns = now;
-                c.open_last_ns = join(*last);
+                c.open_last_ns = join(hot.last[0]);
             }
             hot.state = [s & !LATE_WINDOW; 2];
             *wy = C::twin(point::until_step::<C>(close_at, 1), C::from_u32(1));
@@ -304,7 +344,7 @@ impl<C: Counter> PairTable<C> {
             *wy = C::twin(point::room::<C>(close_at), C::from_u32(close_at));
             *wx = C::EMPTY;
         }
-        hot.last = [split(now); 2];
+        hot.last[0] = split(now);
         true
     }
 
