@@ -20,7 +20,7 @@ use crate::Pkt;
 use telemark_core::flow_hash;
 use telemark_core::loss::{
     color_of, with_color, Counter, EventSink, LossConfig, Marker, PairHot, PairTable, PointStats,
-    Refusal, Selection,
+    Refusal, Seen, Selection,
 };
 use telemark_core::watch::Watch;
 use telemark_wire::flow::{self, LinkType, Parsed};
@@ -651,9 +651,11 @@ fn burst<C, S, T, D>(
                 p.batch = Some(ord);
             }
         }
-        // The flow's entry, read for its port and, with the loss check on, counted in.
-        let entry = slot.and_then(|s| core.fib.slots.get_mut(s)).filter(|e| e.flags & USED != 0);
-        let port = entry.as_ref().map_or(core.cfg.default_port, |e| e.port);
+        // The flow's slot and entry, read for its port and, with the loss check on, counted in.
+        let entry = slot.and_then(|s| {
+            core.fib.slots.get_mut(s).filter(|e| e.flags & USED != 0).map(|e| (s, e))
+        });
+        let port = entry.as_ref().map_or(core.cfg.default_port, |(_, e)| e.port);
         let color = color_of(parsed.dscp, color_bit);
         let forwarded = (core.cfg.action != Action::DecTtl || dec_ttl(&mut p.data, parsed))
             && !drop_inside(&parsed.key, p);
@@ -662,8 +664,8 @@ fn burst<C, S, T, D>(
         // burst, with its cold line fetched meanwhile; its flow's later packets in the burst
         // wait behind it, so each point still sees them in their order.
         if let Some(t) = loss.as_deref_mut() {
-            match (slot, entry) {
-                (Some(s), Some(e)) => {
+            match entry {
+                Some((s, e)) => {
                     if !e.hot.count(color, now, forwarded) {
                         e.hot.hold();
                         t.prefetch(s);
@@ -673,8 +675,7 @@ fn burst<C, S, T, D>(
                         }
                     }
                 }
-                (Some(_), None) => {}
-                (None, _) => {
+                None => {
                     // Not in the table (full, or not selected): forwarded, but not measured.
                     let why = if unselected { Refusal::NotSelected } else { Refusal::Full };
                     t.refuse(why, &parsed.key, m.hash, sink);
@@ -696,7 +697,14 @@ fn burst<C, S, T, D>(
             else {
                 continue;
             };
-            t.visit(&mut e.hot, v.slot as usize, &parsed.key, v.color, p.ts_ns, v.forwarded, sink);
+            let pkt = Seen {
+                slot: v.slot as usize,
+                key: &parsed.key,
+                color: v.color,
+                now: p.ts_ns,
+                forwarded: v.forwarded,
+            };
+            t.visit(&mut e.hot, pkt, sink);
         }
     }
 }
@@ -834,7 +842,9 @@ mod tests {
         let mut want: Vec<BatchEvent> = Vec::new();
         for (i, &(f, color)) in order.iter().enumerate() {
             let now = 10 * i as u64;
-            t.observe(&mut hot[f], f, &key(f as u32), color, now, !dropped(i as u64), &mut want);
+            let k = key(f as u32);
+            let pkt = Seen { slot: f, key: &k, color, now, forwarded: !dropped(i as u64) };
+            t.observe(&mut hot[f], pkt, &mut want);
         }
         for at in 0..2 {
             for (f, h) in hot.iter_mut().enumerate() {

@@ -23,7 +23,7 @@ mod table;
 pub use aggregator::{Aggregator, FlowTotals, PointSpec};
 pub use config::{ConfigError, LossConfig};
 pub use marker::Marker;
-pub use pair::{PairHot, PairTable};
+pub use pair::{PairHot, PairTable, Seen};
 pub use slots::{Counter, Lookup};
 pub use table::{AnyColorTable, ColorTable, PointStats};
 

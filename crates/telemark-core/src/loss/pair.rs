@@ -41,6 +41,19 @@ pub struct PairHot<C: Counter> {
     last: [[u32; 2]; 2],
 }
 
+/// One packet of a flow the switch measures, as its two points see it.
+#[derive(Clone, Copy)]
+pub struct Seen<'a> {
+    /// The flow's slot in the switch's table (which indexes its cold state).
+    pub slot: usize,
+    pub key: &'a FlowKey,
+    /// Its color bit.
+    pub color: u8,
+    pub now: u64,
+    /// The switch let it out: egress saw it too.
+    pub forwarded: bool,
+}
+
 /// Egress's last time when it is ingress's (no real time is `u64::MAX`).
 const SAME: [u32; 2] = [u32::MAX; 2];
 
@@ -187,58 +200,29 @@ impl<C: Counter> PairTable<C> {
         }
     }
 
-    /// Counts one packet of the flow in slot `slot`, whose hot state is `hot`: at ingress, and
-    /// at egress too when the switch `forwarded` it ([`PairHot::count`], else [`Self::visit`]).
+    /// Counts one packet of the flow whose hot state is `hot`: at ingress, and at egress too
+    /// when the switch forwarded it ([`PairHot::count`], else [`Self::visit`]).
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn observe<S: EventSink>(
-        &mut self,
-        hot: &mut PairHot<C>,
-        slot: usize,
-        key: &FlowKey,
-        color: u8,
-        now: u64,
-        forwarded: bool,
-        sink: &mut S,
-    ) {
-        if !hot.count(color, now, forwarded) {
-            self.visit(hot, slot, key, color, now, forwarded, sink);
+    pub fn observe<S: EventSink>(&mut self, hot: &mut PairHot<C>, pkt: Seen<'_>, sink: &mut S) {
+        if !hot.count(pkt.color, pkt.now, pkt.forwarded) {
+            self.visit(hot, pkt, sink);
         }
     }
 
     /// The packet [`PairHot::count`] left: the two visits of a steady flow are done here on
     /// the lanes ([`Self::steady`]); anything else goes through each point's state machine.
     #[inline]
-    #[allow(clippy::too_many_arguments)]
-    pub fn visit<S: EventSink>(
-        &mut self,
-        hot: &mut PairHot<C>,
-        slot: usize,
-        key: &FlowKey,
-        color: u8,
-        now: u64,
-        forwarded: bool,
-        sink: &mut S,
-    ) {
-        if !self.steady(hot, slot, key, color, now, forwarded, sink) {
-            self.visit_points(hot, slot, key, color, now, forwarded, sink);
+    pub fn visit<S: EventSink>(&mut self, hot: &mut PairHot<C>, pkt: Seen<'_>, sink: &mut S) {
+        if !self.steady(hot, pkt, sink) {
+            self.visit_points(hot, pkt, sink);
         }
     }
 
     /// Each point the packet reached takes its hot path if it can, or the slow path.
     #[cold]
     #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
-    fn visit_points<S: EventSink>(
-        &mut self,
-        hot: &mut PairHot<C>,
-        slot: usize,
-        key: &FlowKey,
-        color: u8,
-        now: u64,
-        forwarded: bool,
-        sink: &mut S,
-    ) {
+    fn visit_points<S: EventSink>(&mut self, hot: &mut PairHot<C>, pkt: Seen<'_>, sink: &mut S) {
+        let Seen { slot, key, color, now, forwarded } = pkt;
         for at in 0..1 + usize::from(forwarded) {
             let mut h = hot.point(at);
             if point::fast(&mut h, color, now) {
@@ -266,17 +250,8 @@ impl<C: Counter> PairTable<C> {
     /// runs it. Each point ends exactly where `point::slow` would leave it (the property test
     /// `both_points_in_lanes_change_no_event` runs both against the state machine alone).
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn steady<S: EventSink>(
-        &mut self,
-        hot: &mut PairHot<C>,
-        slot: usize,
-        key: &FlowKey,
-        color: u8,
-        now: u64,
-        forwarded: bool,
-        sink: &mut S,
-    ) -> bool {
+    fn steady<S: EventSink>(&mut self, hot: &mut PairHot<C>, pkt: Seen<'_>, sink: &mut S) -> bool {
+        let Seen { slot, key, color, now, forwarded } = pkt;
         let y = usize::from(color & 1);
         let x = y ^ 1;
         let (Some(&ly), Some(&lx)) = (hot.lanes.get(y), hot.lanes.get(x)) else { return false };
@@ -524,7 +499,8 @@ mod tests {
         for (i, &(color, forwarded)) in pkts.iter().enumerate() {
             let now = 1_000 + 10 * i as u64;
             if budgeted {
-                pair.observe(&mut hot, 0, &k, color, now, forwarded, &mut ev);
+                let pkt = Seen { slot: 0, key: &k, color, now, forwarded };
+                pair.observe(&mut hot, pkt, &mut ev);
                 continue;
             }
             for (at, (h, c, out)) in
@@ -662,7 +638,8 @@ mod tests {
                 now += 1;
                 let (k, slot, color) = (key(f as u8), f * 2, (batch % 2) as u8);
                 let forwarded = next() % 100 != 0;
-                pair.observe(&mut hot[slot], slot, &k, color, now, forwarded, &mut ev);
+                let pkt = Seen { slot, key: &k, color, now, forwarded };
+                pair.observe(&mut hot[slot], pkt, &mut ev);
                 truth[0][f][batch as usize] += 1;
                 if forwarded {
                     truth[1][f][batch as usize] += 1;
