@@ -24,16 +24,48 @@ pub struct FlowSpec {
     pub pps: u64,
 }
 
-/// Sends `flow` on `iface` (in `netns`) until `stop` is set or `duration` passed; returns the
-/// packets handed to the kernel. Paced in steps of at most 512 packets; a full TX ring is
-/// retried, not skipped, so the count is what was sent.
+/// What [`send`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sent {
+    /// Packets handed to the kernel.
+    pub sent: u64,
+    /// Packets not sent because the sender fell more than [`catch_up`] packets behind its
+    /// schedule (the thread was descheduled): skipped, not sent late in one burst.
+    pub skipped: u64,
+}
+
+/// The most packets a sender that fell behind sends back to back to catch up: one
+/// millisecond of the flow, at least 64. A constant-rate flow stays one: a sender stalled
+/// for 100 ms by a busy machine would otherwise send 100 ms of packets at once, and a burst
+/// that long into a full queue can take a whole marking batch (B packets) of one color, which
+/// no single-point count can see (docs/loss.md, "Whole batches lost").
+pub fn catch_up(pps: u64) -> u64 {
+    (pps / 1000).max(64)
+}
+
+/// Packets due `el` into a flow of `pps`.
+fn el_due(el: Duration, pps: u64) -> u64 {
+    (el.as_nanos() * u128::from(pps) / 1_000_000_000) as u64
+}
+
+/// A sender `sent` packets in, `skipped` packets skipped, with `due` packets due by now:
+/// how many it should have sent by now, and how many it has skipped. It never has more than
+/// `slack` packets to catch up on.
+fn schedule(due: u64, sent: u64, skipped: u64, slack: u64) -> (u64, u64) {
+    let skipped = skipped.max(due.saturating_sub(sent.saturating_add(slack)));
+    (due.saturating_sub(skipped), skipped)
+}
+
+/// Sends `flow` on `iface` (in `netns`) until `stop` is set or `duration` passed. Paced in
+/// steps of at most 512 packets; a full TX ring is retried, not skipped, so `sent` is what
+/// was sent. Falling further behind than [`catch_up`] skips the rest (counted in `skipped`).
 pub fn send(
     netns: Option<&str>,
     iface: &str,
     flow: &FlowSpec,
     duration: Duration,
     stop: &AtomicBool,
-) -> io::Result<u64> {
+) -> io::Result<Sent> {
     let (_rx, mut tx) = afpacket::open(
         iface,
         netns,
@@ -43,13 +75,15 @@ pub fn send(
     frame[0..6].copy_from_slice(&flow.dst_mac);
     frame[6..12].copy_from_slice(&flow.src_mac);
     let start = Instant::now();
-    let mut sent = 0u64;
+    let slack = catch_up(flow.pps);
+    let (mut sent, mut skipped) = (0u64, 0u64);
     while !stop.load(Ordering::Relaxed) {
         let el = start.elapsed();
         if el >= duration {
             break;
         }
-        let due = (el.as_nanos() * u128::from(flow.pps) / 1_000_000_000) as u64;
+        let due;
+        (due, skipped) = schedule(el_due(el, flow.pps), sent, skipped, slack);
         let mut n = 0;
         while sent < due && n < 512 {
             if !tx.tx(&frame) {
@@ -67,5 +101,28 @@ pub fn send(
     // Let the kernel finish what is queued.
     tx.kick();
     std::thread::sleep(Duration::from_millis(5));
-    Ok(sent)
+    Ok(Sent { sent, skipped })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On schedule nothing is skipped; after a stall the backlog is cut to `slack` and what
+    /// was cut is counted; sent + skipped + still to send is always what was due.
+    #[test]
+    fn a_stalled_sender_skips_its_backlog_beyond_the_slack() {
+        let slack = catch_up(10_000);
+        assert_eq!(slack, 64);
+        assert_eq!(catch_up(1_000_000), 1000);
+        // On time: 2 due, 0 sent.
+        assert_eq!(schedule(2, 0, 0, slack), (2, 0));
+        // 64 behind: still no skip.
+        assert_eq!(schedule(164, 100, 0, slack), (164, 0));
+        // A 100 ms stall at 10 kpps: 1,000 behind: 936 skipped, 64 left to send.
+        let (to, skipped) = schedule(1100, 100, 0, slack);
+        assert_eq!((to, skipped), (164, 936));
+        // Back on schedule afterwards: the skip is kept, not repeated.
+        assert_eq!(schedule(1110, 164, skipped, slack), (174, 936));
+    }
 }

@@ -107,7 +107,8 @@ fn round(mode: &str, a: &Args) -> Result<(f64, f64, f64)> {
         payload: 18,
         pps: a.pps,
     };
-    let sent = traffic::send(Some("tmb-s"), "s0", &spec, Duration::from_secs(a.seconds), &stop)?;
+    let sent =
+        traffic::send(Some("tmb-s"), "s0", &spec, Duration::from_secs(a.seconds), &stop)?.sent;
     std::thread::sleep(Duration::from_millis(100));
     let got = rx_k0()? - before;
     let ns = match agent {

@@ -94,6 +94,9 @@ pub struct Outcome {
     pub seconds: Vec<Second>,
     /// Probe packets sent.
     pub probe_sent: u64,
+    /// Probe packets skipped because the sender was descheduled (a constant-rate probe does
+    /// not catch up in one burst).
+    pub probe_skipped: u64,
     /// Probe packets lost per the kernel, in total.
     pub truth_lost: u64,
     /// Of those, dropped by the random-loss rule.
@@ -319,7 +322,13 @@ pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Co
     if let Some(mut c) = bg.take() {
         let _ = c.wait();
     }
-    let sent = probe.join().map_err(|_| anyhow::anyhow!("probe sender panicked"))??;
+    let traffic::Sent { sent, skipped } =
+        probe.join().map_err(|_| anyhow::anyhow!("probe sender panicked"))??;
+    if skipped > 0 {
+        eprintln!(
+            "demo: the probe skipped {skipped} packets it fell behind on (the machine was busy)"
+        );
+    }
     let _ = sampler.join();
     eprintln!("demo: probe sent {sent} packets; stopping agents (they export what is left)");
     let mut agents = BTreeMap::new();
@@ -376,6 +385,7 @@ pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Co
         .unwrap_or(0);
     let outcome = Outcome {
         probe_sent: sent,
+        probe_skipped: skipped,
         truth_lost: last.probe_in.saturating_sub(last.probe_out) + last.random_drop,
         random_drops: last.random_drop,
         detected_lost: detected.values().sum(),
