@@ -22,6 +22,9 @@ pub struct FlowSpec {
     pub payload: usize,
     /// Packets per second.
     pub pps: u64,
+    /// The most packets sent back to back to catch up after falling behind; the rest of the
+    /// backlog is skipped. [`catch_up`] is a constant-rate flow's.
+    pub catch_up: u64,
 }
 
 /// What [`send`] did.
@@ -29,7 +32,7 @@ pub struct FlowSpec {
 pub struct Sent {
     /// Packets handed to the kernel.
     pub sent: u64,
-    /// Packets not sent because the sender fell more than [`catch_up`] packets behind its
+    /// Packets not sent because the sender fell more than `FlowSpec::catch_up` packets behind its
     /// schedule (the thread was descheduled): skipped, not sent late in one burst.
     pub skipped: u64,
 }
@@ -58,7 +61,7 @@ fn schedule(due: u64, sent: u64, skipped: u64, slack: u64) -> (u64, u64) {
 
 /// Sends `flow` on `iface` (in `netns`) until `stop` is set or `duration` passed. Paced in
 /// steps of at most 512 packets; a full TX ring is retried, not skipped, so `sent` is what
-/// was sent. Falling further behind than [`catch_up`] skips the rest (counted in `skipped`).
+/// was sent. Falling further behind than `flow.catch_up` skips the rest (counted in `skipped`).
 pub fn send(
     netns: Option<&str>,
     iface: &str,
@@ -75,7 +78,7 @@ pub fn send(
     frame[0..6].copy_from_slice(&flow.dst_mac);
     frame[6..12].copy_from_slice(&flow.src_mac);
     let start = Instant::now();
-    let slack = catch_up(flow.pps);
+    let slack = flow.catch_up;
     let (mut sent, mut skipped) = (0u64, 0u64);
     while !stop.load(Ordering::Relaxed) {
         let el = start.elapsed();

@@ -7,6 +7,9 @@
 //! - `GET /api/v1/agents`, `GET /api/v1/flows`, `GET /api/v1/loss?<flow>`,
 //!   `GET /api/v1/localise?<flow>` — JSON; `<flow>` is `src=…&dst=…&sport=…&dport=…&proto=…`
 //!   (plus `spi`, `si` for NSH flows).
+//! - `GET /api/v1/link?<flow>&up=AGENT/POINT&down=AGENT/POINT[&skew_ns=…]` — the flow's
+//!   batches at `down` lined up with those at `up`, in another agent (`link.rs`): exact loss
+//!   between them, whole batches included, when both report every batch.
 //! - `GET /metrics` — Prometheus text; `GET /` — the page.
 
 use crate::metrics::Metrics;
@@ -23,6 +26,7 @@ const ROUTES: &[&str] = &[
     "/api/v1/flows",
     "/api/v1/loss",
     "/api/v1/localise",
+    "/api/v1/link",
     "/metrics",
     "/",
 ];
@@ -104,6 +108,7 @@ impl Api {
             ("GET", "/api/v1/flows") => self.flows(query),
             ("GET", "/api/v1/loss") => self.loss(query),
             ("GET", "/api/v1/localise") => self.localise(query),
+            ("GET", "/api/v1/link") => self.link(query),
             ("GET", "/metrics") => self.metrics_page(),
             ("GET", "/") => Response {
                 status: 200,
@@ -289,6 +294,47 @@ impl Api {
                 Response::json(
                     200,
                     &json!({ "flow": flow, "lost": total, "segments": segs, "verdict": verdict }),
+                )
+            }
+            Err(e) => self.db_error(e),
+        }
+    }
+
+    fn link(&self, query: &str) -> Response {
+        let (q, flow) = match Query::parse(query).and_then(|q| q.flow().map(|f| (q, f))) {
+            Ok(x) => x,
+            Err(e) => return self.bad_query(e),
+        };
+        let point = |k: &str| -> Result<(String, String), String> {
+            let v =
+                q.get(k).ok_or_else(|| format!("missing {k} (AGENT/POINT, e.g. sw-b/egress)"))?;
+            match v.split_once('/') {
+                Some((a, p)) if !a.is_empty() && !p.is_empty() => Ok((a.into(), p.into())),
+                _ => Err(format!("bad {k}: {v:?} (AGENT/POINT, e.g. sw-b/egress)")),
+            }
+        };
+        let args = (point("up"), point("down"), q.u64_or("since_ns", 0), q.u64_or("skew_ns", 0));
+        let ((ua, up), (da, dp), since, tol) = match args {
+            (Ok(u), Ok(d), Ok(s), Ok(t)) => (u, d, s, t),
+            (Err(e), ..) | (_, Err(e), ..) | (.., Err(e), _) | (.., Err(e)) => {
+                return self.bad_query(e)
+            }
+        };
+        let st = self.store();
+        let both = st
+            .batches(&flow, &ua, &up, since)
+            .and_then(|u| st.batches(&flow, &da, &dp, since).map(|d| (u, d)));
+        drop(st);
+        match both {
+            Ok((u, d)) => {
+                let m = crate::link::match_batches(&u, &d, tol);
+                let lost: u64 = m.iter().map(|b| b.lost).sum();
+                let whole = m.iter().filter(|b| b.whole).count();
+                Response::json(
+                    200,
+                    &json!({ "flow": flow, "up": format!("{ua}/{up}"), "down": format!("{da}/{dp}"),
+                             "skew_ns": tol, "lost": lost, "whole_batches_lost": whole,
+                             "batches": m }),
                 )
             }
             Err(e) => self.db_error(e),

@@ -8,6 +8,7 @@
 
 pub mod api;
 pub mod client;
+pub mod link;
 pub mod metrics;
 mod page;
 pub mod store;

@@ -366,6 +366,33 @@ impl Store {
         })
     }
 
+    /// `flow`'s batches at `point` of `agent` since `since_ns`, in order of first packet.
+    pub fn batches(
+        &self,
+        flow: &Flow,
+        agent: &str,
+        point: &str,
+        since_ns: u64,
+    ) -> Result<Vec<crate::link::Batch>, StoreError> {
+        let sql = format!(
+            "SELECT color, first_ns, last_ns, observed, late FROM loss
+             WHERE {FLOW_SINCE} AND agent = :agent AND point = :point ORDER BY first_ns, seq"
+        );
+        let since = i(since_ns);
+        let mut args = flow_args(flow, &since).to_vec();
+        args.push((":agent", &agent));
+        args.push((":point", &point));
+        self.query(&sql, &args, |r| {
+            Ok(crate::link::Batch {
+                color: r.get(0)?,
+                first_ns: u(r.get(1)?),
+                last_ns: u(r.get(2)?),
+                observed: u(r.get(3)?),
+                late: u(r.get(4)?),
+            })
+        })
+    }
+
     fn query<T>(
         &self,
         sql: &str,

@@ -199,6 +199,20 @@ fn bad_input_gets_clear_errors_and_counters() {
         ),
         ("GET", "/api/v1/localise?src=%zz", vec![], 400, "percent"),
         ("GET", "/api/v1/flows?limit=-3", vec![], 400, "limit"),
+        (
+            "GET",
+            "/api/v1/link?src=10.0.0.1&dst=10.0.0.7&sport=1&dport=2&proto=17&down=sw-f/ingress",
+            vec![],
+            400,
+            "missing up",
+        ),
+        (
+            "GET",
+            "/api/v1/link?src=10.0.0.1&dst=10.0.0.7&sport=1&dport=2&proto=17&up=sw-b&down=a/b",
+            vec![],
+            400,
+            "bad up",
+        ),
     ];
     for (method, path, body, status, msg) in &cases {
         let (s, text) = send(method, a, path, body);

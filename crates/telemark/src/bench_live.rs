@@ -106,6 +106,7 @@ fn round(mode: &str, a: &Args) -> Result<(f64, f64, f64)> {
         dst_mac: [2, 0, 0, 0, 9, 2],
         payload: 18,
         pps: a.pps,
+        catch_up: traffic::catch_up(a.pps),
     };
     let sent =
         traffic::send(Some("tmb-s"), "s0", &spec, Duration::from_secs(a.seconds), &stop)?.sent;

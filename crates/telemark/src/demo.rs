@@ -65,6 +65,10 @@ pub struct Args {
     /// restart loses and duplicates nothing).
     #[arg(long, value_parser = crate::opts::parse_duration_ns)]
     pub restart_collector_at: Option<u64>,
+    /// Let the probe's sender catch up after a stall by sending its whole backlog at once, as
+    /// it once did: bursts that lose whole batches (docs/loss.md, "Whole batches lost").
+    #[arg(long)]
+    pub probe_bursts: bool,
 }
 
 /// One second of the experiment.
@@ -78,8 +82,12 @@ pub struct Second {
     pub background: bool,
     /// Probe packets lost on the link per the kernel (into the link minus out of it).
     pub truth_lost: u64,
-    /// Probe packets lost as Telemark reported (sw-f ingress, batches starting this second).
+    /// Probe packets lost as Telemark reported: sw-f ingress's batches lined up with sw-b
+    /// egress's at the collector (`/api/v1/link`, which counts whole batches lost too),
+    /// batches starting this second.
     pub detected_lost: u64,
+    /// What sw-f ingress alone reported, each batch against B.
+    pub detected_against_b: u64,
     /// Packets of any flow the tbf qdisc dropped.
     pub tbf_drops: u64,
     /// How long the kernel counters took to read at the second's two ends (ns): when exactly
@@ -101,8 +109,12 @@ pub struct Outcome {
     pub truth_lost: u64,
     /// Of those, dropped by the random-loss rule.
     pub random_drops: u64,
-    /// Probe packets lost as detected, in total.
+    /// Probe packets lost as detected (`/api/v1/link`), in total.
     pub detected_lost: u64,
+    /// What sw-f ingress alone reported in total, each batch against B.
+    pub detected_against_b: u64,
+    /// Batches `/api/v1/link` found lost whole (not one packet arrived).
+    pub whole_batches_lost: u64,
     /// The collector's localisation verdict (`where`).
     pub verdict: Option<String>,
     /// Loss records the collector stored for the probe flow.
@@ -238,7 +250,9 @@ pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Co
     let mut collector = Some(Collector::start(&ccfg)?);
     let url = format!("http://{}", a.listen);
     eprintln!("demo: collector on {url}");
-    let export = format!("[export]\ncollector = \"{url}\"\ninterval = \"500ms\"\n");
+    // Every batch, lossy or not, so that the collector can line sw-f's up with sw-b's.
+    let export =
+        format!("[export]\ncollector = \"{url}\"\ninterval = \"500ms\"\nreport_all = true\n");
     let sw_b = agent(&format!(
         "agent = \"sw-b\"\nnetns = \"tm-b\"\n[[pair]]\na = \"b-a\"\nb = \"b-u\"\nmark = \"a\"\n{export}"
     ))?;
@@ -288,6 +302,7 @@ pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Co
             dst_mac: [2, 0, 0, 0, 0, 7],
             payload: a.probe_payload,
             pps: a.probe_pps,
+            catch_up: if a.probe_bursts { u64::MAX } else { traffic::catch_up(a.probe_pps) },
         };
         let d = Duration::from_nanos(total);
         std::thread::spawn(move || traffic::send(Some("tm-a"), "a0", &spec, d, &stop))
@@ -342,14 +357,20 @@ pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Co
     let series = get_json(&c, &format!("/api/v1/loss?{flow}&bucket_ns=10000000"))?;
     let loc = get_json(&c, &format!("/api/v1/localise?{flow}"))?;
     let agent_rows = get_json(&c, "/api/v1/agents")?;
-    let mut detected: BTreeMap<u64, u64> = BTreeMap::new();
+    let link = get_json(&c, &format!("/api/v1/link?{flow}&up=sw-b/egress&down=sw-f/ingress"))?;
+    let mut against_b: BTreeMap<u64, u64> = BTreeMap::new();
     let mut loss_records = 0;
     for p in series["series"].as_array().into_iter().flatten() {
         if p["agent"] == "sw-f" && p["point"] == "ingress" {
-            *detected.entry(p["t_ns"].as_u64().unwrap_or(0)).or_default() +=
+            *against_b.entry(p["t_ns"].as_u64().unwrap_or(0)).or_default() +=
                 p["lost"].as_u64().unwrap_or(0);
         }
         loss_records += p["batches"].as_u64().unwrap_or(0);
+    }
+    let mut linked: BTreeMap<u64, u64> = BTreeMap::new();
+    for b in link["batches"].as_array().into_iter().flatten() {
+        *linked.entry(b["first_ns"].as_u64().unwrap_or(0)).or_default() +=
+            b["lost"].as_u64().unwrap_or(0);
     }
     let samples = samples.lock().map(|s| s.clone()).unwrap_or_default();
     let lost = lost_by(&samples);
@@ -364,7 +385,8 @@ pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Co
                 t_ns: t0,
                 background: t0 >= bg_start && t0 < bg_end,
                 truth_lost: (l[1] - l[0]).round().max(0.0) as u64,
-                detected_lost: detected.range(window).map(|(_, v)| v).sum(),
+                detected_lost: linked.range(window.clone()).map(|(_, v)| v).sum(),
+                detected_against_b: against_b.range(window).map(|(_, v)| v).sum(),
                 tbf_drops: a1.tbf_drops.saturating_sub(a0.tbf_drops),
                 truth_read_ns: a0.read_ns + a1.read_ns,
             }
@@ -388,7 +410,9 @@ pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Co
         probe_skipped: skipped,
         truth_lost: last.probe_in.saturating_sub(last.probe_out) + last.random_drop,
         random_drops: last.random_drop,
-        detected_lost: detected.values().sum(),
+        detected_lost: linked.values().sum(),
+        detected_against_b: against_b.values().sum(),
+        whole_batches_lost: link["whole_batches_lost"].as_u64().unwrap_or(0),
         verdict: loc["verdict"]["where"].as_str().map(str::to_string),
         loss_records,
         seconds,
@@ -401,20 +425,27 @@ pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Co
 
 /// Prints the timeline.
 fn print(o: &Outcome) {
-    println!("  t  background  lost(kernel)  lost(telemark)  tbf drops (all flows)");
+    println!("  t  background  lost(kernel)  lost(telemark)  (vs B)  tbf drops (all flows)");
     for s in &o.seconds {
         println!(
-            "{:>3}  {:>10}  {:>12}  {:>14}  {:>10}",
+            "{:>3}  {:>10}  {:>12}  {:>14}  {:>6}  {:>10}",
             s.t,
             if s.background { "on" } else { "" },
             s.truth_lost,
             s.detected_lost,
+            s.detected_against_b,
             s.tbf_drops
         );
     }
     println!(
-        "probe: {} sent, {} lost per the kernel ({} by the random-loss rule), {} detected",
-        o.probe_sent, o.truth_lost, o.random_drops, o.detected_lost
+        "probe: {} sent, {} lost per the kernel ({} by the random-loss rule), {} detected \
+         ({} batches lost whole; {} by sw-f alone against B)",
+        o.probe_sent,
+        o.truth_lost,
+        o.random_drops,
+        o.detected_lost,
+        o.whole_batches_lost,
+        o.detected_against_b
     );
     println!("where: {}", o.verdict.as_deref().unwrap_or("no loss localised"));
 }
