@@ -314,7 +314,7 @@ impl Api {
             }
         };
         let args = (point("up"), point("down"), q.u64_or("since_ns", 0), q.u64_or("skew_ns", 0));
-        let ((ua, up), (da, dp), since, tol) = match args {
+        let ((ua, up), (da, dp), since, skew) = match args {
             (Ok(u), Ok(d), Ok(s), Ok(t)) => (u, d, s, t),
             (Err(e), ..) | (_, Err(e), ..) | (.., Err(e), _) | (.., Err(e)) => {
                 return self.bad_query(e)
@@ -327,13 +327,13 @@ impl Api {
         drop(st);
         match both {
             Ok((u, d)) => {
-                let m = crate::link::match_batches(&u, &d, tol);
+                let m = crate::link::match_batches(&u, &d, skew);
                 let lost: u64 = m.iter().map(|b| b.lost).sum();
                 let whole = m.iter().filter(|b| b.whole).count();
                 Response::json(
                     200,
                     &json!({ "flow": flow, "up": format!("{ua}/{up}"), "down": format!("{da}/{dp}"),
-                             "skew_ns": tol, "lost": lost, "whole_batches_lost": whole,
+                             "skew_ns": skew, "lost": lost, "whole_batches_lost": whole,
                              "batches": m }),
                 )
             }
