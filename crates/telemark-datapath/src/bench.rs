@@ -460,24 +460,34 @@ mod tests {
 
     #[test]
     fn the_loss_check_meets_steps_at_their_real_rate() {
-        // Each point closes a batch (one `Closed` event; nothing is late or lost here) when the
-        // threshold's packet of the next color arrives: for a flow's packets numbered from 0
-        // as the benchmark marked them, packet k·B + close_at − 1 for k ≥ 1. Counted from the
+        // Each point reports a batch (one `Closed` event; nothing is late or lost here) when the
+        // first packet of the batch after next arrives (the step, threshold's packets into the
+        // next batch, is taken then): for a flow's packets numbered as the benchmark marked
+        // them, packet j·B, once the flow has seen a whole batch before the one reported. A
+        // flow warmed from packet `from` = k·B − 1 (see `Case::warm`) opens with the last packet
+        // of batch k − 1, so its first report comes at packet (k + 1)·B. Counted from the
         // marking arithmetic over what each flow was sent during the pass, not from the loss
-        // code. Before the flows were warmed to steady state, the events were 0 at 1,024
-        // flows and more.
+        // code. Before the flows were warmed to steady state, the events were 0 at 1,024 flows
+        // and more.
         let (b, close_at) = (u64::from(MARK_B), u64::from(loss_config().close_at()));
-        let steps_before = |n: u64| n.saturating_sub(close_at) / b; // step packets among 0..n
+        // Packets numbered j·B with j·B ≥ `first` among 0..n.
+        let reports_before = |n: u64, first: u64| n.saturating_sub(first).div_ceil(b);
         for flows in [1024, 65_536] {
             let mut c = Case::new(Variant::LossCheck, flows, 64, 7);
+            // Each flow's first report: warmed up to `at`, it began at (at − close_at)/B·B − 1.
+            let first: Vec<u64> = c.sent.iter().map(|at| (at - close_at) / b * b + b).collect();
             c.pass();
             let (sent, before) = (c.sent.clone(), c.events.drained);
             c.pass();
             let events = c.events.drained - before;
-            let steps: u64 =
-                sent.iter().zip(&c.sent).map(|(a, z)| steps_before(*z) - steps_before(*a)).sum();
-            assert!(steps > 0, "{flows} flows: the pass crossed no step");
-            assert_eq!(events, 2 * steps, "{flows} flows: one event per step at each point");
+            let reports: u64 = sent
+                .iter()
+                .zip(&c.sent)
+                .zip(&first)
+                .map(|((a, z), f)| reports_before(*z, *f) - reports_before(*a, *f))
+                .sum();
+            assert!(reports > 0, "{flows} flows: the pass reported no batch");
+            assert_eq!(events, 2 * reports, "{flows} flows: one event per batch at each point");
         }
     }
 }

@@ -209,7 +209,7 @@ impl<C: Counter> PairTable<C> {
         }
     }
 
-    /// The packet [`PairHot::count`] left: the two visits of a steady flow are done here on
+    /// The packet [`PairHot::count`] left: the one visit of a steady flow is done here on
     /// the lanes ([`Self::steady`]); anything else goes through each point's state machine.
     #[inline]
     pub fn visit<S: EventSink>(&mut self, hot: &mut PairHot<C>, pkt: Seen<'_>, sink: &mut S) {
@@ -239,16 +239,18 @@ impl<C: Counter> PairTable<C> {
         }
     }
 
-    /// The two visits a batch brings a steady flow, done on the lanes directly for both points
-    /// at once: the next batch's first packet (it ends the late window, with nothing late, and
-    /// records when the next batch began), and the step (it reports the batch and opens the
-    /// next). Only for a forwarded packet of a flow whose two points are alike (state, counts,
-    /// nothing late: every packet since the last difference crossed the switch), so that one
-    /// decision and one write of each color's lanes serve both. True if it was done; false,
-    /// having changed nothing, when a point needs the state machine (points apart, armed,
-    /// saturated, time-based, late packets, a threshold of one packet), so that the caller
-    /// runs it. Each point ends exactly where `point::slow` would leave it (the property test
-    /// `both_points_in_lanes_change_no_event` runs both against the state machine alone).
+    /// The one visit a batch brings a steady flow, done on the lanes directly for both points
+    /// at once: the first packet of the batch after next. It takes the step the hot path let
+    /// pass (the open batch is reported, and the next, all its early packets in it, opens), ends
+    /// that batch's late window (nothing was late), and records when the new batch began, as
+    /// `point::catch_up` and the state machine would. Only for a forwarded packet of a flow whose
+    /// two points are alike (state, counts, nothing late or resumed: every packet since the
+    /// last difference crossed the switch), so that one decision and one write of each color's
+    /// lanes serve both. True if it was done; false, having changed nothing, when a point needs
+    /// the state machine (points apart, armed, saturated, time-based, late or resumed packets,
+    /// a next batch still inside its late window, a threshold of one packet), so that the
+    /// caller runs it. Each point ends exactly where `point::slow` would leave it (the property
+    /// test `both_points_in_lanes_change_no_event` runs both against the state machine alone).
     #[inline(always)]
     fn steady<S: EventSink>(&mut self, hot: &mut PairHot<C>, pkt: Seen<'_>, sink: &mut S) -> bool {
         let Seen { slot, key, color, now, forwarded } = pkt;
@@ -266,59 +268,42 @@ impl<C: Counter> PairTable<C> {
             && hot.late[1].get() == 0
             && hot.last[1] == SAME;
         let (cy, cx) = (cy.get(), cx.get());
+        // The packet is of the open color (`y`), the next batch's early packets (`x`) are past
+        // the step and the late window that would follow it.
         if !alike
             || cx >= C::MAX
-            || s & (USED | ARMED | SATURATED | OPEN_COLOR) != USED | (x as u8 * OPEN_COLOR)
+            || cx < self.params[0].late_limit
+            || s & (USED | ARMED | SATURATED | OPEN_COLOR | LATE_WINDOW)
+                != USED | (y as u8 * OPEN_COLOR)
         {
             return false;
         }
-        let (close_at, late_limit) = (self.params[0].close_at, self.params[0].late_limit);
-        let window = s & LATE_WINDOW != 0;
-        let step = if cy == 0 && (!window || cx >= late_limit) {
-            false
-        } else if !window && cy + 1 == close_at {
-            true
-        } else {
-            return false;
-        };
         let Some(cold) = self.cold.get_mut(slot) else { return false };
-        let (wy, wx) = split_lanes(&mut hot.lanes, y);
-        if !step {
-            // The next batch's first packet: the late window is over (nothing was late), the
-            // open batch's last time moves to the cold state, the next color runs until the
-            // step.
-            for c in &mut cold.0 {
-                c.next_first_ns = now;
-                c.open_last_ns = join(hot.last[0]);
-            }
-            hot.state = [s & !LATE_WINDOW; 2];
-            *wy = C::twin(point::until_step::<C>(close_at, 1), C::from_u32(1));
-            *wx = C::twin(0, C::from_u32(cx));
-        } else {
-            // The step: the open batch is reported and the next opens, in its late window,
-            // with the threshold's packets in it.
-            for ((p, st), c) in self.params.iter().zip(&mut self.stats).zip(&mut cold.0) {
-                sink.emit(BatchEvent {
-                    key: *key,
-                    point: p.point,
-                    kind: BatchEventKind::Closed,
-                    color: x as u8,
-                    ordinal: c.ordinal,
-                    count: cx,
-                    first_ns: c.first_ns,
-                    last_ns: c.open_last_ns,
-                    tail: false,
-                    head: s & HEAD != 0,
-                    cut: false,
-                });
-                st.batches += 1;
-                c.ordinal = c.ordinal.wrapping_add(1);
-                c.first_ns = c.next_first_ns;
-            }
-            hot.state = [USED | (y as u8 * OPEN_COLOR) | LATE_WINDOW; 2];
-            *wy = C::twin(point::room::<C>(close_at), C::from_u32(close_at));
-            *wx = C::EMPTY;
+        for ((p, st), c) in self.params.iter().zip(&mut self.stats).zip(&mut cold.0) {
+            sink.emit(BatchEvent {
+                key: *key,
+                point: p.point,
+                kind: BatchEventKind::Closed,
+                color: y as u8,
+                ordinal: c.ordinal,
+                count: cy,
+                first_ns: c.first_ns,
+                last_ns: c.open_last_ns,
+                tail: false,
+                head: s & HEAD != 0,
+                cut: false,
+            });
+            st.batches += 1;
+            c.ordinal = c.ordinal.wrapping_add(1);
+            c.first_ns = c.next_first_ns;
+            c.next_first_ns = now;
+            c.open_last_ns = join(hot.last[0]);
         }
+        // The batch of `x` is open, its window over; this packet is the first of the next.
+        hot.state = [USED | (x as u8 * OPEN_COLOR); 2];
+        let (wy, wx) = split_lanes(&mut hot.lanes, y);
+        *wy = C::twin(point::room::<C>(1), C::from_u32(1));
+        *wx = C::twin(0, C::from_u32(cx));
         hot.last[0] = split(now);
         true
     }

@@ -161,9 +161,14 @@ pub(crate) fn settle<C: Counter>(h: &mut Hot<C>) {
 ///   any other event of the flow at this point;
 /// - outside it, before any early packet: the open color without limit; the other none, as
 ///   its first packet opens the next batch;
-/// - after early packets: the open color none (a resumed batch); the other until the step.
+/// - after early packets: the open color none (a resumed batch, or the step's first late
+///   packet); the other without limit, past the step. The step changes nothing a packet of
+///   the next color does (it counts, and moves the time, before and after), so it needs no
+///   visit when it happens: the flow's next visit takes it first ([`catch_up`]), with the
+///   events the state machine emitted at the step.
 ///
-/// Per batch, the slow path sees two packets: the next batch's first, and the step.
+/// Per batch, the slow path sees one packet: the batch's first. It takes the step the batch
+/// before it passed (reporting the batch before that) and ends the late window that followed.
 #[inline]
 pub(crate) fn rearm<C: Counter>(h: &mut Hot<C>, p: &Params) {
     if h.state & USED == 0 || p.period_ns.is_some() {
@@ -182,22 +187,15 @@ pub(crate) fn rearm<C: Counter>(h: &mut Hot<C>, p: &Params) {
     let (for_open, for_next) = if h.state & LATE_WINDOW != 0 || next == 0 {
         (room::<C>(open), 0)
     } else {
-        (0, until_step::<C>(p.close_at, next))
+        (0, room::<C>(next))
     };
     h.left = if o == 0 { [for_open, for_next] } else { [for_next, for_open] };
 }
 
-/// The open color's budget with `open` packets counted: what its counter has room for.
+/// A color's budget with `n` of its packets counted: what its counter has room for.
 #[inline(always)]
-pub(crate) fn room<C: Counter>(open: u32) -> u8 {
-    C::MAX.saturating_sub(open).min(u32::from(C::BUDGET)) as u8
-}
-
-/// The next color's budget with `have` early packets counted: up to the packet before the
-/// step, which the slow path must see.
-#[inline(always)]
-pub(crate) fn until_step<C: Counter>(close_at: u32, have: u32) -> u8 {
-    close_at.saturating_sub(have.saturating_add(1)).min(u32::from(C::BUDGET)) as u8
+pub(crate) fn room<C: Counter>(n: u32) -> u8 {
+    C::MAX.saturating_sub(n).min(u32::from(C::BUDGET)) as u8
 }
 
 /// Every case of one packet at one point, the step included; then the budgets for what comes
@@ -215,6 +213,7 @@ pub(crate) fn slow<C: Counter, S: EventSink>(
     sink: &mut S,
 ) {
     settle(h);
+    catch_up(h, c, key, p, stats, sink);
     advance(h, c, key, p, stats, color, now, sink);
     rearm(h, p);
 }
@@ -286,6 +285,33 @@ pub(crate) fn advance<C: Counter, S: EventSink>(
         let first = c.next_first_ns;
         open_batch(h, c, color, h.c[x], 1, first, now);
     }
+}
+
+/// Takes the step the hot path let pass: with count-based periods, the next batch's early
+/// packets run on past the threshold without a visit (see [`rearm`]), so a flow may come to
+/// the slow path with the step behind it. This does what [`advance`] did at the threshold's
+/// packet: the open batch (its resumed packets folded in) is reported, and the next opens in
+/// its late window with all its packets so far. Nothing the hot path counted since differs
+/// between the two: a packet of the next color counts and moves the time either way, and one
+/// of the open color, which would have been late, was not let through.
+#[inline]
+pub(crate) fn catch_up<C: Counter, S: EventSink>(
+    h: &mut Hot<C>,
+    c: &mut Cold,
+    key: &FlowKey,
+    p: &Params,
+    stats: &mut PointStats,
+    sink: &mut S,
+) {
+    let o = usize::from((h.state & OPEN_COLOR) / OPEN_COLOR);
+    let next = h.c[o ^ 1];
+    if h.state & (USED | LATE_WINDOW) != USED || p.period_ns.is_some() || next.get() < p.close_at {
+        return;
+    }
+    fold_resumed(h, o);
+    report(h, stats, sink, closed(h, c, key, p.point, false, Tail::No));
+    let (first, last) = (c.next_first_ns, h.last());
+    open_batch(h, c, (o ^ 1) as u8, next, 1, first, last);
 }
 
 /// Adds the open color's packets counted apart by [`resumed`] back to the open batch.
@@ -418,7 +444,7 @@ fn resumed<C: Counter, S: EventSink>(
 /// [`Tail::End`]; deselection: [`Tail::Cut`]). The caller frees the state.
 pub(crate) fn retire<C: Counter, S: EventSink>(
     h: &mut Hot<C>,
-    c: &Cold,
+    c: &mut Cold,
     key: &FlowKey,
     p: &Params,
     stats: &mut PointStats,
@@ -426,6 +452,7 @@ pub(crate) fn retire<C: Counter, S: EventSink>(
     sink: &mut S,
 ) {
     settle(h);
+    catch_up(h, c, key, p, stats, sink);
     if h.state & USED == 0 || h.state & ARMED != 0 {
         return;
     }
@@ -497,10 +524,9 @@ fn end_late_window<C: Counter, S: EventSink>(
     sink: &mut S,
 ) {
     // Sent only when something was late. An empty one would tell the aggregator the batch is
-    // final a little earlier than the next batch's `Closed` event does: that comes with the
-    // step, a threshold's worth of packets after the window's end is noticed (at the next
-    // batch's first packet, see `rearm`). Every event costs the fast path a record written to
-    // the ring; empty ones were half of them. Nor is one sent for the batch before a flow's
+    // final a batch earlier than the next batch's `Closed` event does (that comes when the
+    // batch after it begins, see `rearm`). Every event costs the fast path a record written
+    // to the ring; empty ones were half of them. Nor is one sent for the batch before a flow's
     // first reported one (never reported itself).
     let reported = h.state & (ARMED | HEAD) == 0;
     h.state &= !LATE_WINDOW;
@@ -555,7 +581,7 @@ mod tests {
                 slow(&mut h, &mut c, &key, &p, &mut stats, color, now, &mut ev);
             }
         }
-        retire(&mut h, &c, &key, &p, &mut stats, Tail::End, &mut ev);
+        retire(&mut h, &mut c, &key, &p, &mut stats, Tail::End, &mut ev);
         (ev, stats)
     }
 

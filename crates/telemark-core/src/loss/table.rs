@@ -189,7 +189,7 @@ impl<C: Counter> ColorTable<C> {
     fn retire<S: EventSink>(&mut self, i: usize, how: Tail, sink: &mut S) {
         let (Some(e), Some(key)) = (self.slots.get_mut(i), self.keys.get(i)) else { return };
         let (p, st) = (&self.params, &mut self.stats);
-        point::retire(&mut e.hot, &e.cold, key, p, st, how, sink);
+        point::retire(&mut e.hot, &mut e.cold, key, p, st, how, sink);
         *e = Entry::default();
     }
 
