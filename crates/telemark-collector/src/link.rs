@@ -166,8 +166,8 @@ mod tests {
     use super::*;
 
     /// A path: `sent` packets of one flow, 100 µs apart, marked in batches of `b`, packet `i`
-    /// delayed by `delay(i)` in order; packets whose index `lose` picks are lost. Returns both points' batches as each would close
-    /// them (a batch ends where the next color begins) and the number lost.
+    /// delayed by `delay(i)` in order; packets whose index `lose` picks are lost. Returns both
+    /// points' batches as each would close them (a batch ends where the next color begins).
     fn path(
         sent: u64,
         b: u64,

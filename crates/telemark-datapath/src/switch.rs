@@ -207,6 +207,12 @@ impl<C: Counter> Fib<C> {
         self.slots.get(slot).filter(|e| e.flags & USED != 0).map(|e| e.port)
     }
 
+    /// The entry in slot `slot`, if a flow holds it: its port and hot loss state.
+    #[inline(always)]
+    fn used_mut(&mut self, slot: usize) -> Option<&mut FibEntry<C>> {
+        self.slots.get_mut(slot).filter(|e| e.flags & USED != 0)
+    }
+
     /// Removes the flow in slot `slot`, closing the gap by moving later flows of its probe
     /// run back (backward-shift deletion, so lookups need no tombstones); `moved(from, to)` is
     /// told of every move.
@@ -652,9 +658,7 @@ fn burst<C, S, T, D>(
             }
         }
         // The flow's slot and entry, read for its port and, with the loss check on, counted in.
-        let entry = slot.and_then(|s| {
-            core.fib.slots.get_mut(s).filter(|e| e.flags & USED != 0).map(|e| (s, e))
-        });
+        let entry = slot.and_then(|s| core.fib.used_mut(s).map(|e| (s, e)));
         let port = entry.as_ref().map_or(core.cfg.default_port, |(_, e)| e.port);
         let color = color_of(parsed.dscp, color_bit);
         let forwarded = (core.cfg.action != Action::DecTtl || dec_ttl(&mut p.data, parsed))

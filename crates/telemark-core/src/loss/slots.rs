@@ -92,15 +92,14 @@ macro_rules! counter {
                 let w = <$t>::BITS as usize * (at & 1);
                 let c = w + 2 * <$t>::BITS as usize;
                 let mask = <$lanes>::from(<$t>::MAX);
-                let budget = Self::GUARD - 1 - <$lanes>::from(budget.min(Self::BUDGET));
                 *lanes = (*lanes & !(mask << w) & !(mask << c))
-                    | budget << w
+                    | Self::budget_lane(budget) << w
                     | <$lanes>::from(count) << c;
             }
             #[inline(always)]
             fn twin(budget: u8, count: Self) -> $lanes {
                 const W: u32 = <$t>::BITS;
-                let b = Self::GUARD - 1 - <$lanes>::from(budget.min(Self::BUDGET));
+                let b = Self::budget_lane(budget);
                 let c = <$lanes>::from(count);
                 b | b << W | c << 2 * W | c << 3 * W
             }
@@ -114,6 +113,10 @@ macro_rules! counter {
         impl Guard for $t {
             type L = $lanes;
             const GUARD: $lanes = 1 << (<$t>::BITS - 1);
+            #[inline(always)]
+            fn budget_lane(budget: u8) -> $lanes {
+                Self::GUARD - 1 - <$lanes>::from(budget.min(<$t as Counter>::BUDGET))
+            }
         }
     };
 }
@@ -122,6 +125,9 @@ macro_rules! counter {
 trait Guard {
     type L;
     const GUARD: Self::L;
+    /// A budget lane holding `budget` (at most [`Counter::BUDGET`]): how far it is below the
+    /// top bit, less one.
+    fn budget_lane(budget: u8) -> Self::L;
 }
 
 counter!(u8, u32, 127);
