@@ -51,6 +51,7 @@ impl Metrics {
                     Record::FlowLoss(_) => "flow_loss",
                     Record::Flow(_) => "flow",
                     Record::Cost(_) => "cost",
+                    Record::Capture(_) => "capture",
                 };
                 *m.records.entry(kind).or_default() += 1;
             }

@@ -247,6 +247,7 @@ impl Store {
                             Record::FlowLoss(_) => ("flow_loss", now),
                             Record::Flow(f) => ("flow", f.window_end_ns),
                             Record::Cost(_) => ("cost", now),
+                            Record::Capture(_) => ("capture", now),
                             Record::Loss(_) => ("loss", now),
                         };
                         let json = serde_json::to_string(other_rec).unwrap_or_default();

@@ -185,6 +185,29 @@ pub struct CostRecord {
     pub interval_ns: u64,
 }
 
+/// What was read of a capture file (`replay --json`): every packet, or where and why reading
+/// stopped, and what was skipped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaptureRecord {
+    /// The file.
+    pub file: String,
+    /// Link type of the packets replayed (LINKTYPE name and number).
+    pub link: String,
+    /// Packet records read.
+    pub packets: u64,
+    /// Of those, packets cut short by the capture's snapshot length (counted at their length
+    /// on the wire).
+    pub cut: u64,
+    /// Packets not replayed, by reason (`unsupported_link`, `other_link`, `truncated`,
+    /// `not_ip`, `malformed`, `too_deep`).
+    pub skipped: std::collections::BTreeMap<String, u64>,
+    /// Whether the whole file was read.
+    pub complete: bool,
+    /// Where and why reading stopped early (a damaged or truncated record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub damaged: Option<String>,
+}
+
 /// Any record, tagged by `kind`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -199,6 +222,8 @@ pub enum Record {
     Flow(FlowRecord),
     /// Fast-path cost.
     Cost(CostRecord),
+    /// What was read of a capture (replay).
+    Capture(CaptureRecord),
 }
 
 #[cfg(test)]

@@ -237,12 +237,7 @@ impl Case {
         self.pool = self
             .flow_of
             .iter()
-            .map(|f| Pkt {
-                ts_ns: 0,
-                data: self.frame(&self.keys[*f as usize]),
-                seq: 0,
-                batch: None,
-            })
+            .map(|f| Pkt { ts_ns: 0, data: self.frame(&self.keys[*f as usize]), ..Pkt::default() })
             .collect();
     }
 

@@ -330,6 +330,7 @@ pub fn packets(cfg: &GenConfig, plans: &[FlowPlan]) -> Vec<Pkt> {
             data: build_frame(&p.key, payload, dscp, 64),
             seq: out.len() as u64,
             batch,
+            wire_len: 0,
         });
     });
     out

@@ -359,7 +359,7 @@ impl Replay {
             }
         }
         let Some(h) = self.heavy.as_mut() else { return };
-        let len = pkt.data.len() as u32;
+        let len = pkt.bytes_on_wire().min(u64::from(u32::MAX)) as u32;
         h.sfcmon.observe(key, len);
         h.exact.observe(key, len);
     }

@@ -833,6 +833,7 @@ mod tests {
                 data: crate::gen::build_frame(&key(f as u32), 18, color, 64),
                 seq: i as u64,
                 batch: None,
+                wire_len: 0,
             })
             .collect();
         let mut sw = Switch::new(cfg, 16);
@@ -908,7 +909,7 @@ mod tests {
                 if i < *n {
                     let dscp = ((i / 100) % 2) as u8;
                     let data = crate::gen::build_frame(&key(f as u32), 18, dscp, 64);
-                    pkts.push(Pkt { ts_ns: pkts.len() as u64, data, seq: 0, batch: None });
+                    pkts.push(Pkt { ts_ns: pkts.len() as u64, data, ..Pkt::default() });
                 }
             }
         }

@@ -10,6 +10,7 @@
 
 use crate::ethernet::{self, EtherType};
 use crate::ipv4::{self, Protocol};
+use crate::link::{self, LinkError, NetworkStart};
 use crate::{geneve, gre, ipv6, nsh, vlan, vxlan, Error};
 use core::fmt;
 use core::net::{IpAddr, Ipv4Addr};
@@ -73,16 +74,7 @@ impl fmt::Display for FlowKey {
     }
 }
 
-/// The link layer a capture or port delivers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LinkType {
-    /// Ethernet II frames (pcap LINKTYPE_ETHERNET).
-    Ethernet,
-    /// Bare IPv4 or IPv6 packets (LINKTYPE_RAW, IPV4, IPV6).
-    RawIp,
-    /// Linux cooked capture v1 (LINKTYPE_LINUX_SLL): a 16-byte header ending in an EtherType.
-    LinuxSll,
-}
+pub use crate::link::LinkType;
 
 /// Why a frame yields no flow key. Counted per reason by every stage that skips.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -162,13 +154,13 @@ enum Next {
 
 /// Walks `frame` and returns the innermost flow key. Never panics; see [`SkipReason`].
 pub fn extract(frame: &[u8], link: LinkType) -> Result<Parsed, SkipReason> {
-    let (mut next, mut off) = match link {
-        LinkType::Ethernet => (Next::Ether, 0usize),
-        LinkType::RawIp => (Next::IpGuess, 0),
-        LinkType::LinuxSll => {
-            let et = frame.get(14..16).ok_or(SkipReason::Truncated)?;
-            (Next::EtherType(EtherType::from(u16::from_be_bytes([et[0], et[1]]))), 16)
-        }
+    let (mut next, mut off) = match link::network_start(frame, link) {
+        Ok(NetworkStart::Ethernet) => (Next::Ether, 0usize),
+        Ok(NetworkStart::EtherType(et, off)) => (Next::EtherType(et), off),
+        Ok(NetworkStart::Ip(off)) => (Next::IpGuess, off),
+        Ok(NetworkStart::None) => return Err(SkipReason::NotIp),
+        Err(LinkError::Truncated) => return Err(SkipReason::Truncated),
+        Err(LinkError::Malformed) => return Err(SkipReason::Malformed),
     };
     let mut best: Option<Parsed> = None;
     let mut nsh_path: Option<(u32, u8)> = None;

@@ -18,6 +18,7 @@ pub mod geneve;
 pub mod gre;
 pub mod ipv4;
 pub mod ipv6;
+pub mod link;
 pub mod nsh;
 pub mod tcp;
 pub mod udp;

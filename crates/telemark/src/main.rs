@@ -10,6 +10,7 @@ mod eval;
 mod eval_hh;
 mod eval_sketch;
 mod gen;
+mod input;
 mod opts;
 mod replay;
 
@@ -75,6 +76,10 @@ fn main() {
         }
         // One clear line, no backtrace.
         eprintln!("telemark: {e:#}");
+        // Results were printed, but of part of the input only.
+        if e.downcast_ref::<input::Incomplete>().is_some() {
+            std::process::exit(3);
+        }
         std::process::exit(1);
     }
 }

@@ -2,6 +2,7 @@
 //! two-point analysis of captures taken at two places on a path.
 
 use crate::gen::load_sizes;
+use crate::input::Input;
 use crate::opts::{parse_drop, LossOpts};
 use anyhow::{bail, Context, Result};
 use clap::Args as ClapArgs;
@@ -12,11 +13,9 @@ use telemark_core::loss::{color_of, Aggregator, AnyColorTable, BatchEvent, LossC
 use telemark_core::records::{Flow, FlowLossRecord, FlowRecord, Record};
 use telemark_core::sketch::sfcmon::HhConfig;
 use telemark_core::{flow_hash, FlowKey};
-use telemark_datapath::capture::{read_all, CaptureReader};
 use telemark_datapath::dropper::{DropModel, Placement};
 use telemark_datapath::gen::{self as g, GenConfig};
 use telemark_datapath::pipeline::{HeavyConfig, Replay, ReplayConfig};
-use telemark_datapath::Pkt;
 use telemark_wire::flow::{extract, LinkType, SkipReason};
 
 /// `telemark replay` flags.
@@ -88,44 +87,6 @@ pub fn run(a: Args) -> Result<()> {
     }
     let drops: Vec<(Placement, DropModel)> =
         a.drops.iter().map(|d| parse_drop(d)).collect::<Result<_>>()?;
-    let (pkts, link, source, mut skipped) = match (&a.capture, a.generate) {
-        (Some(path), None) => {
-            let (pk, r) = read_all(path)?;
-            let link = pk.iter().find_map(|(l, _)| *l).unwrap_or(LinkType::Ethernet);
-            let mut skipped: Vec<(String, u64)> = Vec::new();
-            let other = pk.iter().filter(|(l, _)| *l != Some(link)).count() as u64;
-            if other > 0 {
-                skipped.push(("unsupported_link".into(), other));
-            }
-            if let Some(t) = &r.damaged_tail {
-                eprintln!(
-                    "telemark: {}: stopped at a damaged record ({t}); kept what came before",
-                    path.display()
-                );
-                skipped.push(("damaged_tail".into(), 1));
-            }
-            let pk: Vec<Pkt> =
-                pk.into_iter().filter(|(l, _)| *l == Some(link)).map(|(_, p)| p).collect();
-            (pk, link, path.display().to_string(), skipped)
-        }
-        (None, Some(flows)) => {
-            if flows == 0 {
-                bail!("--generate needs at least 1 flow");
-            }
-            let dist = load_sizes(a.sizes.as_deref(), a.seed)?;
-            let cfg = GenConfig { flows, seed: a.seed, ..GenConfig::default() };
-            let pk = g::packets(&cfg, &g::plan(&cfg, &dist));
-            (
-                pk,
-                LinkType::Ethernet,
-                format!("{flows} generated flows (sizes from {})", dist.source),
-                Vec::new(),
-            )
-        }
-        _ => bail!(
-            "give a CAPTURE, --generate N, or two --point NAME=FILE (see telemark replay --help)"
-        ),
-    };
     let cfg = ReplayConfig {
         loss,
         mark: !a.marked,
@@ -139,17 +100,40 @@ pub fn run(a: Args) -> Result<()> {
         report_all: a.all_batches || a.select_top.is_some(),
         heavy: heavy_config(&a),
     };
-    let mut r = Replay::new(cfg, link);
-    for p in pkts {
-        r.push(p);
-    }
-    r.finish();
-    for (reason, n) in SkipReason::ALL.iter().zip(r.skipped) {
-        if n > 0 {
-            skipped.push((reason.as_str().into(), n));
+    match (&a.capture, a.generate) {
+        (Some(path), None) => {
+            // Streamed: memory is the pipeline's state, whatever the capture's size.
+            let mut input = Input::open(path)?;
+            let mut r = Replay::new(cfg, input.link);
+            while let Some(p) = input.next_packet() {
+                r.push(p);
+            }
+            r.finish();
+            for (reason, n) in SkipReason::ALL.iter().zip(r.skipped) {
+                input.skip(reason.as_str(), n);
+            }
+            let source = path.display().to_string();
+            report_replay(&a, &mut r, &source, Some(&input))?;
+            input.check_complete()
         }
+        (None, Some(flows)) => {
+            if flows == 0 {
+                bail!("--generate needs at least 1 flow");
+            }
+            let dist = load_sizes(a.sizes.as_deref(), a.seed)?;
+            let gc = GenConfig { flows, seed: a.seed, ..GenConfig::default() };
+            let mut r = Replay::new(cfg, LinkType::Ethernet);
+            for p in g::packets(&gc, &g::plan(&gc, &dist)) {
+                r.push(p);
+            }
+            r.finish();
+            let source = format!("{flows} generated flows (sizes from {})", dist.source);
+            report_replay(&a, &mut r, &source, None)
+        }
+        _ => bail!(
+            "give a CAPTURE, --generate N, or two --point NAME=FILE (see telemark replay --help)"
+        ),
     }
-    report_replay(&a, &mut r, &source, &skipped)
 }
 
 /// Heavy hitters per window, when any flag asks for them.
@@ -254,7 +238,17 @@ fn report_windows(a: &Args, r: &Replay, out: &mut impl Write) -> Result<()> {
     Ok(())
 }
 
-fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64)]) -> Result<()> {
+fn report_replay(a: &Args, r: &mut Replay, source: &str, input: Option<&Input>) -> Result<()> {
+    let mut skipped: Vec<(String, u64)> = match input {
+        Some(i) => i.skipped().iter().map(|(k, n)| (k.clone(), *n)).collect(),
+        None => SkipReason::ALL
+            .iter()
+            .zip(r.skipped)
+            .filter(|(_, n)| *n > 0)
+            .map(|(k, n)| (k.as_str().to_string(), n))
+            .collect(),
+    };
+    skipped.sort();
     let mut out = std::io::stdout().lock();
     let records: Vec<Record> = std::iter::from_fn(|| r.agg.poll_record()).collect();
     let summaries = r.agg.summaries(0, 0);
@@ -284,6 +278,9 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64
         Some(r.truth(pl, key, None))
     };
     if a.json {
+        if let Some(i) = input {
+            writeln!(out, "{}", serde_json::to_string(&Record::Capture(i.record()))?)?;
+        }
         for rec in &records {
             if matches!(rec, Record::Loss(l) if l.lost == 0 && !a.all_batches) {
                 continue;
@@ -306,9 +303,17 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64
         return Ok(());
     }
     writeln!(out, "replayed {source}: {} packets", r.packets)?;
+    if let Some(rec) = input.map(|i| i.record()) {
+        if rec.cut > 0 {
+            writeln!(out, "{} packets cut by the capture's snapshot length (counted at their length on the wire)", rec.cut)?;
+        }
+        if let Some(d) = rec.damaged {
+            writeln!(out, "stopped at a damaged record ({d}): the results cover what came before")?;
+        }
+    }
     if !skipped.is_empty() {
         let s: Vec<String> = skipped.iter().map(|(k, n)| format!("{k} {n}")).collect();
-        writeln!(out, "skipped (no flow key): {}", s.join(", "))?;
+        writeln!(out, "skipped: {}", s.join(", "))?;
     }
     if let Some(m) = r.marker_stats().filter(|m| m.refused > 0) {
         writeln!(
@@ -420,64 +425,76 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, skipped: &[(String, u64
     report_windows(a, r, &mut out)
 }
 
+/// One point's capture in a two-point analysis, streamed: the packets with a flow key, as
+/// (time, flow, color).
 struct PointCapture {
     name: String,
-    path: PathBuf,
-    packets: Vec<(u64, FlowKey, u8)>,
-    skipped: HashMap<&'static str, u64>,
-    total: u64,
+    input: Input,
+    color_bit: u8,
+    keyed: u64,
+    next: Option<(u64, FlowKey, u8)>,
 }
 
-fn load_point(spec: &str, color_bit: u8) -> Result<PointCapture> {
-    let Some((name, file)) = spec.split_once('=') else {
-        bail!("--point takes NAME=FILE (like up=a.pcap), not '{spec}'");
-    };
-    if name.is_empty() || file.is_empty() {
-        bail!("--point takes NAME=FILE (like up=a.pcap), not '{spec}'");
-    }
-    let path = PathBuf::from(file);
-    let mut r = CaptureReader::open(&path)?;
-    let mut packets = Vec::new();
-    let mut skipped: HashMap<&'static str, u64> = HashMap::new();
-    let mut total = 0;
-    while let Some(p) = r.next_packet() {
-        total += 1;
-        let Some(link) = p.link else {
-            *skipped.entry("unsupported_link").or_default() += 1;
-            continue;
+impl PointCapture {
+    fn open(spec: &str, color_bit: u8) -> Result<PointCapture> {
+        let Some((name, file)) = spec.split_once('=') else {
+            bail!("--point takes NAME=FILE (like up=a.pcap), not '{spec}'");
         };
-        match extract(&p.data, link) {
-            Ok(parsed) => packets.push((p.ts_ns, parsed.key, color_of(parsed.dscp, color_bit))),
-            Err(e) => *skipped.entry(e.as_str()).or_default() += 1,
+        if name.is_empty() || file.is_empty() {
+            bail!("--point takes NAME=FILE (like up=a.pcap), not '{spec}'");
+        }
+        let input = Input::open(&PathBuf::from(file))?;
+        let mut pc =
+            PointCapture { name: name.to_string(), input, color_bit, keyed: 0, next: None };
+        pc.advance();
+        Ok(pc)
+    }
+
+    /// Reads up to the next packet with a flow key.
+    fn advance(&mut self) {
+        self.next = None;
+        while let Some(p) = self.input.next_packet() {
+            match extract(&p.data, self.input.link) {
+                Ok(parsed) => {
+                    self.keyed += 1;
+                    self.next = Some((p.ts_ns, parsed.key, color_of(parsed.dscp, self.color_bit)));
+                    return;
+                }
+                Err(e) => self.input.skip(e.as_str(), 1),
+            }
         }
     }
-    if let Some(t) = r.damaged_tail {
-        eprintln!(
-            "telemark: {}: stopped at a damaged record ({t}); kept what came before",
-            path.display()
-        );
-        *skipped.entry("damaged_tail").or_default() += 1;
+
+    /// Takes the next keyed packet.
+    fn take(&mut self) -> Option<(u64, FlowKey, u8)> {
+        let n = self.next.take();
+        if n.is_some() {
+            self.advance();
+        }
+        n
     }
-    Ok(PointCapture { name: name.to_string(), path, packets, skipped, total })
 }
 
-/// Median over flows seen at both points of (first time downstream − first time upstream).
-fn estimate_skew(up: &PointCapture, down: &PointCapture) -> i64 {
+/// Median over flows seen at both points of (first time downstream − first time upstream):
+/// one pass over both captures, memory per flow.
+fn estimate_skew(a: &Args, color_bit: u8) -> Result<i64> {
     let mut first_up: HashMap<FlowKey, u64> = HashMap::new();
-    for (t, k, _) in &up.packets {
-        first_up.entry(*k).or_insert(*t);
+    let mut up = PointCapture::open(&a.points[0], color_bit)?;
+    while let Some((t, k, _)) = up.take() {
+        first_up.entry(k).or_insert(t);
     }
+    let mut down = PointCapture::open(&a.points[1], color_bit)?;
     let mut seen = std::collections::HashSet::new();
     let mut d: Vec<i64> = Vec::new();
-    for (t, k, _) in &down.packets {
-        if seen.insert(*k) {
-            if let Some(u) = first_up.get(k) {
-                d.push(*t as i64 - *u as i64);
+    while let Some((t, k, _)) = down.take() {
+        if seen.insert(k) {
+            if let Some(u) = first_up.get(&k) {
+                d.push(t as i64 - *u as i64);
             }
         }
     }
     d.sort_unstable();
-    d.get(d.len() / 2).copied().unwrap_or(0)
+    Ok(d.get(d.len() / 2).copied().unwrap_or(0))
 }
 
 fn two_point(a: &Args, loss: LossConfig) -> Result<()> {
@@ -497,12 +514,12 @@ fn two_point(a: &Args, loss: LossConfig) -> Result<()> {
             "--hh-window, --select-top and --top-flows apply to replay, not to two-point analysis"
         );
     }
-    let up = load_point(&a.points[0], loss.color_bit).context("upstream point")?;
-    let down = load_point(&a.points[1], loss.color_bit).context("downstream point")?;
+    let skew = estimate_skew(a, loss.color_bit)?;
+    let mut up = PointCapture::open(&a.points[0], loss.color_bit).context("upstream point")?;
+    let mut down = PointCapture::open(&a.points[1], loss.color_bit).context("downstream point")?;
     if up.name == down.name {
         bail!("the two points need different names, both are '{}'", up.name);
     }
-    let skew = estimate_skew(&up, &down);
     let spec = |name: &str, upstream, skew_ns| PointSpec {
         name: name.into(),
         agent: a.agent.clone(),
@@ -521,24 +538,16 @@ fn two_point(a: &Args, loss: LossConfig) -> Result<()> {
     let mut tables = [AnyColorTable::new(&loss, 0), AnyColorTable::new(&loss, 1)];
     // Merge the two captures in (skew-corrected) time order, as the points would have seen
     // the packets, so the aggregator lines batches up as they close.
-    let (mut i, mut j) = (0usize, 0usize);
     let mut ev: Vec<BatchEvent> = Vec::new();
     loop {
-        let nu = up.packets.get(i);
-        let nd = down.packets.get(j);
-        let take_up = match (nu, nd) {
+        let take_up = match (&up.next, &down.next) {
             (Some(u), Some(d)) => (u.0 as i128) <= d.0 as i128 - i128::from(skew),
             (Some(_), None) => true,
             (None, Some(_)) => false,
             (None, None) => break,
         };
-        let (p, (t, k, c)) = if take_up {
-            i += 1;
-            (0usize, nu.copied().unwrap_or((0, FlowKey::default(), 0)))
-        } else {
-            j += 1;
-            (1usize, nd.copied().unwrap_or((0, FlowKey::default(), 0)))
-        };
+        let (p, next) = if take_up { (0usize, up.take()) } else { (1usize, down.take()) };
+        let Some((t, k, c)) = next else { break };
         if let Some(tb) = tables.get_mut(p) {
             tb.observe(&k, flow_hash(&k), c, t, &mut ev);
         }
@@ -555,6 +564,9 @@ fn two_point(a: &Args, loss: LossConfig) -> Result<()> {
     agg.flush();
     let mut out = std::io::stdout().lock();
     if a.json {
+        for pc in [&up, &down] {
+            writeln!(out, "{}", serde_json::to_string(&Record::Capture(pc.input.record()))?)?;
+        }
         while let Some(rec) = agg.poll_record() {
             writeln!(out, "{}", serde_json::to_string(&rec)?)?;
         }
@@ -563,18 +575,19 @@ fn two_point(a: &Args, loss: LossConfig) -> Result<()> {
                 writeln!(out, "{}", serde_json::to_string(&Record::FlowLoss(f))?)?;
             }
         }
-        return Ok(());
+        up.input.check_complete()?;
+        return down.input.check_complete();
     }
     for pc in [&up, &down] {
-        let mut s: Vec<String> = pc.skipped.iter().map(|(k, n)| format!("{k} {n}")).collect();
-        s.sort();
+        let s: Vec<String> = pc.input.skipped().iter().map(|(k, n)| format!("{k} {n}")).collect();
+
         writeln!(
             out,
             "{}: {} ({} packets, {} with a flow key{}{})",
             pc.name,
-            pc.path.display(),
-            pc.total,
-            pc.packets.len(),
+            pc.input.path().display(),
+            pc.input.packets(),
+            pc.keyed,
             if s.is_empty() { "" } else { "; skipped: " },
             s.join(", ")
         )?;
@@ -660,5 +673,6 @@ fn two_point(a: &Args, loss: LossConfig) -> Result<()> {
             )?;
         }
     }
-    Ok(())
+    up.input.check_complete()?;
+    down.input.check_complete()
 }
