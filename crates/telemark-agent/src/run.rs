@@ -376,6 +376,7 @@ impl FastPath {
     }
 
     fn publish(&mut self, shared: &Mutex<PathStats>, busy_ns: u64) {
+        self.sink.send_gap();
         let mut s = PathStats { busy_ns, event_drops: self.sink.dropped, ..Default::default() };
         for r in &mut self.rxs {
             let st = r.stats();
@@ -504,6 +505,7 @@ impl Slow {
                     }),
                 );
                 last_cost = (snap.rx, snap.busy_ns);
+                self.agg.settle_before(now.saturating_sub(2 * self.cfg.loss.idle_ns));
                 self.agg.forget_before(now.saturating_sub(forget_ns));
                 interval_start = now;
                 next_summary = now + self.cfg.summary_interval_ns;

@@ -72,6 +72,8 @@ pub struct FlowSummary {
     pub lossy_batches: u64,
     /// Packets lost, over every point.
     pub lost: u64,
+    /// Packets whose loss is uncertain, over every point.
+    pub uncertain: u64,
     /// First and last batch time.
     pub first_ns: u64,
     /// Last batch time.
@@ -119,7 +121,7 @@ CREATE TABLE IF NOT EXISTS loss (
     proto INTEGER NOT NULL, spi INTEGER, si INTEGER,
     color INTEGER NOT NULL, batch INTEGER NOT NULL, first_ns INTEGER NOT NULL,
     last_ns INTEGER NOT NULL, expected INTEGER, observed INTEGER NOT NULL,
-    lost INTEGER NOT NULL, late INTEGER NOT NULL,
+    lost INTEGER NOT NULL, late INTEGER NOT NULL, uncertain INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (agent, boot, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS loss_flow ON loss (src, dst, sport, dport, proto, first_ns);
@@ -166,6 +168,15 @@ impl Store {
         db.pragma_update(None, "synchronous", "FULL")?;
         db.busy_timeout(std::time::Duration::from_secs(5))?;
         db.execute_batch(SCHEMA)?;
+        // Databases written before `uncertain` was recorded get the column (0 for their rows).
+        let has_uncertain: bool = db.query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('loss') WHERE name = 'uncertain'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )? > 0;
+        if !has_uncertain {
+            db.execute_batch("ALTER TABLE loss ADD COLUMN uncertain INTEGER NOT NULL DEFAULT 0")?;
+        }
         Ok(Store { db })
     }
 
@@ -211,7 +222,7 @@ impl Store {
         {
             let mut loss = tx.prepare_cached(
                 "INSERT OR IGNORE INTO loss VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,
-                 ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
+                 ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)",
             )?;
             let mut other =
                 tx.prepare_cached("INSERT OR IGNORE INTO other VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?;
@@ -240,6 +251,7 @@ impl Store {
                         i(l.observed),
                         i(l.lost),
                         i(l.late),
+                        i(l.uncertain),
                     ])?,
                     other_rec => {
                         let (kind, t) = match other_rec {
@@ -301,7 +313,7 @@ impl Store {
     pub fn flows(&self, since_ns: u64, limit: u32) -> Result<Vec<FlowSummary>, StoreError> {
         let mut q = self.db.prepare(
             "SELECT src, dst, sport, dport, proto, spi, si, SUM(lost > 0), SUM(lost),
-                    MIN(first_ns), MAX(last_ns)
+                    MIN(first_ns), MAX(last_ns), SUM(uncertain)
              FROM loss WHERE first_ns >= ?1
              GROUP BY src, dst, sport, dport, proto, spi, si
              ORDER BY SUM(lost) DESC LIMIT ?2",
@@ -311,6 +323,7 @@ impl Store {
                 flow: flow_of(r)?,
                 lossy_batches: u(r.get(7)?),
                 lost: u(r.get(8)?),
+                uncertain: u(r.get(11)?),
                 first_ns: u(r.get(9)?),
                 last_ns: u(r.get(10)?),
             })
@@ -456,6 +469,7 @@ mod tests {
             observed: 99,
             lost: 1,
             late: 0,
+            uncertain: 0,
         });
         let recs = vec![r.clone(), r.clone(), r.clone()];
         assert_eq!(

@@ -36,6 +36,7 @@ fn loss(agent: &str, point: &str, upstream: Option<&str>, batch: u64, lost: u64)
         observed: 100 - lost,
         lost,
         late: 0,
+        uncertain: 0,
     })
 }
 

@@ -78,10 +78,64 @@ pub struct LossRecord {
     pub expected: Option<u64>,
     /// Packets counted in time.
     pub observed: u64,
-    /// Packets that never arrived: expected − observed − late.
+    /// Packets lost on the segment ending here: expected − observed − late, unless the batch
+    /// is uncertain (then they are in `uncertain`).
     pub lost: u64,
     /// Packets that arrived after the batch closed (reordering), counted separately.
     pub late: u64,
+    /// Packets missing here whose loss cannot be told (see [`LossCounts::uncertain`]); they
+    /// are not in `lost`.
+    #[serde(default)]
+    pub uncertain: u64,
+}
+
+/// Loss counts over a span of batches at one point (an interval, a flow's run): the one set of
+/// counters the aggregator keeps and the `summary` and `flow_loss` records carry.
+///
+/// Every packet expected at the point ends in exactly one of `observed`, `late`, `lost` and
+/// `uncertain` (and `excess` counts packets beyond what was expected).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LossCounts {
+    /// Batches resolved.
+    pub batches: u64,
+    /// Batches that lost packets.
+    pub lossy_batches: u64,
+    /// Packets expected (over batches whose expectation was known).
+    pub expected: u64,
+    /// Packets observed in time.
+    pub observed: u64,
+    /// Packets that arrived after their batch closed (reordering), counted with it.
+    pub late: u64,
+    /// Packets lost on the segment ending at this point.
+    pub lost: u64,
+    /// Packets missing at this point whose loss cannot be told apart from the monitor's own
+    /// limits: reordering deeper than the step threshold absorbs, telemetry events the agent
+    /// could not hand off, or whole batches at the edge of the span the point watched the flow
+    /// (see docs/loss.md, "What is lost and what is uncertain").
+    pub uncertain: u64,
+    /// Batches with uncertain packets.
+    pub uncertain_batches: u64,
+    /// Packets observed beyond what was expected (duplicates, or deep reordering).
+    pub excess: u64,
+    /// Batches with no upstream batch to compare with.
+    pub unmatched: u64,
+}
+
+impl LossCounts {
+    /// Adds `o` to these counts.
+    pub fn add(&mut self, o: &LossCounts) {
+        self.batches += o.batches;
+        self.lossy_batches += o.lossy_batches;
+        self.expected += o.expected;
+        self.observed += o.observed;
+        self.late += o.late;
+        self.lost += o.lost;
+        self.uncertain += o.uncertain;
+        self.uncertain_batches += o.uncertain_batches;
+        self.excess += o.excess;
+        self.unmatched += o.unmatched;
+    }
 }
 
 /// Per-point summary over one reporting interval.
@@ -95,20 +149,9 @@ pub struct SummaryRecord {
     pub interval_start_ns: u64,
     /// End of the interval.
     pub interval_end_ns: u64,
-    /// Batches resolved.
-    pub batches: u64,
-    /// Batches that lost packets.
-    pub lossy_batches: u64,
-    /// Packets expected.
-    pub expected: u64,
-    /// Packets observed in time.
-    pub observed: u64,
-    /// Packets lost.
-    pub lost: u64,
-    /// Packets late.
-    pub late: u64,
-    /// Batches with no upstream batch to compare against.
-    pub unmatched: u64,
+    /// The batches resolved in the interval.
+    #[serde(flatten)]
+    pub counts: LossCounts,
 }
 
 /// A flow's loss totals at one point over a whole run (`replay` prints these).
@@ -120,18 +163,9 @@ pub struct FlowLossRecord {
     pub point: String,
     /// The flow.
     pub flow: Flow,
-    /// Batches resolved.
-    pub batches: u64,
-    /// Batches that lost packets.
-    pub lossy_batches: u64,
-    /// Packets expected.
-    pub expected: u64,
-    /// Packets observed in time.
-    pub observed: u64,
-    /// Packets late.
-    pub late: u64,
-    /// Packets lost as detected.
-    pub lost: u64,
+    /// The flow's batches at this point.
+    #[serde(flatten)]
+    pub counts: LossCounts,
     /// Packets lost on this segment according to the dropper's record (replay only).
     pub truth_lost: Option<u64>,
 }
@@ -254,6 +288,7 @@ mod tests {
             observed: 97,
             lost: 3,
             late: 0,
+            uncertain: 0,
         });
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(v["kind"], "loss");

@@ -24,7 +24,7 @@ use telemark_core::loss::{
     PointSpec, Selection,
 };
 use telemark_core::sketch::sfcmon::{ExactFlows, HhConfig, HhWindow, Sfcmon};
-use telemark_core::spsc::{self, Consumer, Producer};
+use telemark_core::spsc::Producer;
 use telemark_core::{flow_hash, FlowKey};
 use telemark_wire::flow::{self, LinkType};
 
@@ -139,25 +139,46 @@ impl Heavy {
     }
 }
 
-/// Event sink feeding the SPSC ring, counting what did not fit.
+/// Event sink feeding the SPSC ring of a live agent. The fast path never waits: an event that
+/// does not fit is counted and lost, and the next event that fits is preceded by a
+/// [`BatchEvent::gap`], so the aggregator reads what the lost events concerned as uncertain,
+/// never as loss.
 pub struct RingSink {
     prod: Producer<BatchEvent>,
     /// Events lost because the ring was full.
     pub dropped: u64,
+    /// An event was lost since the last gap event went out.
+    gap: bool,
 }
 
 impl RingSink {
     /// A sink feeding `prod`.
     pub fn new(prod: Producer<BatchEvent>) -> Self {
-        RingSink { prod, dropped: 0 }
+        RingSink { prod, dropped: 0, gap: false }
+    }
+
+    /// Sends the gap event owed for lost events now, if there is room, rather than with the
+    /// next event (call it now and then: a quiet fast path may send nothing for long).
+    pub fn send_gap(&mut self) {
+        if self.gap && self.prod.push(BatchEvent::gap()).is_ok() {
+            self.gap = false;
+        }
     }
 }
 
 impl EventSink for RingSink {
     #[inline]
     fn emit(&mut self, ev: BatchEvent) {
+        if self.gap {
+            if self.prod.push(BatchEvent::gap()).is_err() {
+                self.dropped += 1;
+                return;
+            }
+            self.gap = false;
+        }
         if self.prod.push(ev).is_err() {
             self.dropped += 1;
+            self.gap = true;
         }
     }
 
@@ -187,8 +208,9 @@ pub struct Replay {
     /// The switch under test.
     pub switch: Switch,
     next_hop: AnyColorTable,
-    sink: RingSink,
-    cons: Consumer<BatchEvent>,
+    /// Events on their way to the aggregator: replay has time to wait, so it never drops
+    /// one (a live agent's ring may; see `RingSink`).
+    sink: Vec<BatchEvent>,
     /// The aggregator with every resolved batch.
     pub agg: Aggregator,
     burst: Vec<Pkt>,
@@ -206,7 +228,6 @@ impl Replay {
     /// A pipeline for packets of link type `link`.
     pub fn new(cfg: ReplayConfig, link: LinkType) -> Self {
         let loss = cfg.loss;
-        let (prod, cons) = spsc::channel(1 << 14);
         let spec = |name: &str, upstream, marker| PointSpec {
             name: name.into(),
             agent: cfg.agent.clone(),
@@ -260,8 +281,7 @@ impl Replay {
             droppers,
             switch,
             next_hop: AnyColorTable::new(&loss, points::NEXT_HOP),
-            sink: RingSink { prod, dropped: 0 },
-            cons,
+            sink: Vec::with_capacity(1 << 10),
             agg,
             burst: Vec::with_capacity(BURST),
             held: Vec::new(),
@@ -401,8 +421,9 @@ impl Replay {
     }
 
     fn drain(&mut self) {
-        let agg = &mut self.agg;
-        self.cons.drain(|ev| agg.handle(ev));
+        for ev in self.sink.drain(..) {
+            self.agg.handle(ev);
+        }
     }
 
     /// Ends the capture: releases held packets, closes every batch, resolves everything.
@@ -428,9 +449,11 @@ impl Replay {
             m.flush(&mut self.sink);
         }
         self.drain();
-        let (agg, cons) = (&mut self.agg, &mut self.cons);
-        self.switch.flush(&mut self.sink, |_| {
-            cons.drain(|ev| agg.handle(ev));
+        let agg = &mut self.agg;
+        self.switch.flush(&mut self.sink, |events| {
+            for ev in events.drain(..) {
+                agg.handle(ev);
+            }
         });
         self.next_hop.flush(&mut self.sink);
         self.drain();
@@ -464,9 +487,9 @@ impl Replay {
         self.switch.stats()
     }
 
-    /// Telemetry events lost to a full ring.
-    pub fn ring_drops(&self) -> u64 {
-        self.sink.dropped
+    /// Counters of the next hop's color table.
+    pub fn next_hop_stats(&self) -> telemark_core::loss::PointStats {
+        self.next_hop.stats()
     }
 
     /// Which dropper placement a point's loss corresponds to (the segment just upstream of it).

@@ -636,6 +636,9 @@ fn burst<C, S, T, D>(
                     None
                 } else {
                     let s = learn(&core.cfg, &mut core.fib, &mut core.stats, &parsed.key, m.hash);
+                    if let (Some(t), Some(_)) = (loss.as_deref_mut(), s) {
+                        t.admitted(m.hash);
+                    }
                     if let (Some(t), Some(s), true) =
                         (loss.as_deref_mut(), s, core.selection.is_some())
                     {

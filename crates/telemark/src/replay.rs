@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
 use telemark_core::loss::{color_of, Aggregator, AnyColorTable, BatchEvent, LossConfig, PointSpec};
-use telemark_core::records::{Flow, FlowLossRecord, FlowRecord, Record};
+use telemark_core::records::{Flow, FlowLossRecord, FlowRecord, LossCounts, Record};
 use telemark_core::sketch::sfcmon::HhConfig;
 use telemark_core::{flow_hash, FlowKey};
 use telemark_datapath::dropper::{DropModel, Placement};
@@ -325,11 +325,16 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, input: Option<&Input>) 
     if let Some([st, _]) = r.switch.point_stats() {
         writeln!(
             out,
-            "flow table: {} flows measured, {} packets of flows refused (room for {}), {} telemetry events lost",
+            "flow table: {} flows measured, {} packets of flows refused (room for {})",
             st.admitted,
             st.refused,
             r.switch.capacity(),
-            r.ring_drops()
+        )?;
+        let nh = r.next_hop_stats();
+        writeln!(
+            out,
+            "next hop: {} flows measured, {} packets of flows refused (room for {})",
+            nh.admitted, nh.refused, a.loss.table_size
         )?;
         if a.select_top.is_some() {
             writeln!(
@@ -356,32 +361,21 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, input: Option<&Input>) 
     writeln!(out)?;
     writeln!(
         out,
-        "{:<9} {:>7} {:>6} {:>9} {:>9} {:>6} {:>8} {:>8}   segment",
-        "point", "batches", "lossy", "expected", "observed", "late", "lost", "truth"
+        "{:<9} {:>7} {:>6} {:>9} {:>9} {:>6} {:>8} {:>9} {:>8}   segment",
+        "point", "batches", "lossy", "expected", "observed", "late", "lost", "uncertain", "truth"
     )?;
     if a.select_top.is_some() {
         writeln!(out, "(truth: the droppers' drops in the batches each point compared)")?;
     }
-    // batches, lossy, expected, observed, late, lost, truth
-    let mut per_point: HashMap<u8, [u64; 7]> = HashMap::new();
+    let mut per_point: HashMap<u8, (LossCounts, u64)> = HashMap::new();
     for (k, p, f) in &flows {
         let e = per_point.entry(*p).or_default();
-        let add = [
-            f.batches,
-            f.lossy_batches,
-            f.expected,
-            f.observed,
-            f.late,
-            f.lost,
-            truth(k, *p).unwrap_or(0),
-        ];
-        for (x, y) in e.iter_mut().zip(add) {
-            *x += y;
-        }
+        e.0.add(&f.counts);
+        e.1 += truth(k, *p).unwrap_or(0);
     }
     let mut pts: Vec<_> = per_point.into_iter().filter(|(p, _)| *p != 0).collect();
-    pts.sort();
-    for (p, t) in pts {
+    pts.sort_by_key(|(p, _)| *p);
+    for (p, (c, truth)) in pts {
         let name = &r.agg.points()[usize::from(p)].name;
         let seg = match p {
             1 => "link into the switch (marker → ingress)",
@@ -390,32 +384,57 @@ fn report_replay(a: &Args, r: &mut Replay, source: &str, input: Option<&Input>) 
         };
         writeln!(
             out,
-            "{:<9} {:>7} {:>6} {:>9} {:>9} {:>6} {:>8} {:>8}   {seg}",
-            name, t[0], t[1], t[2], t[3], t[4], t[5], t[6]
+            "{:<9} {:>7} {:>6} {:>9} {:>9} {:>6} {:>8} {:>9} {:>8}   {seg}",
+            name,
+            c.batches,
+            c.lossy_batches,
+            c.expected,
+            c.observed,
+            c.late,
+            c.lost,
+            c.uncertain,
+            truth
+        )?;
+        if c.excess > 0 {
+            writeln!(
+                out,
+                "{:<9} {} packets more than were sent in some batches: reordering deeper than the threshold moved packets between batches; their neighbours' shortfall is uncertain (docs/loss.md)",
+                "", c.excess
+            )?;
+        }
+    }
+    if r.agg.gaps() > 0 {
+        writeln!(
+            out,
+            "telemetry events were lost {} times: the batches they concerned are uncertain",
+            r.agg.gaps()
         )?;
     }
     let mut lossy: Vec<_> = flows
         .iter()
-        .filter(|(k, p, f)| *p != 0 && (f.lost > 0 || truth(k, *p).unwrap_or(0) > 0))
+        .filter(|(k, p, f)| {
+            *p != 0 && (f.counts.lost + f.counts.uncertain > 0 || truth(k, *p).unwrap_or(0) > 0)
+        })
         .collect();
-    lossy.sort_by(|x, y| y.2.lost.cmp(&x.2.lost).then(x.0.cmp(&y.0)));
+    lossy.sort_by(|x, y| y.2.counts.lost.cmp(&x.2.counts.lost).then(x.0.cmp(&y.0)));
     if !lossy.is_empty() {
         writeln!(out, "\nflows with loss (top {} of {}):", a.top.min(lossy.len()), lossy.len())?;
         writeln!(
             out,
-            "{:<52} {:<9} {:>7} {:>9} {:>6} {:>6} {:>6}",
-            "flow", "point", "batches", "expected", "late", "lost", "truth"
+            "{:<52} {:<9} {:>7} {:>9} {:>6} {:>6} {:>9} {:>6}",
+            "flow", "point", "batches", "expected", "late", "lost", "uncertain", "truth"
         )?;
         for (k, p, f) in lossy.iter().take(a.top) {
             writeln!(
                 out,
-                "{:<52} {:<9} {:>7} {:>9} {:>6} {:>6} {:>6}",
+                "{:<52} {:<9} {:>7} {:>9} {:>6} {:>6} {:>9} {:>6}",
                 k.to_string(),
                 f.point,
-                f.batches,
-                f.expected,
-                f.late,
-                f.lost,
+                f.counts.batches,
+                f.counts.expected,
+                f.counts.late,
+                f.counts.lost,
+                f.counts.uncertain,
                 truth(k, *p).unwrap_or(0)
             )?;
         }
@@ -608,35 +627,42 @@ fn two_point(a: &Args, loss: LossConfig) -> Result<()> {
         )?;
     }
     let flows: Vec<_> = agg.flow_records().into_iter().filter(|(_, p, _)| *p == 1).collect();
-    let total_lost: u64 = flows.iter().map(|(_, _, f)| f.lost).sum();
-    let total_exp: u64 = flows.iter().map(|(_, _, f)| f.expected).sum();
+    let total_lost: u64 = flows.iter().map(|(_, _, f)| f.counts.lost).sum();
+    let total_exp: u64 = flows.iter().map(|(_, _, f)| f.counts.expected).sum();
+    let total_uncertain: u64 = flows.iter().map(|(_, _, f)| f.counts.uncertain).sum();
     writeln!(
         out,
-        "{} → {}: {} of {} packets lost over {} flows\n",
+        "{} → {}: {} of {} packets lost over {} flows{}\n",
         up.name,
         down.name,
         total_lost,
         total_exp,
-        flows.len()
+        flows.len(),
+        if total_uncertain > 0 {
+            format!(", {total_uncertain} more uncertain (see docs/loss.md)")
+        } else {
+            String::new()
+        }
     )?;
     writeln!(
         out,
-        "{:<52} {:>7} {:>6} {:>9} {:>9} {:>6} {:>6}",
-        "flow", "batches", "lossy", "sent", "received", "late", "lost"
+        "{:<52} {:>7} {:>6} {:>9} {:>9} {:>6} {:>6} {:>9}",
+        "flow", "batches", "lossy", "sent", "received", "late", "lost", "uncertain"
     )?;
     let mut fl = flows.clone();
-    fl.sort_by(|x, y| y.2.lost.cmp(&x.2.lost).then(x.0.cmp(&y.0)));
+    fl.sort_by(|x, y| y.2.counts.lost.cmp(&x.2.counts.lost).then(x.0.cmp(&y.0)));
     for (k, _, f) in fl.iter().take(a.top) {
         writeln!(
             out,
-            "{:<52} {:>7} {:>6} {:>9} {:>9} {:>6} {:>6}",
+            "{:<52} {:>7} {:>6} {:>9} {:>9} {:>6} {:>6} {:>9}",
             k.to_string(),
-            f.batches,
-            f.lossy_batches,
-            f.expected,
-            f.observed + f.late,
-            f.late,
-            f.lost
+            f.counts.batches,
+            f.counts.lossy_batches,
+            f.counts.expected,
+            f.counts.observed + f.counts.late,
+            f.counts.late,
+            f.counts.lost,
+            f.counts.uncertain
         )?;
     }
     let mut batches = Vec::new();

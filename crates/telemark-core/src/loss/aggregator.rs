@@ -2,11 +2,25 @@
 //!
 //! It takes the points' batch events, waits out each batch's late window, lines the batch up
 //! with the same batch at the upstream point (same flow, same color, overlapping in time), and
-//! computes the batch's loss on the segment between the two points. Only lossy batches become
-//! `loss` records by default; every batch feeds the per-interval summaries and per-flow totals.
+//! computes the batch's loss on the segment between the two points. Only lossy (or uncertain)
+//! batches become `loss` records by default; every batch feeds the per-interval summaries and
+//! per-flow totals.
+//!
+//! What is lost and what is uncertain. A packet is reported lost only where the point is known
+//! to have been watching the flow when it went missing:
+//! - in a batch the point reported, against the upstream count of the same batch;
+//! - as a whole upstream batch missing between two batches the point reported in one watch
+//!   (its [`Span::Continues`]).
+//!
+//! Everything else that is missing is `uncertain`, never lost: whole upstream batches before a
+//! point's first batch or after its last one in a watch (it may have refused, evicted or not
+//! yet admitted the flow), every batch whose events may be among those a full ring dropped
+//! ([`BatchEventKind::Gap`]), and the batches around one that holds more packets than were
+//! sent (reordering deeper than the step threshold absorbs moves packets between batches).
+//! Batches a point chose not to watch (refused for room, left out by selection) are neither.
 
 use super::{BatchEvent, BatchEventKind};
-use crate::records::{Flow, FlowLossRecord, LossRecord, Record, SummaryRecord};
+use crate::records::{Flow, FlowLossRecord, LossCounts, LossRecord, Record, SummaryRecord};
 use std::collections::{HashMap, HashSet, VecDeque};
 use telemark_wire::FlowKey;
 
@@ -14,6 +28,10 @@ use telemark_wire::FlowKey;
 const DONE_KEEP: usize = 64;
 /// Batches a point may hold waiting for its upstream before they are resolved without it.
 const WAIT_MAX: usize = 64;
+/// Batches on either side of one with excess packets whose shortfall is uncertain: reordering
+/// deeper than the late window moves a packet at most into the next batch of its color, two
+/// batches on, and the step detector's double step (see `point::resumed`) spans as many.
+const DISORDER_REACH: usize = 2;
 
 /// One observation point as the aggregator knows it.
 #[derive(Debug, Clone)]
@@ -37,6 +55,32 @@ pub struct PointSpec {
     pub upstream_label: Option<String>,
 }
 
+/// How a point's batch follows the one it reported before for the same flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Span {
+    /// The point reported the flow's previous batch in the same watch: an upstream batch
+    /// between the two that it did not see at all was lost whole on the segment.
+    Continues,
+    /// The first batch of a new watch: a newly admitted flow, one retired before (idle,
+    /// evicted), or one whose events may have been lost. What came before is uncertain here.
+    Fresh,
+    /// The first batch after the point chose not to watch the flow (no room, left out by
+    /// active flow selection): what came before was not watched, and is not reported.
+    Rejoins,
+}
+
+/// What the aggregator knows of a point's watch over a flow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Watch {
+    /// No batch yet, or the last one ended the watch (flush, idle timeout, eviction).
+    #[default]
+    Ended,
+    /// Reporting batches.
+    Watching,
+    /// Refused or left out, and not reported since.
+    NotWatched,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Batch {
     ordinal: u32,
@@ -46,41 +90,49 @@ struct Batch {
     first_ns: u64,
     last_ns: u64,
     tail: bool,
-    /// First batch after the point began watching the flow mid-flow.
-    head: bool,
     /// Cut short when the point stopped watching the flow.
     cut: bool,
+    span: Span,
+    /// Some of the point's events about it may have been lost.
+    uncertain: bool,
     id: u64,
     matched: bool,
 }
 
+/// A resolved batch, held until the batches after it show whether it was disordered.
+#[derive(Debug, Clone, Copy)]
+struct Verdict {
+    batch: Batch,
+    /// Packets sent into the segment for it (`None`: not known).
+    expected: Option<u64>,
+    id: u64,
+    /// The point `expected` came from.
+    upstream: Option<u8>,
+    /// Its shortfall is uncertain, not lost.
+    uncertain: bool,
+}
+
 #[derive(Default)]
 struct PointFlow {
+    /// Closed batches whose late window is still open.
     pending: VecDeque<Batch>,
+    /// Final batches waiting for their upstream.
     waiting: VecDeque<Batch>,
+    /// Resolved batches, for downstream points to match.
     done: VecDeque<Batch>,
+    watch: Watch,
+    /// Gaps seen by the aggregator when this entry's last event arrived.
+    epoch: u64,
+    /// Resolved batches not yet booked (see [`DISORDER_REACH`]).
+    settling: VecDeque<Verdict>,
+    /// Batches still to be marked uncertain after one with excess.
+    disorder: usize,
+    /// Packets disordered batches of the current stretch hold beyond their expectation.
+    credit: u64,
 }
 
 /// A flow's totals at one point.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FlowTotals {
-    /// Batches resolved.
-    pub batches: u64,
-    /// Batches with loss.
-    pub lossy_batches: u64,
-    /// Packets expected (over batches whose expectation was known).
-    pub expected: u64,
-    /// Packets observed in time.
-    pub observed: u64,
-    /// Packets late.
-    pub late: u64,
-    /// Packets lost.
-    pub lost: u64,
-    /// Packets observed beyond what was expected (duplicates, or a mismatched batch).
-    pub excess: u64,
-    /// Batches that had no upstream batch to compare with.
-    pub unmatched: u64,
-}
+pub type FlowTotals = LossCounts;
 
 /// Lines batches up across points and turns them into records.
 pub struct Aggregator {
@@ -91,11 +143,11 @@ pub struct Aggregator {
     tol_ns: u64,
     report_all: bool,
     flows: HashMap<(FlowKey, u8), PointFlow>,
-    totals: HashMap<(FlowKey, u8), FlowTotals>,
-    interval: Vec<SummaryRecord>,
+    totals: HashMap<(FlowKey, u8), LossCounts>,
+    interval: Vec<LossCounts>,
     out: VecDeque<Record>,
-    /// Flows a point refused (no room): never reported as lost there.
-    unwatched: HashSet<(FlowKey, u8)>,
+    /// [`BatchEventKind::Gap`] events seen.
+    gaps: u64,
     /// Events that named a point the aggregator does not know.
     pub bad_events: u64,
 }
@@ -105,14 +157,6 @@ impl Aggregator {
     /// is known to start with B packets; `tol_ns` is how far apart in time two points' views of
     /// one batch may be.
     pub fn new(points: Vec<PointSpec>, batch: Option<u32>, tol_ns: u64) -> Self {
-        let interval = points
-            .iter()
-            .map(|p| SummaryRecord {
-                agent: p.agent.clone(),
-                point: p.name.clone(),
-                ..Default::default()
-            })
-            .collect();
         let downstream = (0..points.len())
             .map(|p| {
                 (0..points.len() as u8)
@@ -122,15 +166,15 @@ impl Aggregator {
             .collect();
         Aggregator {
             downstream,
+            interval: vec![LossCounts::default(); points.len()],
             points,
             batch,
             tol_ns,
             report_all: false,
             flows: HashMap::new(),
             totals: HashMap::new(),
-            interval,
             out: VecDeque::new(),
-            unwatched: HashSet::new(),
+            gaps: 0,
             bad_events: 0,
         }
     }
@@ -146,26 +190,59 @@ impl Aggregator {
         &self.points
     }
 
+    /// Gaps in the event stream seen so far (events a full ring dropped before each).
+    pub fn gaps(&self) -> u64 {
+        self.gaps
+    }
+
     /// Takes one event from a point.
     pub fn handle(&mut self, ev: BatchEvent) {
+        if ev.kind == BatchEventKind::Gap {
+            self.gaps += 1;
+            return;
+        }
         let p = ev.point;
         if usize::from(p) >= self.points.len() {
             self.bad_events += 1;
             return;
         }
-        // Active flow selection: the point watches the flow again from this batch, or stops
-        // after it (what upstream sends meanwhile is not lost here).
-        if ev.head {
-            self.unwatched.remove(&(ev.key, p));
+        let gaps = self.gaps;
+        let pf = self
+            .flows
+            .entry((ev.key, p))
+            .or_insert_with(|| PointFlow { epoch: gaps, ..PointFlow::default() });
+        let after_gap = pf.epoch != gaps;
+        if after_gap {
+            // Events of this flow here may be among those lost: what it holds may lack late
+            // packets, and the watch may have ended and begun again unseen (a refusal, and
+            // this batch the partial first one after it).
+            pf.epoch = gaps;
+            for b in pf.pending.iter_mut().chain(pf.waiting.iter_mut()) {
+                b.uncertain = true;
+            }
+            if pf.watch == Watch::Watching {
+                pf.watch = Watch::Ended;
+            }
         }
-        if ev.cut {
-            self.unwatched.insert((ev.key, p));
-        }
-        let pf = self.flows.entry((ev.key, p)).or_default();
         match ev.kind {
             BatchEventKind::Closed => {
+                let span = match pf.watch {
+                    _ if ev.head => Span::Rejoins,
+                    Watch::NotWatched => Span::Rejoins,
+                    Watch::Ended => Span::Fresh,
+                    // A flow's first batch at a point is its batch 0: a restart whose end was
+                    // not seen.
+                    Watch::Watching if ev.ordinal == 0 => Span::Fresh,
+                    Watch::Watching => Span::Continues,
+                };
+                pf.watch = match (ev.tail, ev.cut) {
+                    (_, true) => Watch::NotWatched,
+                    (true, false) => Watch::Ended,
+                    (false, false) => Watch::Watching,
+                };
                 // A newer batch closed: older ones can get no more late packets.
                 let older: Vec<Batch> = pf.pending.drain(..).collect();
+                pf.waiting.extend(older);
                 let b = Batch {
                     ordinal: ev.ordinal,
                     color: ev.color,
@@ -174,16 +251,15 @@ impl Aggregator {
                     first_ns: ev.first_ns,
                     last_ns: ev.last_ns,
                     tail: ev.tail,
-                    head: ev.head,
-                    cut: ev.cut,
+                    // The first batch after a refusal lacks the packets refused: comparable
+                    // with no whole batch upstream, as one cut short is.
+                    cut: ev.cut || (span == Span::Rejoins && !ev.head),
+                    span,
+                    uncertain: after_gap,
                     id: u64::from(ev.ordinal),
                     matched: false,
                 };
-                let marker = self.points[usize::from(p)].marker;
-                for o in older {
-                    pf.waiting.push_back(o);
-                }
-                if ev.tail || marker {
+                if ev.tail || self.points[usize::from(p)].marker {
                     // Tail batches have no late window; the marker's counts are exact.
                     pf.waiting.push_back(b);
                 } else {
@@ -191,8 +267,19 @@ impl Aggregator {
                 }
             }
             BatchEventKind::Refused => {
-                // Nothing this point says about the flow is a measurement.
-                self.unwatched.insert((ev.key, p));
+                // Nothing this point says about the flow is a measurement until it reports it.
+                pf.watch = Watch::NotWatched;
+                // A batch the point retired (idle, evicted) and then refused the rest of was
+                // cut short by the end of watching, as a deselected one is: not comparable
+                // with the whole batch upstream.
+                for b in pf.pending.iter_mut().chain(pf.waiting.iter_mut()) {
+                    b.cut |= b.tail;
+                }
+                for v in pf.settling.iter_mut().filter(|v| v.batch.tail) {
+                    v.batch.cut = true;
+                    v.expected = None;
+                    v.upstream = None;
+                }
                 return;
             }
             BatchEventKind::Late => {
@@ -203,6 +290,7 @@ impl Aggregator {
                     }
                 }
             }
+            BatchEventKind::Gap => {}
         }
         self.resolve(&ev.key, p, false);
     }
@@ -239,10 +327,14 @@ impl Aggregator {
             if pf.done.len() > DONE_KEEP {
                 pf.done.pop_front();
             }
-            for w in wiped.drain(..) {
-                self.account_wiped(key, p, &w);
+            for (w, lost) in wiped.drain(..) {
+                self.account_wiped(key, p, &w, lost);
             }
-            self.account(key, p, &b, expected, id, matched_up);
+            self.account(
+                key,
+                p,
+                Verdict { batch: b, expected, id, upstream: matched_up, uncertain: b.uncertain },
+            );
         }
         for i in 0..self.downstream[usize::from(p)].len() {
             let q = self.downstream[usize::from(p)][i];
@@ -252,18 +344,19 @@ impl Aggregator {
 
     /// Finds the upstream batches this batch is (same color, overlapping in time; several when
     /// a whole batch in between was lost here and two batches of this color merged). Upstream
-    /// batches older than the match that nothing matched were lost entirely on this segment:
-    /// they are returned in `wiped`, unless this batch is the point's first after it began
-    /// watching the flow (`head`: it did not watch them). A batch cut short by the end of
-    /// watching is only compared with upstream batches cut at the same moment; against a whole
-    /// one its expectation is unknown (`Found(None, _)`).
+    /// batches older than the match that nothing matched are returned in `wiped`: lost whole
+    /// on this segment (`true`) when the point's previous batch was in the same watch
+    /// ([`Span::Continues`]), uncertain (`false`) when this batch began a new one, and not at
+    /// all when the point had chosen not to watch the flow ([`Span::Rejoins`]). A batch cut
+    /// short by the end of watching is only compared with upstream batches cut at the same
+    /// moment; against a whole one its expectation is unknown (`Found(None, _)`).
     fn match_upstream(
         &mut self,
         key: &FlowKey,
         u: u8,
         b: &Batch,
         skew: i64,
-        wiped: &mut Vec<Batch>,
+        wiped: &mut Vec<(Batch, bool)>,
     ) -> Match {
         let tol = self.tol_ns as i128;
         let (first, last) =
@@ -287,8 +380,10 @@ impl Aggregator {
             }
             if i < j {
                 x.matched = true;
-                if !b.head {
-                    wiped.push(*x);
+                match b.span {
+                    Span::Continues => wiped.push((*x, true)),
+                    Span::Fresh => wiped.push((*x, false)),
+                    Span::Rejoins => {}
                 }
             } else if x.color == b.color && overlaps(x) {
                 x.matched = true;
@@ -299,71 +394,132 @@ impl Aggregator {
         Match::Found(comparable.then_some(expected), id)
     }
 
-    /// Books batch `b` at point `p`; `upstream` is the point `expected` came from.
-    fn account(
-        &mut self,
-        key: &FlowKey,
-        p: u8,
-        b: &Batch,
-        expected: Option<u64>,
-        id: u64,
-        upstream: Option<u8>,
-    ) {
-        let got = b.count + b.late;
-        let lost = expected.map_or(0, |e| e.saturating_sub(got));
-        let t = self.totals.entry((*key, p)).or_default();
-        t.batches += 1;
-        t.observed += b.count;
-        t.late += b.late;
-        match expected {
-            Some(e) => {
-                t.expected += e;
-                t.lost += lost;
-                t.excess += got.saturating_sub(e);
+    /// Takes a resolved batch of point `p` towards booking: it waits until
+    /// [`DISORDER_REACH`] more batches have resolved, as a batch with excess packets (or one
+    /// that matches no upstream batch of a flow the upstream point reported) makes the
+    /// shortfall of the batches on either side of it uncertain.
+    fn account(&mut self, key: &FlowKey, p: u8, mut v: Verdict) {
+        let gaps = self.gaps;
+        let upstream = self.points[usize::from(p)]
+            .upstream
+            .is_some_and(|u| self.flows.contains_key(&(*key, u)));
+        // (A point that never reported the flow gets an entry for its batches too.)
+        let pf = self
+            .flows
+            .entry((*key, p))
+            .or_insert_with(|| PointFlow { epoch: gaps, ..PointFlow::default() });
+        let got = v.batch.count + v.batch.late;
+        // Packets beyond what was sent, or a batch that matches nothing upstream although
+        // its upstream reported the flow: the batches here no longer line up with those sent.
+        // (Reordering does this, and so does a point that retired a flow in the middle of a
+        // batch, idle there but not upstream, and admitted it again: the batch's two parts
+        // are reported apart, the second matching nothing.)
+        let b = &v.batch;
+        let disordered = match v.expected {
+            Some(e) => got > e,
+            None => upstream && !b.cut && got > 0,
+        };
+        if disordered {
+            // What it holds beyond its expectation came from its neighbours: credited against
+            // their shortfall when they are booked.
+            pf.credit += got - v.expected.unwrap_or(0);
+            for s in pf.settling.iter_mut() {
+                s.uncertain = true;
             }
-            None => t.unmatched += 1,
+            v.uncertain = true;
+            pf.disorder = DISORDER_REACH;
+        } else if pf.disorder > 0 {
+            v.uncertain = true;
+            pf.disorder -= 1;
         }
-        if lost > 0 {
-            t.lossy_batches += 1;
+        pf.settling.push_back(v);
+        self.settle(key, p, DISORDER_REACH);
+    }
+
+    /// Books the batches of `key` at `p` that more than `keep` others have followed.
+    fn settle(&mut self, key: &FlowKey, p: u8, keep: usize) {
+        loop {
+            let Some(pf) = self.flows.get_mut(&(*key, p)) else { return };
+            if pf.settling.len() <= keep {
+                return;
+            }
+            let Some(v) = pf.settling.pop_front() else { return };
+            self.book(key, p, &v);
         }
+    }
+
+    /// Books a batch: its point's totals, the interval's summary, and its record.
+    fn book(&mut self, key: &FlowKey, p: u8, v: &Verdict) {
+        let b = &v.batch;
+        let got = b.count + b.late;
+        let short = v.expected.map_or(0, |e| e.saturating_sub(got));
+        let (lost, uncertain) = match self.flows.get_mut(&(*key, p)) {
+            Some(pf) if v.uncertain => {
+                // Packets a disordered neighbour holds beyond its expectation are not missing.
+                let credit = short.min(pf.credit);
+                pf.credit -= credit;
+                (0, short - credit)
+            }
+            _ => (short, 0),
+        };
+        if let Some(pf) = self.flows.get_mut(&(*key, p)) {
+            if pf.disorder == 0 && pf.settling.iter().all(|s| !s.uncertain) {
+                // The disordered stretch is over.
+                pf.credit = 0;
+            }
+        }
+        let c = LossCounts {
+            batches: 1,
+            lossy_batches: u64::from(lost > 0),
+            expected: v.expected.unwrap_or(0),
+            observed: b.count,
+            late: b.late,
+            lost,
+            uncertain,
+            uncertain_batches: u64::from(uncertain > 0),
+            excess: v.expected.map_or(0, |e| got.saturating_sub(e)),
+            unmatched: u64::from(v.expected.is_none()),
+        };
+        self.totals.entry((*key, p)).or_default().add(&c);
         if let Some(s) = self.interval.get_mut(usize::from(p)) {
-            s.batches += 1;
-            s.lossy_batches += u64::from(lost > 0);
-            s.expected += expected.unwrap_or(0);
-            s.observed += b.count;
-            s.late += b.late;
-            s.lost += lost;
-            s.unmatched += u64::from(expected.is_none());
+            s.add(&c);
         }
         let spec = &self.points[usize::from(p)];
-        if spec.marker || !(lost > 0 || self.report_all) {
+        if spec.marker || !(lost > 0 || uncertain > 0 || self.report_all) {
             return;
         }
         self.out.push_back(Record::Loss(LossRecord {
             agent: spec.agent.clone(),
             port: spec.port.clone(),
             point: spec.name.clone(),
-            upstream: match upstream {
+            upstream: match v.upstream {
                 Some(u) => Some(self.points[usize::from(u)].name.clone()),
-                None => spec.upstream_label.clone().filter(|_| expected.is_some()),
+                None => spec.upstream_label.clone().filter(|_| v.expected.is_some()),
             },
             flow: Flow::from(key),
             color: b.color,
-            batch: id,
+            batch: v.id,
             first_ns: b.first_ns,
             last_ns: b.last_ns,
-            expected,
+            expected: v.expected,
             observed: b.count,
             lost,
             late: b.late,
+            uncertain,
         }));
     }
 
-    /// An upstream batch of which not one packet reached point `p`.
-    fn account_wiped(&mut self, key: &FlowKey, p: u8, up: &Batch) {
+    /// An upstream batch of which not one packet reached point `p`: lost whole, or (`lost`
+    /// false) uncertain.
+    fn account_wiped(&mut self, key: &FlowKey, p: u8, up: &Batch, lost: bool) {
         let gone = Batch { count: 0, late: 0, ..*up };
         let upstream = self.points[usize::from(p)].upstream;
-        self.account(key, p, &gone, Some(up.count + up.late), up.id, upstream);
+        let expected = Some(up.count + up.late);
+        self.account(
+            key,
+            p,
+            Verdict { batch: gone, expected, id: up.id, upstream, uncertain: !lost },
+        );
     }
 
     /// Ends every batch still in a late window or waiting for its upstream (end of capture).
@@ -381,16 +537,19 @@ impl Aggregator {
         for (k, p) in &order {
             self.resolve(k, *p, true);
         }
-        // Upstream batches nothing downstream matched were lost whole, also when the flow
-        // never reached the downstream point at all.
-        for (k, u) in order {
+        // Upstream batches nothing downstream matched: lost whole where the downstream point
+        // was still watching the flow, uncertain where its watch had ended (or it never
+        // reported the flow), not reported where it chose not to watch.
+        for (k, u) in order.iter().copied() {
             for i in 0..self.downstream[usize::from(u)].len() {
                 let q = self.downstream[usize::from(u)][i];
-                if self.unwatched.contains(&(k, q)) {
+                let watch = self.flows.get(&(k, q)).map(|pf| pf.watch);
+                if watch == Some(Watch::NotWatched) {
                     continue;
                 }
+                let lost = watch == Some(Watch::Watching);
                 let Some(pf) = self.flows.get_mut(&(k, u)) else { continue };
-                let lost: Vec<Batch> = pf
+                let missed: Vec<Batch> = pf
                     .done
                     .iter_mut()
                     .filter(|x| !x.matched)
@@ -399,34 +558,60 @@ impl Aggregator {
                         *x
                     })
                     .collect();
-                for w in lost {
-                    self.account_wiped(&k, q, &w);
+                for w in missed {
+                    self.account_wiped(&k, q, &w, lost);
                 }
             }
         }
+        let all: Vec<(FlowKey, u8)> = self.flows.keys().copied().collect();
+        for (k, p) in all {
+            self.settle(&k, p, 0);
+        }
     }
 
-    /// Forgets flows whose last batch at a point ended before `before_ns` and that have
-    /// nothing in flight there (a long-running agent's memory stays bounded by its active
-    /// flows); their loss was reported when it happened. Returns the (flow, point) entries
-    /// forgotten.
+    /// Forgets flows whose last batch at every point ended before `before_ns` and that have
+    /// nothing in flight (a long-running agent's memory stays bounded by its active flows);
+    /// their loss was reported when it happened. A flow is forgotten at all its points at
+    /// once, so that no point's batches outlive what its neighbours knew of the flow (a refusal
+    /// forgotten before the upstream batches it explains would make them look lost). Returns
+    /// the (flow, point) entries forgotten.
     pub fn forget_before(&mut self, before_ns: u64) -> usize {
-        let stale: Vec<(FlowKey, u8)> = self
-            .flows
-            .iter()
-            .filter(|(_, pf)| {
-                pf.pending.is_empty()
-                    && pf.waiting.is_empty()
-                    && pf.done.back().is_none_or(|b| b.last_ns < before_ns)
-            })
-            .map(|(k, _)| *k)
-            .collect();
+        let mut live: HashSet<FlowKey> = HashSet::new();
+        for ((k, _), pf) in &self.flows {
+            let stale = pf.pending.is_empty()
+                && pf.waiting.is_empty()
+                && pf.done.back().is_none_or(|b| b.last_ns < before_ns);
+            if !stale {
+                live.insert(*k);
+            }
+        }
+        let stale: Vec<(FlowKey, u8)> =
+            self.flows.keys().filter(|(k, _)| !live.contains(k)).copied().collect();
+        for (k, p) in &stale {
+            self.settle(k, *p, 0);
+        }
         for k in &stale {
             self.flows.remove(k);
             self.totals.remove(k);
-            self.unwatched.remove(k);
         }
         stale.len()
+    }
+
+    /// Books every resolved batch of flows whose last batch at a point ended before
+    /// `before_ns`: held for the batches that might follow them (see [`DISORDER_REACH`]), they
+    /// are final once the flow has been quiet that long (a live agent calls this now and then,
+    /// with a horizon of a few idle timeouts, so that a flow's last batches are not held until
+    /// it is forgotten).
+    pub fn settle_before(&mut self, before_ns: u64) {
+        let quiet: Vec<(FlowKey, u8)> = self
+            .flows
+            .iter()
+            .filter(|(_, pf)| pf.settling.back().is_some_and(|v| v.batch.last_ns < before_ns))
+            .map(|(k, _)| *k)
+            .collect();
+        for (k, p) in quiet {
+            self.settle(&k, p, 0);
+        }
     }
 
     /// Takes the next record to export.
@@ -436,28 +621,21 @@ impl Aggregator {
 
     /// Per-point summaries since the last call, as records; starts a new interval.
     pub fn summaries(&mut self, start_ns: u64, end_ns: u64) -> Vec<Record> {
-        self.interval
-            .iter_mut()
-            .map(|s| {
-                let r = SummaryRecord {
-                    agent: s.agent.clone(),
-                    point: s.point.clone(),
-                    interval_start_ns: start_ns,
-                    interval_end_ns: end_ns,
-                    ..s.clone()
-                };
-                *s = SummaryRecord {
-                    agent: s.agent.clone(),
-                    point: s.point.clone(),
-                    ..Default::default()
-                };
-                Record::Summary(r)
-            })
-            .collect()
+        let mut v = Vec::with_capacity(self.points.len());
+        for (spec, c) in self.points.iter().zip(self.interval.iter_mut()) {
+            v.push(Record::Summary(SummaryRecord {
+                agent: spec.agent.clone(),
+                point: spec.name.clone(),
+                interval_start_ns: start_ns,
+                interval_end_ns: end_ns,
+                counts: std::mem::take(c),
+            }));
+        }
+        v
     }
 
     /// Totals of one flow at one point.
-    pub fn totals(&self, key: &FlowKey, point: u8) -> FlowTotals {
+    pub fn totals(&self, key: &FlowKey, point: u8) -> LossCounts {
         self.totals.get(&(*key, point)).copied().unwrap_or_default()
     }
 
@@ -475,12 +653,7 @@ impl Aggregator {
                         agent: s.agent.clone(),
                         point: s.name.clone(),
                         flow: Flow::from(k),
-                        batches: t.batches,
-                        lossy_batches: t.lossy_batches,
-                        expected: t.expected,
-                        observed: t.observed,
-                        late: t.late,
-                        lost: t.lost,
+                        counts: *t,
                         truth_lost: None,
                     },
                 )
@@ -536,9 +709,14 @@ mod tests {
         agg.handle(ev(1, BatchEventKind::Closed, 100));
         agg.handle(ev(2, BatchEventKind::Closed, 1_000));
         agg.handle(ev(3, BatchEventKind::Refused, 0));
+        // Resolved batches are held for the batches that may follow, until the flow is quiet.
+        assert_eq!(agg.totals(&crate::loss::test_key(1), 0).batches, 0);
+        agg.settle_before(500);
         assert_eq!(agg.totals(&crate::loss::test_key(1), 0).batches, 1);
+        assert_eq!(agg.totals(&crate::loss::test_key(2), 0).batches, 0);
         assert_eq!(agg.forget_before(500), 2, "flow 1 and the refused flow 3");
         assert_eq!(agg.totals(&crate::loss::test_key(1), 0), FlowTotals::default());
+        agg.settle_before(2_000);
         assert_eq!(agg.totals(&crate::loss::test_key(2), 0).batches, 1);
         assert_eq!(agg.forget_before(500), 0);
         assert_eq!(agg.forget_before(2_000), 1);

@@ -43,6 +43,9 @@ pub enum BatchEventKind {
     /// The point had no room for the flow and does not measure it: whatever the flow lost
     /// there is unknown, not lost (sent once per flow, give or take, not per packet).
     Refused,
+    /// Events before this one were lost (a full event ring): any flow at any point may be
+    /// missing some, so what they would have said is uncertain, never loss. Carries no flow.
+    Gap,
 }
 
 /// One message from a fast-path point to the aggregator, sent through an SPSC ring.
@@ -107,6 +110,17 @@ impl Default for RefusedSet {
 }
 
 impl RefusedSet {
+    /// Forgets that flow `hash` was refused: it was admitted, so its next refusal (after an
+    /// eviction) is news to the aggregator again.
+    pub(crate) fn admitted(&mut self, hash: u64) {
+        let tag = ((hash >> 32) as u32) | 1;
+        if let Some(t) = self.tags.get_mut((hash as usize >> 8) & 255) {
+            if *t == tag {
+                *t = 0;
+            }
+        }
+    }
+
     /// Whether flow `hash` was not among the flows refused last (and remembers it).
     pub(crate) fn first(&mut self, hash: u64) -> bool {
         let tag = ((hash >> 32) as u32) | 1;
@@ -160,10 +174,15 @@ impl RefusedSet {
 impl BatchEvent {
     /// The [`BatchEventKind::Refused`] event of `key` at `point`.
     pub(crate) fn refused(key: &FlowKey, point: u8) -> Self {
+        BatchEvent { key: *key, point, kind: BatchEventKind::Refused, ..BatchEvent::gap() }
+    }
+
+    /// The [`BatchEventKind::Gap`] event: events before it were lost.
+    pub fn gap() -> Self {
         BatchEvent {
-            key: *key,
-            point,
-            kind: BatchEventKind::Refused,
+            key: FlowKey::default(),
+            point: 0,
+            kind: BatchEventKind::Gap,
             color: 0,
             ordinal: 0,
             count: 0,

@@ -336,6 +336,11 @@ impl<C: Counter> PairTable<C> {
         ))
     }
 
+    /// The switch admitted flow `hash` (learned it): a later refusal of it is reported again.
+    pub fn admitted(&mut self, hash: u64) {
+        self.refused.admitted(hash);
+    }
+
     /// A packet of a flow the switch does not measure (its table is full, or selection left
     /// the flow out): counted at both points, and reported (about once per flow) so nobody
     /// mistakes its absence for loss.

@@ -175,6 +175,7 @@ impl<C: Counter> ColorTable<C> {
     }
 
     fn admit(&mut self, i: usize, key: &FlowKey, hash: u64) {
+        self.refused.admitted(hash);
         if let (Some(e), Some(k)) = (self.slots.get_mut(i), self.keys.get_mut(i)) {
             *e = Entry { tag: slots::tag_of(hash), ..Entry::default() };
             if self.selection.is_some() {
