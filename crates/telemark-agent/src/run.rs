@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use telemark_collector::client::Exporter;
 use telemark_collector::now_ns;
 use telemark_core::flow_hash;
-use telemark_core::loss::{color_of, Aggregator, AnyColorTable, BatchEvent, PointSpec};
-use telemark_core::records::{CostRecord, Record};
+use telemark_core::loss::{color_of, Aggregator, AnyColorTable, BatchEvent, PointSpec, PointStats};
+use telemark_core::records::{CostRecord, HealthRecord, PointHealth, Record};
 use telemark_core::spsc::{self, Consumer};
 use telemark_datapath::afpacket::{self, RingConfig, RxRing, TxRing};
 use telemark_datapath::pipeline::RingSink;
@@ -67,6 +67,12 @@ pub struct PathStats {
     pub event_drops: u64,
     /// Nanoseconds the fast path spent on packets (not waiting).
     pub busy_ns: u64,
+    /// Of `rx_ring_drops`, each port's (ports in configuration order).
+    #[serde(skip)]
+    pub rx_ring_drops_by_port: Vec<u64>,
+    /// Each observation point's table: point number, counters, flows held, capacity.
+    #[serde(skip)]
+    pub points: Vec<(u8, PointStats, u64, u64)>,
 }
 
 /// Counters of the aggregator and exporter.
@@ -212,6 +218,7 @@ impl Agent {
         let fast_done = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(Shared::default());
         let fast = FastPath {
+            points: per_port.clone(),
             rxs,
             txs,
             procs,
@@ -226,7 +233,7 @@ impl Agent {
             .map_err(AgentError::Thread)?;
         let batch = Some(cfg.loss.batch).filter(|_| cfg.loss.period_ns.is_none());
         let agg = Aggregator::new(points, batch, 0).report_all(cfg.report_all);
-        let slow = Slow { cfg, agg, cons };
+        let slow = Slow { cfg, agg, cons, last_export_dropped: 0 };
         let st2 = stats.clone();
         let agg = std::thread::Builder::new()
             .name("tm-aggregator".into())
@@ -282,6 +289,8 @@ impl Drop for Agent {
 }
 
 struct FastPath {
+    /// Each port's point numbers (marker, ingress, egress; `u8::MAX`: none).
+    points: Vec<(u8, u8, u8)>,
     rxs: Vec<RxRing>,
     txs: Vec<TxRing>,
     procs: Vec<Proc>,
@@ -382,6 +391,7 @@ impl FastPath {
             let st = r.stats();
             s.rx += st.rx;
             s.rx_ring_drops += st.rx_ring_drops;
+            s.rx_ring_drops_by_port.push(st.rx_ring_drops);
             s.rx_truncated += st.rx_truncated;
         }
         for t in &self.txs {
@@ -389,13 +399,24 @@ impl FastPath {
             s.tx += st.tx;
             s.tx_drops += st.tx_full + st.tx_too_big + st.tx_errors;
         }
-        for p in &self.procs {
-            if let Proc::Switch(sw) = p {
-                let st: SwitchStats = sw.stats();
-                s.skipped += st.skipped.iter().sum::<u64>();
-                s.unwatched += st.unwatched;
-                s.learned += st.learned;
-                s.unlearned += st.unlearned;
+        for (p, &(_, ing, eg)) in self.procs.iter().zip(&self.points) {
+            match p {
+                Proc::Switch(sw) => {
+                    let st: SwitchStats = sw.stats();
+                    s.skipped += st.skipped.iter().sum::<u64>();
+                    s.unwatched += st.unwatched;
+                    s.learned += st.learned;
+                    s.unlearned += st.unlearned;
+                    // Both points share the switch's flow table.
+                    let (held, cap) = (sw.routes() as u64, sw.capacity() as u64);
+                    if let Some([i, e]) = sw.point_stats() {
+                        s.points.push((ing, i, held, cap));
+                        s.points.push((eg, e, held, cap));
+                    }
+                }
+                Proc::Tap(t, _) => {
+                    s.points.push((ing, t.stats(), t.occupancy() as u64, t.capacity() as u64));
+                }
             }
         }
         // Never wait for the lock: the aggregator holds it only to copy.
@@ -458,6 +479,8 @@ struct Slow {
     cfg: AgentConfig,
     agg: Aggregator,
     cons: Consumer<BatchEvent>,
+    /// Export drops reported in the last health record.
+    last_export_dropped: u64,
 }
 
 impl Slow {
@@ -475,6 +498,7 @@ impl Slow {
         let mut next_summary = boot + self.cfg.summary_interval_ns;
         let mut next_export = boot + self.cfg.export_interval_ns;
         let mut last_cost = (0u64, 0u64);
+        let mut last_path = PathStats::default();
         let mut was_failing = false;
         // Per-flow state of flows silent this long is forgotten (it was reported already).
         let forget_ns = self.cfg.loss.idle_ns.saturating_mul(4).max(30_000_000_000);
@@ -491,9 +515,20 @@ impl Slow {
             let now = now_ns();
             if now >= next_summary {
                 let snap = shared.path.lock().map(|s| s.clone()).unwrap_or_default();
-                for r in self.agg.summaries(interval_start, now) {
+                let export_dropped = match &out {
+                    Out::Collector(e) => e.dropped,
+                    _ => 0,
+                };
+                for r in self.summaries_and_health(
+                    &snap,
+                    &last_path,
+                    interval_start,
+                    now,
+                    export_dropped,
+                ) {
                     emit(&mut out, r);
                 }
+                last_path = snap.clone();
                 emit(
                     &mut out,
                     Record::Cost(CostRecord {
@@ -540,7 +575,12 @@ impl Slow {
             emit(&mut out, r);
         }
         let now = now_ns();
-        for r in self.agg.summaries(interval_start, now) {
+        let snap = shared.path.lock().map(|s| s.clone()).unwrap_or_default();
+        let export_dropped = match &out {
+            Out::Collector(e) => e.dropped,
+            _ => 0,
+        };
+        for r in self.summaries_and_health(&snap, &last_path, interval_start, now, export_dropped) {
             emit(&mut out, r);
         }
         if let Out::Collector(e) = &mut out {
@@ -558,6 +598,76 @@ impl Slow {
             }
         }
         self.publish(shared, &out, records);
+    }
+
+    /// The interval's per-point summaries, each ingress or tap point's marked with its port's
+    /// receive-ring drops, and the agent's health record (counters since `last`).
+    fn summaries_and_health(
+        &mut self,
+        snap: &PathStats,
+        last: &PathStats,
+        start_ns: u64,
+        end_ns: u64,
+        export_dropped: u64,
+    ) -> Vec<Record> {
+        let ports = self.port_names();
+        let ring_drops = |port: &str| -> u64 {
+            let Some(i) = ports.iter().position(|p| p == port) else { return 0 };
+            let now = snap.rx_ring_drops_by_port.get(i).copied().unwrap_or(0);
+            now.saturating_sub(last.rx_ring_drops_by_port.get(i).copied().unwrap_or(0))
+        };
+        let specs = self.agg.points().to_vec();
+        let mut v = self.agg.summaries(start_ns, end_ns);
+        for (r, spec) in v.iter_mut().zip(&specs) {
+            if let Record::Summary(s) = r {
+                if spec.name == "ingress" || spec.name == "tap" {
+                    s.rx_ring_drops = ring_drops(&spec.port);
+                }
+            }
+        }
+        let before =
+            |pt: u8| last.points.iter().find(|x| x.0 == pt).map(|x| x.1).unwrap_or_default();
+        let points = snap
+            .points
+            .iter()
+            .filter_map(|&(pt, st, held, cap)| {
+                let spec = specs.get(usize::from(pt))?;
+                let b = before(pt);
+                Some(PointHealth {
+                    point: spec.name.clone(),
+                    port: spec.port.clone(),
+                    flows_admitted: st.admitted.saturating_sub(b.admitted),
+                    flows_evicted: st.evicted.saturating_sub(b.evicted),
+                    packets_refused: st.refused.saturating_sub(b.refused),
+                    packets_unselected: st.unselected.saturating_sub(b.unselected),
+                    flows: held,
+                    capacity: cap,
+                })
+            })
+            .collect();
+        v.push(Record::Health(HealthRecord {
+            agent: self.cfg.agent.clone(),
+            interval_start_ns: start_ns,
+            interval_end_ns: end_ns,
+            rx: snap.rx.saturating_sub(last.rx),
+            rx_ring_drops: snap.rx_ring_drops.saturating_sub(last.rx_ring_drops),
+            tx_drops: snap.tx_drops.saturating_sub(last.tx_drops),
+            events_lost: snap.event_drops.saturating_sub(last.event_drops),
+            export_dropped: export_dropped.saturating_sub(self.last_export_dropped),
+            points,
+        }));
+        self.last_export_dropped = export_dropped;
+        v
+    }
+
+    /// Port names in the order the fast path opened them (pairs' a, b, then taps).
+    fn port_names(&self) -> Vec<String> {
+        self.cfg
+            .pairs
+            .iter()
+            .flat_map(|p| [p.a.clone(), p.b.clone()])
+            .chain(self.cfg.taps.iter().map(|t| t.port.clone()))
+            .collect()
     }
 
     fn publish(&self, shared: &Shared, out: &Out, records: u64) {

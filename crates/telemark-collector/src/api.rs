@@ -289,7 +289,17 @@ impl Api {
                         Some(u) => format!("inside {} ({} → {})", s.agent, u, s.point),
                         None => format!("upstream of {} {} (port {})", s.agent, s.point, s.port),
                     };
-                    json!({ "agent": s.agent, "point": s.point, "where": at, "lost": s.lost })
+                    // A point's loss may be its own agent's full receive ring, not the link.
+                    let ring = st.ring_drops(&s.agent, since).unwrap_or(0);
+                    let caveat = (ring > 0).then(|| {
+                        format!(
+                            "{} dropped {ring} frames in its own receive rings in this period: \
+                             some of this loss may be the switch's, not the link's",
+                            s.agent
+                        )
+                    });
+                    json!({ "agent": s.agent, "point": s.point, "where": at, "lost": s.lost,
+                            "caveat": caveat })
                 });
                 Response::json(
                     200,

@@ -52,6 +52,7 @@ impl Metrics {
                     Record::Flow(_) => "flow",
                     Record::Cost(_) => "cost",
                     Record::Capture(_) => "capture",
+                    Record::Health(_) => "health",
                 };
                 *m.records.entry(kind).or_default() += 1;
             }

@@ -260,6 +260,7 @@ impl Store {
                             Record::Flow(f) => ("flow", f.window_end_ns),
                             Record::Cost(_) => ("cost", now),
                             Record::Capture(_) => ("capture", now),
+                            Record::Health(h) => ("health", h.interval_end_ns),
                             Record::Loss(_) => ("loss", now),
                         };
                         let json = serde_json::to_string(other_rec).unwrap_or_default();
@@ -378,6 +379,17 @@ impl Store {
                 lossy_batches: u(r.get(6)?),
             })
         })
+    }
+
+    /// Frames `agent`'s own receive rings dropped since `since_ns`, from its health records.
+    pub fn ring_drops(&self, agent: &str, since_ns: u64) -> Result<u64, StoreError> {
+        let n: i64 = self.db.query_row(
+            "SELECT COALESCE(SUM(json_extract(json, '$.rx_ring_drops')), 0) FROM other
+             WHERE agent = ?1 AND kind = 'health' AND time_ns >= ?2",
+            params![agent, i(since_ns)],
+            |r| r.get(0),
+        )?;
+        Ok(u(n))
     }
 
     /// `flow`'s batches at `point` of `agent` since `since_ns`, in order of first packet.

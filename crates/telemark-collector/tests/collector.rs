@@ -265,6 +265,29 @@ fn localisation_names_the_lossy_segment() {
     let (_, flows) = get(c.addr, "/api/v1/flows");
     let fl: serde_json::Value = serde_json::from_str(&flows).unwrap();
     assert_eq!(fl[0]["lost"].as_u64().unwrap(), truth_f + 4);
+    assert!(v["verdict"]["caveat"].is_null(), "no ring drops, no caveat: {v}");
+    // sw-f reports that its own receive ring dropped frames: the verdict says its loss may
+    // be the switch's, and sw-b's ring drops do not concern it.
+    let health = |agent: &str, drops: u64| {
+        Record::Health(telemark_core::records::HealthRecord {
+            agent: agent.into(),
+            interval_start_ns: base_ns(),
+            interval_end_ns: base_ns() + 1_000_000_000,
+            rx: 1000,
+            rx_ring_drops: drops,
+            ..Default::default()
+        })
+    };
+    b.push(health("sw-b", 900));
+    f.push(health("sw-f", 37));
+    f.push(health("sw-f", 0));
+    b.flush().unwrap();
+    f.flush().unwrap();
+    let (_, body) =
+        get(c.addr, "/api/v1/localise?src=10.0.0.1&dst=10.0.0.7&sport=40000&dport=5201&proto=17");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let caveat = v["verdict"]["caveat"].as_str().unwrap_or_else(|| panic!("{v}"));
+    assert!(caveat.contains("sw-f dropped 37 frames"), "{caveat}");
 }
 
 /// Retention deletes what is older than the configured age, and nothing younger.

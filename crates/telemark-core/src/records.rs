@@ -152,6 +152,14 @@ pub struct SummaryRecord {
     /// The batches resolved in the interval.
     #[serde(flatten)]
     pub counts: LossCounts,
+    /// Frames the agent's own receive ring dropped on this point's port in the interval: loss
+    /// this point reports may then be the agent's, not the link's.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rx_ring_drops: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// A flow's loss totals at one point over a whole run (`replay` prints these).
@@ -219,6 +227,56 @@ pub struct CostRecord {
     pub interval_ns: u64,
 }
 
+/// An agent's own health over one interval: what its fast path could not do, so that loss it
+/// reports can be told from its own limits. Counters are the interval's; `flows` and
+/// `capacity` are the tables' state at its end.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HealthRecord {
+    /// Agent name.
+    pub agent: String,
+    /// Start of the interval.
+    pub interval_start_ns: u64,
+    /// End of the interval.
+    pub interval_end_ns: u64,
+    /// Frames read from all receive rings.
+    pub rx: u64,
+    /// Frames the kernel dropped because a receive ring was full: the agent's own loss, which
+    /// its points may read as loss upstream of them.
+    pub rx_ring_drops: u64,
+    /// Frames not sent because a transmit ring was full, too big or refused.
+    pub tx_drops: u64,
+    /// Telemetry events the fast path could not hand to the aggregator (the batches they
+    /// concerned are reported uncertain, not lost).
+    pub events_lost: u64,
+    /// Records the export buffer had no room for.
+    pub export_dropped: u64,
+    /// Each observation point's table.
+    pub points: Vec<PointHealth>,
+}
+
+/// One observation point's table over an interval (see [`HealthRecord`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PointHealth {
+    /// Point name.
+    pub point: String,
+    /// Port it observes.
+    pub port: String,
+    /// Flows admitted.
+    pub flows_admitted: u64,
+    /// Flows retired to make room or for idleness.
+    pub flows_evicted: u64,
+    /// Packets of flows the table had no room for (not measured there).
+    pub packets_refused: u64,
+    /// Packets of flows active flow selection left out.
+    pub packets_unselected: u64,
+    /// Flows held at the end of the interval.
+    pub flows: u64,
+    /// Flows the table can hold.
+    pub capacity: u64,
+}
+
 /// What was read of a capture file (`replay --json`): every packet, or where and why reading
 /// stopped, and what was skipped.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -258,6 +316,8 @@ pub enum Record {
     Cost(CostRecord),
     /// What was read of a capture (replay).
     Capture(CaptureRecord),
+    /// An agent's own health.
+    Health(HealthRecord),
 }
 
 #[cfg(test)]

@@ -629,6 +629,7 @@ impl Aggregator {
                 interval_start_ns: start_ns,
                 interval_end_ns: end_ns,
                 counts: std::mem::take(c),
+                rx_ring_drops: 0,
             }));
         }
         v

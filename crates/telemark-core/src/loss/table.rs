@@ -295,6 +295,10 @@ impl AnyColorTable {
     pub fn capacity(&self) -> usize {
         each!(self, t => t.capacity())
     }
+    /// Flows held.
+    pub fn occupancy(&self) -> usize {
+        each!(self, t => t.occupancy())
+    }
 }
 
 #[cfg(test)]
