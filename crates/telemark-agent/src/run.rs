@@ -26,7 +26,7 @@ use telemark_core::loss::{color_of, Aggregator, AnyColorTable, BatchEvent, Point
 use telemark_core::records::{CostRecord, HealthRecord, PointHealth, Record};
 use telemark_core::spsc::{self, Consumer};
 use telemark_datapath::afpacket::{self, RingConfig, RxRing, TxRing};
-use telemark_datapath::pipeline::RingSink;
+use telemark_datapath::events::RingSink;
 use telemark_datapath::switch::{Action, Switch, SwitchConfig, SwitchStats, Tx, BURST};
 use telemark_datapath::Pkt;
 use telemark_wire::flow::{self, LinkType};

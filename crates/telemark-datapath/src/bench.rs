@@ -81,7 +81,7 @@ impl EventSink for Events {
 
     #[inline(always)]
     fn prefetch(&mut self) {
-        self.tx.prefetch(crate::pipeline::EVENTS_AHEAD);
+        self.tx.prefetch(crate::events::EVENTS_AHEAD);
     }
 }
 

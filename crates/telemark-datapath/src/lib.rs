@@ -7,6 +7,7 @@ pub mod bench;
 pub mod capture;
 pub mod dropper;
 pub mod eval;
+pub mod events;
 pub mod gen;
 pub mod nitro_thread;
 pub mod pipeline;

@@ -20,11 +20,10 @@ use crate::Pkt;
 use std::collections::HashMap;
 use telemark_core::hash::FlowTableHasher;
 use telemark_core::loss::{
-    color_of, with_color, Aggregator, AnyColorTable, BatchEvent, EventSink, LossConfig, Marker,
-    PointSpec, Selection,
+    color_of, with_color, Aggregator, AnyColorTable, BatchEvent, LossConfig, Marker, PointSpec,
+    Selection,
 };
 use telemark_core::sketch::sfcmon::{ExactFlows, HhConfig, HhWindow, Sfcmon};
-use telemark_core::spsc::Producer;
 use telemark_core::{flow_hash, FlowKey};
 use telemark_wire::flow::{self, LinkType};
 
@@ -138,58 +137,6 @@ impl Heavy {
         selection
     }
 }
-
-/// Event sink feeding the SPSC ring of a live agent. The fast path never waits: an event that
-/// does not fit is counted and lost, and the next event that fits is preceded by a
-/// [`BatchEvent::gap`], so the aggregator reads what the lost events concerned as uncertain,
-/// never as loss.
-pub struct RingSink {
-    prod: Producer<BatchEvent>,
-    /// Events lost because the ring was full.
-    pub dropped: u64,
-    /// An event was lost since the last gap event went out.
-    gap: bool,
-}
-
-impl RingSink {
-    /// A sink feeding `prod`.
-    pub fn new(prod: Producer<BatchEvent>) -> Self {
-        RingSink { prod, dropped: 0, gap: false }
-    }
-
-    /// Sends the gap event owed for lost events now, if there is room, rather than with the
-    /// next event (call it now and then: a quiet fast path may send nothing for long).
-    pub fn send_gap(&mut self) {
-        if self.gap && self.prod.push(BatchEvent::gap()).is_ok() {
-            self.gap = false;
-        }
-    }
-}
-
-impl EventSink for RingSink {
-    #[inline]
-    fn emit(&mut self, ev: BatchEvent) {
-        if self.gap {
-            if self.prod.push(BatchEvent::gap()).is_err() {
-                self.dropped += 1;
-                return;
-            }
-            self.gap = false;
-        }
-        if self.prod.push(ev).is_err() {
-            self.dropped += 1;
-            self.gap = true;
-        }
-    }
-
-    #[inline(always)]
-    fn prefetch(&mut self) {
-        self.prod.prefetch(EVENTS_AHEAD);
-    }
-}
-
-/// Ring slots a [`RingSink`] fetches ahead: the events of two steps at both points of a switch.
-pub const EVENTS_AHEAD: usize = 4;
 
 struct Forwarded(Vec<usize>);
 impl Tx for Forwarded {

@@ -543,11 +543,13 @@ impl Aggregator {
         for (k, u) in order.iter().copied() {
             for i in 0..self.downstream[usize::from(u)].len() {
                 let q = self.downstream[usize::from(u)][i];
-                let watch = self.flows.get(&(k, q)).map(|pf| pf.watch);
-                if watch == Some(Watch::NotWatched) {
+                let gaps = self.gaps;
+                let watch = self.flows.get(&(k, q)).map(|pf| (pf.watch, pf.epoch == gaps));
+                if watch.is_some_and(|(w, _)| w == Watch::NotWatched) {
                     continue;
                 }
-                let lost = watch == Some(Watch::Watching);
+                // (Still watching as far as its events tell, unless some may have been lost.)
+                let lost = watch == Some((Watch::Watching, true));
                 let Some(pf) = self.flows.get_mut(&(k, u)) else { continue };
                 let missed: Vec<Batch> = pf
                     .done
