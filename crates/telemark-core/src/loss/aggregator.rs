@@ -739,6 +739,41 @@ mod tests {
         )
     }
 
+    /// A whole batch lost between two batches the point saw is lost; one lost before its first
+    /// batch or after its last is uncertain (the point may not have been watching then).
+    #[test]
+    fn whole_batches_are_lost_inside_a_watch_and_uncertain_at_its_edges() {
+        let cfg = LossConfig::default();
+        for (gone, lost, uncertain) in [(3u64, 100, 0), (0, 0, 100), (9, 0, 100)] {
+            let (mut m, [mut ing, mut eg], mut agg) = marker_ingress_egress(&cfg);
+            let k = FlowKey::default();
+            let h = crate::flow_hash(&k);
+            let mut ev: Vec<BatchEvent> = Vec::new();
+            for i in 0..1000u64 {
+                let (c, _) = m.mark(&k, h, i, &mut ev).unwrap();
+                if i / 100 != gone {
+                    ing.observe(&k, h, c, i, &mut ev);
+                    eg.observe(&k, h, c, i, &mut ev);
+                }
+                for e in ev.drain(..) {
+                    agg.handle(e);
+                }
+            }
+            m.flush(&mut ev);
+            ing.flush(&mut ev);
+            eg.flush(&mut ev);
+            for e in ev.drain(..) {
+                agg.handle(e);
+            }
+            agg.flush();
+            let t = agg.totals(&k, 1);
+            assert_eq!((t.lost, t.uncertain), (lost, uncertain), "batch {gone} lost: {t:?}");
+            // Inside the switch nothing was lost, whatever happened on the link.
+            let e = agg.totals(&k, 2);
+            assert_eq!((e.lost, e.uncertain), (0, 0), "batch {gone} lost: {e:?}");
+        }
+    }
+
     /// Marker → ingress → egress with a deterministic drop pattern at each segment.
     #[test]
     fn per_segment_loss_equals_drops() {
