@@ -464,13 +464,14 @@ impl<R: Read> CaptureReader<R> {
             )));
         };
         let end = start + incl as usize;
-        let Some(data) = body.get(start..end) else {
-            return Err(Stop::Damaged(format!(
-                "packet of {incl} bytes in a block of {}",
-                body.len()
-            )));
-        };
-        let mut data = data.to_vec();
+        if end > body.len() {
+            let n = body.len();
+            return Err(Stop::Damaged(format!("packet of {incl} bytes in a block of {n}")));
+        }
+        // The block's own buffer becomes the packet's: cut to the data, no second copy.
+        let mut data = body;
+        data.truncate(end);
+        data.drain(..start);
         if ifc.snaplen > 0 && incl > ifc.snaplen {
             data.truncate(ifc.snaplen as usize);
         }

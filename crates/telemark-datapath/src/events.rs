@@ -35,14 +35,9 @@ impl RingSink {
 impl EventSink for RingSink {
     #[inline]
     fn emit(&mut self, ev: BatchEvent) {
-        if self.gap {
-            if self.prod.push(BatchEvent::gap()).is_err() {
-                self.dropped += 1;
-                return;
-            }
-            self.gap = false;
-        }
-        if self.prod.push(ev).is_err() {
+        // A gap owed goes first; while it cannot, nothing after it may.
+        self.send_gap();
+        if self.gap || self.prod.push(ev).is_err() {
             self.dropped += 1;
             self.gap = true;
         }

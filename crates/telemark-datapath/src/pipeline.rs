@@ -63,6 +63,23 @@ pub struct ReplayConfig {
     pub heavy: Option<HeavyConfig>,
 }
 
+impl Default for ReplayConfig {
+    /// Marking at the first hop with the default loss monitor; no dropper, no reordering, only
+    /// lossy batches reported, no heavy hitters.
+    fn default() -> Self {
+        ReplayConfig {
+            loss: LossConfig::default(),
+            mark: true,
+            drops: Vec::new(),
+            reorder: 0,
+            seed: 1,
+            agent: "sw".into(),
+            report_all: false,
+            heavy: None,
+        }
+    }
+}
+
 /// Heavy hitters per window in the replay.
 #[derive(Debug, Clone)]
 pub struct HeavyConfig {

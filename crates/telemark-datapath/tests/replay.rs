@@ -159,16 +159,7 @@ fn churn_without_drops_reports_no_loss_at_any_table_size() {
     assert!(pkts.len() > 400_000);
     for table_size in [256, 1024, 16_384, 1 << 19] {
         let loss = LossConfig { table_size, ..LossConfig::default() };
-        let cfg = ReplayConfig {
-            loss,
-            mark: true,
-            drops: Vec::new(),
-            reorder: 0,
-            seed: 1,
-            agent: "sw".into(),
-            report_all: false,
-            heavy: None,
-        };
+        let cfg = ReplayConfig { loss, ..ReplayConfig::default() };
         let mut r = Replay::new(cfg, LinkType::Ethernet);
         for p in &pkts {
             r.push(p.clone());

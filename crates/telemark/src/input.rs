@@ -93,8 +93,12 @@ impl Input {
 
     /// Counts `n` packets not replayed for `reason`.
     pub fn skip(&mut self, reason: &str, n: u64) {
-        if n > 0 {
-            *self.skipped.entry(reason.to_string()).or_default() += n;
+        match self.skipped.get_mut(reason) {
+            Some(c) => *c += n,
+            None if n > 0 => {
+                self.skipped.insert(reason.to_string(), n);
+            }
+            None => {}
         }
     }
 

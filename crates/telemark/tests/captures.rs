@@ -186,26 +186,36 @@ fn replay_streams_a_large_capture_in_bounded_memory() {
         round += 1;
     }
     w.finish().unwrap();
-    // The child's high-water mark of resident memory (VmHWM), read until it exits.
-    let rss = |args: &[&str]| -> u64 {
-        let mut child = bin().args(args).stdout(std::process::Stdio::null()).spawn().unwrap();
-        let status = format!("/proc/{}/status", child.id());
-        let mut peak = 0;
-        loop {
-            if let Ok(s) = std::fs::read_to_string(&status) {
-                if let Some(kb) = s.lines().find_map(|l| l.strip_prefix("VmHWM:")) {
-                    let kb: u64 = kb.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
-                    peak = peak.max(kb * 1024);
-                }
+    // The child's high-water mark of resident memory (VmHWM), read until it exits; its JSON
+    // output goes to a file, read afterwards.
+    let out = dir.join("out.json");
+    let mut child = bin()
+        .args(["replay", "--json"])
+        .arg(&p)
+        .stdout(std::fs::File::create(&out).unwrap())
+        .spawn()
+        .unwrap();
+    let status = format!("/proc/{}/status", child.id());
+    let mut peak = 0;
+    loop {
+        if let Ok(s) = std::fs::read_to_string(&status) {
+            if let Some(kb) = s.lines().find_map(|l| l.strip_prefix("VmHWM:")) {
+                let kb: u64 = kb.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
+                peak = peak.max(kb * 1024);
             }
-            if let Some(st) = child.try_wait().unwrap() {
-                assert!(st.success());
-                return peak;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
         }
-    };
-    let peak = rss(&["replay", "--json", p.to_str().unwrap()]);
+        if let Some(st) = child.try_wait().unwrap() {
+            assert!(st.success());
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // The memory was measured, and the whole file was replayed.
+    assert!(peak > 1 << 20, "no resident memory read for the replay: {peak}");
     assert!(peak < 200 << 20, "peak RSS {} MB replaying {} MB", peak >> 20, written >> 20);
+    let text = std::fs::read_to_string(&out).unwrap();
+    let cap: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(cap["packets"].as_u64(), Some(round * pkts.len() as u64), "{cap}");
+    assert_eq!(cap["complete"], true);
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -131,9 +131,6 @@ struct PointFlow {
     credit: u64,
 }
 
-/// A flow's totals at one point.
-pub type FlowTotals = LossCounts;
-
 /// Lines batches up across points and turns them into records.
 pub struct Aggregator {
     points: Vec<PointSpec>,
@@ -400,7 +397,7 @@ impl Aggregator {
     /// shortfall of the batches on either side of it uncertain.
     fn account(&mut self, key: &FlowKey, p: u8, mut v: Verdict) {
         let gaps = self.gaps;
-        let upstream = self.points[usize::from(p)]
+        let upstream_reported = self.points[usize::from(p)]
             .upstream
             .is_some_and(|u| self.flows.contains_key(&(*key, u)));
         // (A point that never reported the flow gets an entry for its batches too.)
@@ -417,7 +414,7 @@ impl Aggregator {
         let b = &v.batch;
         let disordered = match v.expected {
             Some(e) => got > e,
-            None => upstream && !b.cut && got > 0,
+            None => upstream_reported && !b.cut && got > 0,
         };
         if disordered {
             // What it holds beyond its expectation came from its neighbours: credited against
@@ -453,16 +450,14 @@ impl Aggregator {
         let b = &v.batch;
         let got = b.count + b.late;
         let short = v.expected.map_or(0, |e| e.saturating_sub(got));
-        let (lost, uncertain) = match self.flows.get_mut(&(*key, p)) {
-            Some(pf) if v.uncertain => {
+        let (mut lost, mut uncertain) = (short, 0);
+        if let Some(pf) = self.flows.get_mut(&(*key, p)) {
+            if v.uncertain {
                 // Packets a disordered neighbour holds beyond its expectation are not missing.
                 let credit = short.min(pf.credit);
                 pf.credit -= credit;
-                (0, short - credit)
+                (lost, uncertain) = (0, short - credit);
             }
-            _ => (short, 0),
-        };
-        if let Some(pf) = self.flows.get_mut(&(*key, p)) {
             if pf.disorder == 0 && pf.settling.iter().all(|s| !s.uncertain) {
                 // The disordered stretch is over.
                 pf.credit = 0;
@@ -718,7 +713,7 @@ mod tests {
         assert_eq!(agg.totals(&crate::loss::test_key(1), 0).batches, 1);
         assert_eq!(agg.totals(&crate::loss::test_key(2), 0).batches, 0);
         assert_eq!(agg.forget_before(500), 2, "flow 1 and the refused flow 3");
-        assert_eq!(agg.totals(&crate::loss::test_key(1), 0), FlowTotals::default());
+        assert_eq!(agg.totals(&crate::loss::test_key(1), 0), LossCounts::default());
         agg.settle_before(2_000);
         assert_eq!(agg.totals(&crate::loss::test_key(2), 0).batches, 1);
         assert_eq!(agg.forget_before(500), 0);
@@ -739,59 +734,24 @@ mod tests {
         )
     }
 
-    /// A whole batch lost between two batches the point saw is lost; one lost before its first
-    /// batch or after its last is uncertain (the point may not have been watching then).
-    #[test]
-    fn whole_batches_are_lost_inside_a_watch_and_uncertain_at_its_edges() {
-        let cfg = LossConfig::default();
-        for (gone, lost, uncertain) in [(3u64, 100, 0), (0, 0, 100), (9, 0, 100)] {
-            let (mut m, [mut ing, mut eg], mut agg) = marker_ingress_egress(&cfg);
-            let k = FlowKey::default();
-            let h = crate::flow_hash(&k);
-            let mut ev: Vec<BatchEvent> = Vec::new();
-            for i in 0..1000u64 {
-                let (c, _) = m.mark(&k, h, i, &mut ev).unwrap();
-                if i / 100 != gone {
-                    ing.observe(&k, h, c, i, &mut ev);
-                    eg.observe(&k, h, c, i, &mut ev);
-                }
-                for e in ev.drain(..) {
-                    agg.handle(e);
-                }
-            }
-            m.flush(&mut ev);
-            ing.flush(&mut ev);
-            eg.flush(&mut ev);
-            for e in ev.drain(..) {
-                agg.handle(e);
-            }
-            agg.flush();
-            let t = agg.totals(&k, 1);
-            assert_eq!((t.lost, t.uncertain), (lost, uncertain), "batch {gone} lost: {t:?}");
-            // Inside the switch nothing was lost, whatever happened on the link.
-            let e = agg.totals(&k, 2);
-            assert_eq!((e.lost, e.uncertain), (0, 0), "batch {gone} lost: {e:?}");
-        }
-    }
-
-    /// Marker → ingress → egress with a deterministic drop pattern at each segment.
-    #[test]
-    fn per_segment_loss_equals_drops() {
+    /// One flow of `n` packets from the marker (point 0) through ingress (1) and egress (2),
+    /// packet `i` dropped on the link when `link(i)` and inside the switch when `switch(i)`;
+    /// everything flushed and resolved.
+    fn run_path(
+        n: u64,
+        link: impl Fn(u64) -> bool,
+        switch: impl Fn(u64) -> bool,
+    ) -> (FlowKey, Aggregator) {
         let cfg = LossConfig::default();
         let (mut m, [mut ing, mut eg], mut agg) = marker_ingress_egress(&cfg);
         let k = FlowKey::default();
         let h = crate::flow_hash(&k);
         let mut ev: Vec<BatchEvent> = Vec::new();
-        let (mut link_drops, mut sw_drops) = (0u64, 0u64);
-        for i in 0..1050u64 {
+        for i in 0..n {
             let (c, _) = m.mark(&k, h, i, &mut ev).unwrap();
-            if i % 97 == 5 {
-                link_drops += 1;
-            } else {
+            if !link(i) {
                 ing.observe(&k, h, c, i, &mut ev);
-                if i % 89 == 7 {
-                    sw_drops += 1;
-                } else {
+                if !switch(i) {
                     eg.observe(&k, h, c, i, &mut ev);
                 }
             }
@@ -806,6 +766,30 @@ mod tests {
             agg.handle(e);
         }
         agg.flush();
+        (k, agg)
+    }
+
+    /// A whole batch lost between two batches the point saw is lost; one lost before its first
+    /// batch or after its last is uncertain (the point may not have been watching then).
+    #[test]
+    fn whole_batches_are_lost_inside_a_watch_and_uncertain_at_its_edges() {
+        for (gone, lost, uncertain) in [(3u64, 100, 0), (0, 0, 100), (9, 0, 100)] {
+            let (k, agg) = run_path(1000, |i| i / 100 == gone, |_| false);
+            let t = agg.totals(&k, 1);
+            assert_eq!((t.lost, t.uncertain), (lost, uncertain), "batch {gone} lost: {t:?}");
+            // Inside the switch nothing was lost, whatever happened on the link.
+            let e = agg.totals(&k, 2);
+            assert_eq!((e.lost, e.uncertain), (0, 0), "batch {gone} lost: {e:?}");
+        }
+    }
+
+    /// Marker → ingress → egress with a deterministic drop pattern at each segment.
+    #[test]
+    fn per_segment_loss_equals_drops() {
+        let (link, switch) = (|i: u64| i % 97 == 5, |i: u64| i % 89 == 7);
+        let (k, mut agg) = run_path(1050, link, switch);
+        let link_drops = (0..1050).filter(|&i| link(i)).count() as u64;
+        let sw_drops = (0..1050).filter(|&i| !link(i) && switch(i)).count() as u64;
         assert_eq!(agg.totals(&k, 1).lost, link_drops);
         assert_eq!(agg.totals(&k, 2).lost, sw_drops);
         assert_eq!(agg.totals(&k, 1).unmatched, 0);

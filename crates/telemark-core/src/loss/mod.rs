@@ -20,7 +20,7 @@ mod point;
 mod slots;
 mod table;
 
-pub use aggregator::{Aggregator, FlowTotals, PointSpec};
+pub use aggregator::{Aggregator, PointSpec};
 pub use config::{ConfigError, LossConfig};
 pub use marker::Marker;
 pub use pair::{PairHot, PairTable, Seen};
