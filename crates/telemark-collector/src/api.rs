@@ -272,42 +272,49 @@ impl Api {
             Err(e) => return self.bad_query(e),
         };
         let st = self.store();
-        match st.segments(&flow, since) {
-            Ok(segs) => {
-                let total: u64 = segs.iter().map(|s| s.lost).sum();
-                // The segment that lost the most, if it lost most of the packets.
-                let verdict = segs.first().filter(|s| s.lost > 0 && s.lost * 2 > total).map(|s| {
-                    let at = match &s.upstream {
-                        // Another agent's point: the path between two switches.
-                        Some(u) if u.contains('/') => format!(
-                            "on the path from {} to {} {} (port {})",
-                            u.replacen('/', " ", 1),
-                            s.agent,
-                            s.point,
-                            s.port
-                        ),
-                        Some(u) => format!("inside {} ({} → {})", s.agent, u, s.point),
-                        None => format!("upstream of {} {} (port {})", s.agent, s.point, s.port),
-                    };
-                    // A point's loss may be its own agent's full receive ring, not the link.
-                    let ring = st.ring_drops(&s.agent, since).unwrap_or(0);
-                    let caveat = (ring > 0).then(|| {
-                        format!(
-                            "{} dropped {ring} frames in its own receive rings in this period: \
-                             some of this loss may be the switch's, not the link's",
-                            s.agent
-                        )
-                    });
-                    json!({ "agent": s.agent, "point": s.point, "where": at, "lost": s.lost,
-                            "caveat": caveat })
+        let segs = match st.points(&flow, since) {
+            Ok(points) => crate::path::segments(&points),
+            Err(e) => return self.db_error(e),
+        };
+        let total: u64 = segs.iter().map(|s| s.lost).sum();
+        // Every segment that lost a tenth of the packets or more, most first.
+        let at: Vec<serde_json::Value> = segs
+            .iter()
+            .filter(|s| s.lost > 0 && s.lost * 10 >= total)
+            .map(|s| {
+                // A point's loss may be its own agent's full receive ring, not the link.
+                let ring = st.ring_drops(&s.agent, since).unwrap_or(0);
+                let caveat = (ring > 0).then(|| {
+                    format!(
+                        "{} dropped {ring} frames in its own receive rings in this period: \
+                         some of this loss may be the switch's, not the link's",
+                        s.agent
+                    )
                 });
-                Response::json(
-                    200,
-                    &json!({ "flow": flow, "lost": total, "segments": segs, "verdict": verdict }),
-                )
+                json!({ "agent": s.agent, "point": s.point, "from": s.from, "where": place(s),
+                        "lost": s.lost, "share": s.lost as f64 / total as f64,
+                        "caveat": caveat })
+            })
+            .collect();
+        drop(st);
+        let verdict = at.first().map(|top| {
+            let mut v = top.clone();
+            if at.len() > 1 {
+                // Loss spread over several segments: say each, with its share.
+                let each: Vec<String> = at
+                    .iter()
+                    .map(|s| format!("{} ({} lost)", s["where"].as_str().unwrap_or(""), s["lost"]))
+                    .collect();
+                v["where"] = json!(each.join("; and "));
+                v["lost"] = json!(total);
             }
-            Err(e) => self.db_error(e),
-        }
+            v["segments"] = json!(at);
+            v
+        });
+        Response::json(
+            200,
+            &json!({ "flow": flow, "lost": total, "segments": segs, "verdict": verdict }),
+        )
     }
 
     fn link(&self, query: &str) -> Response {
@@ -330,25 +337,23 @@ impl Api {
                 return self.bad_query(e)
             }
         };
-        let st = self.store();
-        let both = st
-            .batches(&flow, &ua, &up, since)
-            .and_then(|u| st.batches(&flow, &da, &dp, since).map(|d| (u, d)));
-        drop(st);
-        match both {
-            Ok((u, d)) => {
-                let m = crate::link::match_batches(&u, &d, skew);
-                let lost: u64 = m.iter().map(|b| b.lost).sum();
-                let whole = m.iter().filter(|b| b.whole).count();
-                Response::json(
-                    200,
-                    &json!({ "flow": flow, "up": format!("{ua}/{up}"), "down": format!("{da}/{dp}"),
-                             "skew_ns": skew, "lost": lost, "whole_batches_lost": whole,
-                             "batches": m }),
-                )
-            }
-            Err(e) => self.db_error(e),
-        }
+        let points = match self.store().points(&flow, since) {
+            Ok(p) => p,
+            Err(e) => return self.db_error(e),
+        };
+        let find = |a: &str, p: &str| points.iter().find(|x| x.agent == a && x.point == p);
+        let (u, d) = (find(&ua, &up), find(&da, &dp));
+        let empty = crate::path::PointRecords::default();
+        let (u, d) = (u.unwrap_or(&empty), d.unwrap_or(&empty));
+        let m = crate::link::match_batches(&u.batches, &d.batches, skew, u.ended);
+        let lost: u64 = m.iter().map(|b| b.lost).sum();
+        let whole = m.iter().filter(|b| b.whole).count();
+        Response::json(
+            200,
+            &json!({ "flow": flow, "up": format!("{ua}/{up}"), "down": format!("{da}/{dp}"),
+                     "skew_ns": skew, "lost": lost, "whole_batches_lost": whole,
+                     "batches": m }),
+        )
     }
 
     fn metrics_page(&self) -> Response {
@@ -424,6 +429,33 @@ impl Query {
 }
 
 /// Percent-decoding of one query component (`+` is a space).
+/// Where a segment is, in words.
+fn place(s: &crate::path::Segment) -> String {
+    use crate::path::Method;
+    let to = format!("{} {} (port {})", s.agent, s.point, s.port);
+    match (s.method, &s.from) {
+        (Method::InSwitch, Some(u)) => {
+            format!(
+                "inside {} ({} → {})",
+                s.agent,
+                u.split_once('/').map_or(u.as_str(), |x| x.1),
+                s.point
+            )
+        }
+        (Method::FromMarking, Some(u)) => {
+            format!(
+                "between the marking switch and {to} (its last stretch from {})",
+                u.replacen('/', " ", 1)
+            )
+        }
+        (Method::FromMarking | Method::InSwitch, _) => {
+            format!("on the path from the marking switch to {to}")
+        }
+        (_, Some(u)) => format!("on the path from {} to {to}", u.replacen('/', " ", 1)),
+        (_, None) => format!("upstream of {to}"),
+    }
+}
+
 fn decode(s: &str) -> Result<String, String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());

@@ -11,6 +11,7 @@ pub mod client;
 pub mod link;
 pub mod metrics;
 mod page;
+pub mod path;
 pub mod store;
 
 use api::{Api, Response};

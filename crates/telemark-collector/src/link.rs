@@ -68,16 +68,21 @@ pub struct LinkBatch {
 /// a demo batch delayed 10.5 ms took in the next upstream batch of its color as well.
 ///
 /// A downstream batch is judged once the next one's source is known: the last downstream
-/// batch waits, and so does any whose next one upstream has not yet reported past. Upstream
-/// batches before downstream's first are not charged: downstream may not have been watching.
-pub fn match_batches(up: &[Batch], down: &[Batch], skew_ns: u64) -> Vec<LinkBatch> {
+/// batch waits, and so does any whose next one upstream has not yet reported past, unless
+/// `ended` says upstream's last batch ended its watch of the flow (a flush or idle timeout),
+/// so nothing follows it. Upstream batches before downstream's first are not charged:
+/// downstream may not have been watching.
+pub fn match_batches(up: &[Batch], down: &[Batch], skew_ns: u64, ended: bool) -> Vec<LinkBatch> {
     // Upstream batches begun by the time each downstream batch's first packet arrived, while
-    // upstream has reported past it.
-    let begun: Vec<usize> = down
-        .iter()
-        .map(|d| up.partition_point(|x| x.first_ns <= d.first_ns.saturating_add(skew_ns)))
-        .take_while(|b| *b < up.len())
-        .collect();
+    // upstream has reported past it (or, once it ended, for downstream's last batch).
+    let mut begun: Vec<usize> = Vec::with_capacity(down.len());
+    for (n, d) in down.iter().enumerate() {
+        let b = up.partition_point(|x| x.first_ns <= d.first_ns.saturating_add(skew_ns));
+        if b == up.len() && !(ended && n + 1 == down.len()) {
+            break;
+        }
+        begun.push(b);
+    }
     let delay = delays(up, down, &begun);
     let mut sources: Vec<Option<usize>> = Vec::new();
     let mut after = 0; // the previous source's index + 1
@@ -93,11 +98,17 @@ pub fn match_batches(up: &[Batch], down: &[Batch], skew_ns: u64) -> Vec<LinkBatc
     }
     let mut out = Vec::new();
     for (n, d) in down.iter().enumerate() {
-        let (Some(Some(a)), Some(Some(b))) = (sources.get(n), sources.get(n + 1)) else {
+        // Up to the next batch's source; after the last, to upstream's end once it ended.
+        let next = match sources.get(n + 1) {
+            Some(s) => *s,
+            None if ended && n + 1 == down.len() => Some(up.len()),
+            None => None,
+        };
+        let (Some(Some(a)), Some(b)) = (sources.get(n), next) else {
             continue; // no source (nothing upstream sent it, or its records are gone), or waiting
         };
         let (mut expected, mut batches) = (0, 0);
-        for u in up.get(*a..*b).into_iter().flatten() {
+        for u in up.get(*a..b).into_iter().flatten() {
             if u.color == d.color {
                 expected += u.observed + u.late;
                 batches += 1;
@@ -212,7 +223,7 @@ mod tests {
                 for start in (900..1100).step_by(7) {
                     let lose = |i: u64| i >= start && i < start + run;
                     let (up, down) = path(3000, 100, delay, lose);
-                    let m = match_batches(&up, &down, 0);
+                    let m = match_batches(&up, &down, 0, false);
                     let lost: u64 = m.iter().map(|x| x.lost).sum();
                     assert_eq!(lost, run, "run {run} from {start}, delays {which}");
                     // Every packet that arrived, but for the last few batches': upstream has
@@ -230,18 +241,32 @@ mod tests {
         let lose = |i: u64| i % 37 == 5 && i < 1800; // the last two batches wait
         let (up, down) = path(2000, 100, |_| 1_000_000, lose);
         let lost = (0..2000).filter(|i| lose(*i)).count() as u64;
-        let m = match_batches(&up, &down, 0);
+        let m = match_batches(&up, &down, 0, false);
         assert_eq!(m.iter().map(|x| x.lost).sum::<u64>(), lost);
         assert!(m.iter().all(|x| x.upstream_batches == 1 && !x.whole));
         // Upstream has reported 10 batches: downstream batches 8 on wait.
-        let m = match_batches(&up[..10], &down, 0);
+        let m = match_batches(&up[..10], &down, 0, false);
         assert_eq!(m.len(), 8);
+    }
+
+    #[test]
+    fn once_upstream_ended_the_last_batch_is_judged_too() {
+        let lose = |i: u64| i % 37 == 5 || i == 1999; // the last packet too
+        let (up, down) = path(2000, 100, |_| 1_000_000, lose);
+        let lost = (0..2000).filter(|i| lose(*i)).count() as u64;
+        let m = match_batches(&up, &down, 0, true);
+        assert_eq!(m.iter().map(|x| x.lost).sum::<u64>(), lost);
+        assert_eq!(m.iter().map(|x| x.got).sum::<u64>(), 2000 - lost);
+        // Not ended: the last batch waits, and so does the one before it (upstream has not
+        // reported past the last's source).
+        let m = match_batches(&up, &down, 0, false);
+        assert_eq!(m.len(), down.len() - 2);
     }
 
     #[test]
     fn a_downstream_that_began_late_is_not_charged_for_what_came_before() {
         let (up, down) = path(1000, 100, |_| 1_000_000, |_| false);
-        let m = match_batches(&up, &down[3..], 0);
+        let m = match_batches(&up, &down[3..], 0, false);
         assert_eq!(m.iter().map(|x| x.lost).sum::<u64>(), 0);
         assert_eq!(m.first().map(|x| x.first_ns), down.get(3).map(|d| d.first_ns));
     }

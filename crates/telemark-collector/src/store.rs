@@ -6,10 +6,12 @@
 //! the primary key, so a batch the agent sends again after a lost acknowledgement is taken once
 //! and counted as duplicate: at-least-once delivery, exactly-once storage.
 
+use crate::link::Batch;
+use crate::path::PointRecords;
 use rusqlite::{params, Connection, OptionalExtension, ToSql};
 use serde::Serialize;
 use std::path::Path;
-use telemark_core::records::{Flow, Record};
+use telemark_core::records::{Flow, Record, Scope};
 
 /// A storage failure (disk full, corrupt database): the request is not acknowledged.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +63,11 @@ pub struct SeriesPoint {
     pub lost: u64,
     /// Packets late.
     pub late: u64,
+    /// Packets whose loss is uncertain.
+    pub uncertain: u64,
+    /// Which stretch of the path the point's figures cover: `path` for a point that measures
+    /// against B, from the marking switch (see `/api/v1/localise` for its segment).
+    pub scope: Scope,
 }
 
 /// A flow with its loss totals.
@@ -68,35 +75,16 @@ pub struct SeriesPoint {
 pub struct FlowSummary {
     /// The flow.
     pub flow: Flow,
-    /// Lossy batches stored.
+    /// Lossy batches stored at the point that stored the most.
     pub lossy_batches: u64,
-    /// Packets lost, over every point.
+    /// Packets lost on the flow's whole path, each once.
     pub lost: u64,
-    /// Packets whose loss is uncertain, over every point.
+    /// Packets whose loss is uncertain, on the whole path.
     pub uncertain: u64,
     /// First and last batch time.
     pub first_ns: u64,
     /// Last batch time.
     pub last_ns: u64,
-}
-
-/// Loss on one segment of a flow's path: the stretch just upstream of one point.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Segment {
-    /// Agent of the point.
-    pub agent: String,
-    /// The point.
-    pub point: String,
-    /// Its port.
-    pub port: String,
-    /// The point upstream of it in the same agent, if any.
-    pub upstream: Option<String>,
-    /// Packets lost on the segment.
-    pub lost: u64,
-    /// Packets expected.
-    pub expected: u64,
-    /// Lossy batches.
-    pub lossy_batches: u64,
 }
 
 /// The database.
@@ -122,6 +110,7 @@ CREATE TABLE IF NOT EXISTS loss (
     color INTEGER NOT NULL, batch INTEGER NOT NULL, first_ns INTEGER NOT NULL,
     last_ns INTEGER NOT NULL, expected INTEGER, observed INTEGER NOT NULL,
     lost INTEGER NOT NULL, late INTEGER NOT NULL, uncertain INTEGER NOT NULL DEFAULT 0,
+    scope TEXT NOT NULL DEFAULT 'segment', tail INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (agent, boot, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS loss_flow ON loss (src, dst, sport, dport, proto, first_ns);
@@ -133,6 +122,13 @@ CREATE TABLE IF NOT EXISTS other (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS other_time ON other (time_ns);
 ";
+
+/// Columns of `loss` added after its first release, oldest first.
+const ADDED_COLUMNS: [(&str, &str); 3] = [
+    ("uncertain", "INTEGER NOT NULL DEFAULT 0"),
+    ("scope", "TEXT NOT NULL DEFAULT 'segment'"),
+    ("tail", "INTEGER NOT NULL DEFAULT 0"),
+];
 
 /// One flow's loss records from `:since` on (see [`flow_args`]).
 const FLOW_SINCE: &str = "src = :src AND dst = :dst AND sport = :sport AND dport = :dport
@@ -168,14 +164,17 @@ impl Store {
         db.pragma_update(None, "synchronous", "FULL")?;
         db.busy_timeout(std::time::Duration::from_secs(5))?;
         db.execute_batch(SCHEMA)?;
-        // Databases written before `uncertain` was recorded get the column (0 for their rows).
-        let has_uncertain: bool = db.query_row(
-            "SELECT COUNT(*) FROM pragma_table_info('loss') WHERE name = 'uncertain'",
-            [],
-            |r| r.get::<_, i64>(0),
-        )? > 0;
-        if !has_uncertain {
-            db.execute_batch("ALTER TABLE loss ADD COLUMN uncertain INTEGER NOT NULL DEFAULT 0")?;
+        // Databases written by an older collector get the columns added since, in the order
+        // the schema has them (with their defaults for the rows already there).
+        for (column, decl) in ADDED_COLUMNS {
+            let has: bool = db.query_row(
+                "SELECT COUNT(*) FROM pragma_table_info('loss') WHERE name = ?1",
+                [column],
+                |r| r.get::<_, i64>(0),
+            )? > 0;
+            if !has {
+                db.execute_batch(&format!("ALTER TABLE loss ADD COLUMN {column} {decl}"))?;
+            }
         }
         Ok(Store { db })
     }
@@ -222,7 +221,7 @@ impl Store {
         {
             let mut loss = tx.prepare_cached(
                 "INSERT OR IGNORE INTO loss VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,
-                 ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)",
+                 ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)",
             )?;
             let mut other =
                 tx.prepare_cached("INSERT OR IGNORE INTO other VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?;
@@ -252,6 +251,8 @@ impl Store {
                         i(l.lost),
                         i(l.late),
                         i(l.uncertain),
+                        l.scope.as_str(),
+                        l.tail,
                     ])?,
                     other_rec => {
                         let (kind, t) = match other_rec {
@@ -310,26 +311,63 @@ impl Store {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Flows with lossy batches since `since_ns`, most lost first, at most `limit`.
+    /// Flows with loss or uncertain loss since `since_ns`, most lost first, at most `limit`;
+    /// each flow's figures cover its whole path, once ([`crate::path::path_loss`]).
     pub fn flows(&self, since_ns: u64, limit: u32) -> Result<Vec<FlowSummary>, StoreError> {
-        let mut q = self.db.prepare(
-            "SELECT src, dst, sport, dport, proto, spi, si, SUM(lost > 0), SUM(lost),
-                    MIN(first_ns), MAX(last_ns), SUM(uncertain)
-             FROM loss WHERE first_ns >= ?1
-             GROUP BY src, dst, sport, dport, proto, spi, si
-             ORDER BY SUM(lost) DESC LIMIT ?2",
+        let mut q = self.db.prepare_cached(
+            "SELECT src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope,
+                    SUM(lost > 0), SUM(lost), SUM(uncertain), MIN(first_ns), MAX(last_ns)
+             FROM loss WHERE first_ns >= ?1 AND (lost > 0 OR uncertain > 0)
+             GROUP BY src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope
+             ORDER BY src, dst, sport, dport, proto, spi, si",
         )?;
-        let rows = q.query_map(params![i(since_ns), limit], |r| {
-            Ok(FlowSummary {
-                flow: flow_of(r)?,
-                lossy_batches: u(r.get(7)?),
-                lost: u(r.get(8)?),
-                uncertain: u(r.get(11)?),
-                first_ns: u(r.get(9)?),
-                last_ns: u(r.get(10)?),
-            })
+        let rows = q.query_map(params![i(since_ns)], |r| {
+            let p = PointRecords {
+                agent: r.get(7)?,
+                point: r.get(8)?,
+                upstream: r.get(9)?,
+                scope: scope_of(&r.get::<_, String>(10)?),
+                lossy_batches: u(r.get(11)?),
+                lost: u(r.get(12)?),
+                uncertain: u(r.get(13)?),
+                ..PointRecords::default()
+            };
+            Ok((flow_of(r)?, p, u(r.get(14)?), u(r.get(15)?)))
         })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let mut out: Vec<FlowSummary> = Vec::new();
+        let mut points: Vec<PointRecords> = Vec::new();
+        let finish = |out: &mut Vec<FlowSummary>, points: &mut Vec<PointRecords>| {
+            if let Some(f) = out.last_mut() {
+                (f.lost, f.uncertain) = crate::path::path_loss(points);
+                f.lossy_batches = points.iter().map(|p| p.lossy_batches).max().unwrap_or(0);
+            }
+            points.clear();
+        };
+        for row in rows {
+            let (flow, p, first, last) = row?;
+            match out.last_mut() {
+                Some(f) if f.flow == flow => {
+                    f.first_ns = f.first_ns.min(first);
+                    f.last_ns = f.last_ns.max(last);
+                }
+                _ => {
+                    finish(&mut out, &mut points);
+                    out.push(FlowSummary {
+                        flow,
+                        lossy_batches: 0,
+                        lost: 0,
+                        uncertain: 0,
+                        first_ns: first,
+                        last_ns: last,
+                    });
+                }
+            }
+            points.push(p);
+        }
+        finish(&mut out, &mut points);
+        out.sort_by(|a, b| b.lost.cmp(&a.lost).then(b.uncertain.cmp(&a.uncertain)));
+        out.truncate(limit as usize);
+        Ok(out)
     }
 
     /// `flow`'s loss per agent and point in buckets of `bucket_ns`, from `since_ns` on.
@@ -341,7 +379,7 @@ impl Store {
     ) -> Result<Vec<SeriesPoint>, StoreError> {
         let sql = format!(
             "SELECT agent, point, (first_ns / :bucket) * :bucket AS t, COUNT(*),
-                    SUM(COALESCE(expected, 0)), SUM(lost), SUM(late)
+                    SUM(COALESCE(expected, 0)), SUM(lost), SUM(late), MAX(scope), SUM(uncertain)
              FROM loss WHERE {FLOW_SINCE} GROUP BY agent, point, t ORDER BY t, agent, point"
         );
         let (bucket, since) = (i(bucket_ns.max(1)), i(since_ns));
@@ -356,29 +394,60 @@ impl Store {
                 expected: u(r.get(4)?),
                 lost: u(r.get(5)?),
                 late: u(r.get(6)?),
+                scope: scope_of(&r.get::<_, String>(7)?),
+                uncertain: u(r.get(8)?),
             })
         })
     }
 
-    /// `flow`'s loss per segment since `since_ns`, most lost first.
-    pub fn segments(&self, flow: &Flow, since_ns: u64) -> Result<Vec<Segment>, StoreError> {
+    /// `flow`'s loss records since `since_ns`, per point, each point's batches in order of
+    /// first packet.
+    pub fn points(&self, flow: &Flow, since_ns: u64) -> Result<Vec<PointRecords>, StoreError> {
         let sql = format!(
-            "SELECT agent, point, port, upstream, SUM(lost), SUM(COALESCE(expected, 0)),
-                    SUM(lost > 0)
-             FROM loss WHERE {FLOW_SINCE}
-             GROUP BY agent, point, port, upstream ORDER BY SUM(lost) DESC"
+            "SELECT agent, point, port, upstream, scope, color, first_ns, last_ns, observed,
+                    late, COALESCE(expected, 0), lost, uncertain, tail
+             FROM loss WHERE {FLOW_SINCE} ORDER BY agent, point, first_ns, seq"
         );
-        self.query(&sql, &flow_args(flow, &i(since_ns)), |r| {
-            Ok(Segment {
-                agent: r.get(0)?,
-                point: r.get(1)?,
-                port: r.get(2)?,
-                upstream: r.get(3)?,
-                lost: u(r.get(4)?),
-                expected: u(r.get(5)?),
-                lossy_batches: u(r.get(6)?),
-            })
-        })
+        let rows = self.query(&sql, &flow_args(flow, &i(since_ns)), |r| {
+            let head = (r.get::<_, String>(0)?, r.get::<_, String>(1)?);
+            let batch = Batch {
+                color: r.get(5)?,
+                first_ns: u(r.get(6)?),
+                last_ns: u(r.get(7)?),
+                observed: u(r.get(8)?),
+                late: u(r.get(9)?),
+            };
+            let sums = (u(r.get(10)?), u(r.get(11)?), u(r.get(12)?), r.get::<_, bool>(13)?);
+            Ok((head, r.get::<_, String>(2)?, r.get(3)?, r.get::<_, String>(4)?, batch, sums))
+        })?;
+        let mut out: Vec<PointRecords> = Vec::new();
+        for ((agent, point), port, upstream, scope, batch, (expected, lost, uncertain, tail)) in
+            rows
+        {
+            let p = match out.last_mut() {
+                Some(p) if p.agent == agent && p.point == point => p,
+                _ => {
+                    out.push(PointRecords {
+                        agent,
+                        point,
+                        port,
+                        upstream,
+                        scope: scope_of(&scope),
+                        ..PointRecords::default()
+                    });
+                    let Some(p) = out.last_mut() else { break };
+                    p
+                }
+            };
+            p.batches.push(batch);
+            p.ended = tail;
+            p.expected += expected;
+            p.lost += lost;
+            p.uncertain += uncertain;
+            p.lossy_batches += u64::from(lost > 0);
+            p.every_batch |= lost == 0 && uncertain == 0;
+        }
+        Ok(out)
     }
 
     /// Frames `agent`'s own receive rings dropped since `since_ns`, from its health records.
@@ -390,33 +459,6 @@ impl Store {
             |r| r.get(0),
         )?;
         Ok(u(n))
-    }
-
-    /// `flow`'s batches at `point` of `agent` since `since_ns`, in order of first packet.
-    pub fn batches(
-        &self,
-        flow: &Flow,
-        agent: &str,
-        point: &str,
-        since_ns: u64,
-    ) -> Result<Vec<crate::link::Batch>, StoreError> {
-        let sql = format!(
-            "SELECT color, first_ns, last_ns, observed, late FROM loss
-             WHERE {FLOW_SINCE} AND agent = :agent AND point = :point ORDER BY first_ns, seq"
-        );
-        let since = i(since_ns);
-        let mut args = flow_args(flow, &since).to_vec();
-        args.push((":agent", &agent));
-        args.push((":point", &point));
-        self.query(&sql, &args, |r| {
-            Ok(crate::link::Batch {
-                color: r.get(0)?,
-                first_ns: u(r.get(1)?),
-                last_ns: u(r.get(2)?),
-                observed: u(r.get(3)?),
-                late: u(r.get(4)?),
-            })
-        })
     }
 
     fn query<T>(
@@ -435,6 +477,15 @@ impl Store {
         let l: i64 = self.db.query_row("SELECT COUNT(*) FROM loss", [], |r| r.get(0))?;
         let o: i64 = self.db.query_row("SELECT COUNT(*) FROM other", [], |r| r.get(0))?;
         Ok((u(l), u(o)))
+    }
+}
+
+/// A stored scope back (anything unknown, as old rows have none, is a segment).
+fn scope_of(s: &str) -> Scope {
+    if s == Scope::Path.as_str() {
+        Scope::Path
+    } else {
+        Scope::Segment
     }
 }
 
@@ -482,6 +533,8 @@ mod tests {
             lost: 1,
             late: 0,
             uncertain: 0,
+            scope: Scope::Segment,
+            tail: false,
         });
         let recs = vec![r.clone(), r.clone(), r.clone()];
         assert_eq!(

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use telemark_collector::client::Exporter;
 use telemark_collector::{Collector, Config};
-use telemark_core::records::{Flow, LossRecord, Record};
+use telemark_core::records::{Flow, LossRecord, Record, Scope};
 
 fn flow(sport: u16) -> Flow {
     Flow {
@@ -37,6 +37,9 @@ fn loss(agent: &str, point: &str, upstream: Option<&str>, batch: u64, lost: u64)
         lost,
         late: 0,
         uncertain: 0,
+        // A point with no upstream in its agent measures against B, from the marking.
+        scope: if upstream.is_some() { Scope::Segment } else { Scope::Path },
+        tail: false,
     })
 }
 
@@ -237,7 +240,8 @@ fn bad_input_gets_clear_errors_and_counters() {
     }
 }
 
-/// Loss reported at two switches: localisation names the segment that lost the packets.
+/// Loss reported at two switches: localisation names the segment that lost the packets, and
+/// counts what the downstream switch measured from the marking once.
 #[test]
 fn localisation_names_the_lossy_segment() {
     let dir = tempfile::tempdir().unwrap();
@@ -245,11 +249,18 @@ fn localisation_names_the_lossy_segment() {
     let mut b = Exporter::new(&format!("http://{}", c.addr), "sw-b", 1, 1000);
     let mut f = Exporter::new(&format!("http://{}", c.addr), "sw-f", 1, 1000);
     for n in 0..40 {
-        // a little loss inside switch B, a lot on the link into switch F
-        if n % 10 == 0 {
-            b.push(loss("sw-b", "egress", Some("ingress"), n, 1));
+        // A little loss inside switch B, a lot on the link into switch F, whose ingress
+        // counts against B what was lost since the marking: B's loss too.
+        let inside_b = u64::from(n % 10 == 0);
+        if inside_b > 0 {
+            b.push(loss("sw-b", "egress", Some("ingress"), n, inside_b));
         }
-        f.push(loss("sw-f", "ingress", None, n, 5 + n % 3));
+        // It sees each batch 300 µs after sw-b: the collector finds sw-b upstream by that.
+        let mut r = loss("sw-f", "ingress", None, n, 5 + n % 3 + inside_b);
+        if let Record::Loss(l) = &mut r {
+            (l.first_ns, l.last_ns) = (l.first_ns + 300_000, l.last_ns + 300_000);
+        }
+        f.push(r);
     }
     b.flush().unwrap();
     f.flush().unwrap();

@@ -62,8 +62,13 @@ pub struct LossRecord {
     pub port: String,
     /// Point name: `ingress`, `egress`, or a name given on the command line.
     pub point: String,
-    /// The point the expected count came from (`None`: from B, or unknown).
+    /// The point the expected count came from: a point of this agent (`ingress`), or for a
+    /// [`Scope::Path`] record the other agent's point named in the configuration
+    /// (`sw-b/egress`), if any.
     pub upstream: Option<String>,
+    /// Which stretch of the path `lost` and `uncertain` cover.
+    #[serde(default)]
+    pub scope: Scope,
     /// The flow.
     pub flow: Flow,
     /// Color of the batch.
@@ -87,6 +92,41 @@ pub struct LossRecord {
     /// are not in `lost`.
     #[serde(default)]
     pub uncertain: u64,
+    /// The batch was closed by a flush or an idle timeout, not by the next color: the point
+    /// ended its watch of the flow with it (nothing of the flow follows until it starts again).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub tail: bool,
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
+}
+
+/// Which stretch of a flow's path a point's loss figures cover.
+///
+/// A point's loss is measured against a count of the same batch taken upstream. Inside one
+/// agent that is the point just upstream (a segment); a point whose upstream is in another
+/// agent has only the batch size B the marking switch used, so its figures cover the whole
+/// path from the marking. The collector turns those into segments by lining the points up
+/// (docs/collector.md, "Segments").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// From the point named in `upstream`, in the same agent, to this one.
+    #[default]
+    Segment,
+    /// From the switch that marked the flow to this point: everything lost on the way.
+    Path,
+}
+
+impl Scope {
+    /// The name in records and the store.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Segment => "segment",
+            Scope::Path => "path",
+        }
+    }
 }
 
 /// Loss counts over a span of batches at one point (an interval, a flow's run): the one set of
@@ -149,6 +189,9 @@ pub struct SummaryRecord {
     pub interval_start_ns: u64,
     /// End of the interval.
     pub interval_end_ns: u64,
+    /// Which stretch of the path the counts cover.
+    #[serde(default)]
+    pub scope: Scope,
     /// The batches resolved in the interval.
     #[serde(flatten)]
     pub counts: LossCounts,
@@ -171,6 +214,9 @@ pub struct FlowLossRecord {
     pub point: String,
     /// The flow.
     pub flow: Flow,
+    /// Which stretch of the path the counts cover.
+    #[serde(default)]
+    pub scope: Scope,
     /// The flow's batches at this point.
     #[serde(flatten)]
     pub counts: LossCounts,
@@ -349,8 +395,11 @@ mod tests {
             lost: 3,
             late: 0,
             uncertain: 0,
+            scope: Scope::Segment,
+            tail: false,
         });
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["scope"], "segment");
         assert_eq!(v["kind"], "loss");
         assert_eq!(v["flow"]["sport"], 40000);
         assert_eq!(v["flow"]["spi"], serde_json::Value::Null);

@@ -20,7 +20,7 @@
 //! Batches a point chose not to watch (refused for room, left out by selection) are neither.
 
 use super::{BatchEvent, BatchEventKind};
-use crate::records::{Flow, FlowLossRecord, LossCounts, LossRecord, Record, SummaryRecord};
+use crate::records::{Flow, FlowLossRecord, LossCounts, LossRecord, Record, Scope, SummaryRecord};
 use std::collections::{HashMap, HashSet, VecDeque};
 use telemark_wire::FlowKey;
 
@@ -53,6 +53,18 @@ pub struct PointSpec {
     /// records (`sw-b/egress`: another agent's point on the path, so the collector can name
     /// the link between the two).
     pub upstream_label: Option<String>,
+}
+
+impl PointSpec {
+    /// Which stretch of the path this point's figures cover: from its upstream point here,
+    /// or, with none here, from the marking switch (against B).
+    pub fn scope(&self) -> Scope {
+        if self.upstream.is_some() {
+            Scope::Segment
+        } else {
+            Scope::Path
+        }
+    }
 }
 
 /// How a point's batch follows the one it reported before for the same flow.
@@ -491,6 +503,7 @@ impl Aggregator {
                 Some(u) => Some(self.points[usize::from(u)].name.clone()),
                 None => spec.upstream_label.clone().filter(|_| v.expected.is_some()),
             },
+            scope: spec.scope(),
             flow: Flow::from(key),
             color: b.color,
             batch: v.id,
@@ -501,6 +514,7 @@ impl Aggregator {
             lost,
             late: b.late,
             uncertain,
+            tail: b.tail,
         }));
     }
 
@@ -625,6 +639,7 @@ impl Aggregator {
                 point: spec.name.clone(),
                 interval_start_ns: start_ns,
                 interval_end_ns: end_ns,
+                scope: spec.scope(),
                 counts: std::mem::take(c),
                 rx_ring_drops: 0,
             }));
@@ -651,6 +666,7 @@ impl Aggregator {
                         agent: s.agent.clone(),
                         point: s.name.clone(),
                         flow: Flow::from(k),
+                        scope: s.scope(),
                         counts: *t,
                         truth_lost: None,
                     },

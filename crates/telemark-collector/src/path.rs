@@ -1,0 +1,406 @@
+//! A flow's path: its observation points lined up, and its loss split into segments.
+//!
+//! Inside one agent each point measures against the point just upstream of it there, so its
+//! figures belong to one segment ([`Scope::Segment`]). A point whose upstream is in another
+//! agent (a switch that did not mark the flow) has only the batch size B to compare with, so
+//! its figures cover the whole path from the marking switch ([`Scope::Path`]). Adding the
+//! points' figures up would count a packet lost on the first link again at every switch after
+//! it; here each such point gets the segment from the nearest point upstream of it instead:
+//!
+//! - **Which point is upstream.** The one named in the agent's configuration (`upstream_a`,
+//!   a tap's `upstream`), if given. Otherwise the collector finds it from the batches: the
+//!   same batch reaches points further down the path later, so among the other agents' points
+//!   that saw the flow, the upstream one is the one the point's batches trail by the least
+//!   ([`trail_ns`]). This needs the agents' clocks to agree to within half a batch (one host,
+//!   or NTP/PTP across hosts for batches of milliseconds); otherwise name the upstream.
+//! - **Its segment's loss.** When both points report every batch (`report_all`), the
+//!   batches are lined up one by one ([`crate::link::match_batches`], which also counts
+//!   batches lost whole). Otherwise the segment's loss is the difference of the two points'
+//!   path losses ([`reach`]): what was lost from the marking to here, less what was lost from
+//!   the marking to the upstream point.
+//!
+//! A point with no upstream found keeps its path figures, named as the path from the marking.
+
+use crate::link::{match_batches, Batch};
+use serde::Serialize;
+use telemark_core::records::Scope;
+
+/// One point's loss records of one flow.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PointRecords {
+    pub agent: String,
+    pub point: String,
+    pub port: String,
+    /// The `upstream` of its records: a point of the same agent ([`Scope::Segment`]), or the
+    /// configured name of another agent's point, if any ([`Scope::Path`]).
+    pub upstream: Option<String>,
+    pub scope: Scope,
+    /// Its batches in order of first packet (empty when only the sums were read).
+    pub batches: Vec<Batch>,
+    /// The last batch ended the point's watch (closed by a flush or an idle timeout).
+    pub ended: bool,
+    pub expected: u64,
+    pub lost: u64,
+    pub uncertain: u64,
+    pub lossy_batches: u64,
+    /// It reported batches that lost nothing too: its batches are every batch it closed.
+    pub every_batch: bool,
+}
+
+impl PointRecords {
+    /// `agent/point`.
+    pub fn name(&self) -> String {
+        format!("{}/{}", self.agent, self.point)
+    }
+}
+
+/// How a segment's figures were found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    /// Measured by the agent between two of its points.
+    InSwitch,
+    /// Both points' batches lined up one by one at the collector.
+    LinedUp,
+    /// The downstream point's path loss less the upstream point's.
+    Difference,
+    /// No upstream point reported the flow: the path loss from the marking switch.
+    FromMarking,
+}
+
+/// Loss on one segment of a flow's path: the stretch just upstream of one point.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Segment {
+    /// Agent of the point at the segment's downstream end.
+    pub agent: String,
+    /// The point.
+    pub point: String,
+    /// Its port.
+    pub port: String,
+    /// The point at the upstream end (`agent/point`), if known.
+    pub from: Option<String>,
+    /// How the figures were found.
+    pub method: Method,
+    /// Packets lost on the segment.
+    pub lost: u64,
+    /// Packets missing on the segment whose loss cannot be told.
+    pub uncertain: u64,
+    /// Packets sent into the segment (as far as the figures go).
+    pub expected: u64,
+    /// Lossy batches.
+    pub lossy_batches: u64,
+}
+
+/// Each point's segment, most lost first.
+pub fn segments(points: &[PointRecords]) -> Vec<Segment> {
+    let mut out: Vec<Segment> = points
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let seg = |from, method, lost, uncertain, expected, lossy_batches| Segment {
+                agent: p.agent.clone(),
+                point: p.point.clone(),
+                port: p.port.clone(),
+                from,
+                method,
+                lost,
+                uncertain,
+                expected,
+                lossy_batches,
+            };
+            if p.scope == Scope::Segment {
+                let from = p.upstream.as_ref().map(|u| format!("{}/{u}", p.agent));
+                return seg(
+                    from,
+                    Method::InSwitch,
+                    p.lost,
+                    p.uncertain,
+                    p.expected,
+                    p.lossy_batches,
+                );
+            }
+            let Some(u) = upstream_of(points, i) else {
+                let (l, x, e, b) = (p.lost, p.uncertain, p.expected, p.lossy_batches);
+                return seg(p.upstream.clone(), Method::FromMarking, l, x, e, b);
+            };
+            let up = &points[u];
+            if up.every_batch && p.every_batch {
+                let m = match_batches(&up.batches, &p.batches, 0, up.ended);
+                let lost = m.iter().map(|b| b.lost).sum();
+                let expected = m.iter().map(|b| b.expected).sum();
+                let lossy = m.iter().filter(|b| b.lost > 0).count() as u64;
+                seg(Some(up.name()), Method::LinedUp, lost, 0, expected, lossy)
+            } else {
+                let ((pl, px), (ul, ux)) = (reach(points, i), reach(points, u));
+                let (lost, uncertain) = (pl.saturating_sub(ul), px.saturating_sub(ux));
+                seg(
+                    Some(up.name()),
+                    Method::Difference,
+                    lost,
+                    uncertain,
+                    p.expected,
+                    p.lossy_batches,
+                )
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| b.lost.cmp(&a.lost).then(b.uncertain.cmp(&a.uncertain)));
+    out
+}
+
+/// The flow's loss over its whole path: lost and uncertain from the marking to the point
+/// furthest down (path losses only grow along the path, so the largest).
+pub fn path_loss(points: &[PointRecords]) -> (u64, u64) {
+    (0..points.len()).map(|i| reach(points, i)).max().unwrap_or_default()
+}
+
+/// Lost and uncertain from the marking to point `i`: its path figures, or its segment's
+/// added to those of its upstream point in the same agent (none reported: nothing lost there).
+fn reach(points: &[PointRecords], mut i: usize) -> (u64, u64) {
+    let (mut lost, mut uncertain) = (0u64, 0u64);
+    for _ in 0..points.len() {
+        let p = &points[i];
+        lost = lost.saturating_add(p.lost);
+        uncertain = uncertain.saturating_add(p.uncertain);
+        if p.scope == Scope::Path {
+            break;
+        }
+        let up = p.upstream.as_deref();
+        match points.iter().position(|q| q.agent == p.agent && Some(q.point.as_str()) == up) {
+            Some(j) => i = j,
+            None => break,
+        }
+    }
+    (lost, uncertain)
+}
+
+/// The point upstream of path point `i`: the configured one, or the other agent's point the
+/// flow reached last before it.
+fn upstream_of(points: &[PointRecords], i: usize) -> Option<usize> {
+    let p = &points[i];
+    if let Some(label) = &p.upstream {
+        let (agent, point) = label.split_once('/')?;
+        return points
+            .iter()
+            .position(|q| q.agent == agent && q.point == point)
+            .or_else(|| last_of(points, agent));
+    }
+    let mut agents: Vec<&str> =
+        points.iter().map(|q| q.agent.as_str()).filter(|a| *a != p.agent).collect();
+    agents.sort_unstable();
+    agents.dedup();
+    agents
+        .into_iter()
+        .filter_map(|a| {
+            // The agent's points, furthest down first, until one shares batches with `p`.
+            let t = downstream_first(points, a)
+                .find_map(|q| trail_ns(&points[q].batches, &p.batches))?;
+            Some((t, last_of(points, a)?))
+        })
+        .filter(|(t, _)| *t > 0)
+        .min()
+        .map(|(_, q)| q)
+}
+
+/// The point of `agent` furthest down the flow's path: the one no other point of the agent
+/// names as its upstream.
+fn last_of(points: &[PointRecords], agent: &str) -> Option<usize> {
+    downstream_first(points, agent).next()
+}
+
+/// `agent`'s points, each followed by the one upstream of it there, starting from the one
+/// furthest down; then any others.
+fn downstream_first<'a>(
+    points: &'a [PointRecords],
+    agent: &'a str,
+) -> impl Iterator<Item = usize> + 'a {
+    let mine: Vec<usize> = (0..points.len()).filter(|&q| points[q].agent == agent).collect();
+    let named = |q: usize| {
+        mine.iter().any(|&o| points[o].upstream.as_deref() == Some(points[q].point.as_str()))
+    };
+    let mut order: Vec<usize> = mine.iter().copied().filter(|&q| !named(q)).collect();
+    let mut k = 0;
+    while let Some(&q) = order.get(k) {
+        let up = points[q].upstream.as_deref();
+        if let Some(&j) = mine.iter().find(|&&j| Some(points[j].point.as_str()) == up) {
+            if !order.contains(&j) {
+                order.push(j);
+            }
+        }
+        k += 1;
+    }
+    for q in mine {
+        if !order.contains(&q) {
+            order.push(q);
+        }
+    }
+    order.into_iter()
+}
+
+/// How long `down`'s batches trail `up`'s: the median, over `down`'s batches that begin
+/// within half a batch of one of `up`'s of the same color, of the time between the two
+/// beginnings (`None`: no such pair). Positive when `up` is upstream.
+pub fn trail_ns(up: &[Batch], down: &[Batch]) -> Option<i64> {
+    let mut t: Vec<i64> = down
+        .iter()
+        .filter_map(|d| {
+            let half = (d.last_ns.saturating_sub(d.first_ns) / 2).max(1);
+            let lo = up.partition_point(|u| u.first_ns < d.first_ns.saturating_sub(half));
+            up[lo..]
+                .iter()
+                .take_while(|u| u.first_ns <= d.first_ns.saturating_add(half))
+                .filter(|u| u.color == d.color)
+                .map(|u| d.first_ns as i64 - u.first_ns as i64)
+                .min_by_key(|t| t.unsigned_abs())
+        })
+        .collect();
+    t.sort_unstable();
+    t.get(t.len() / 2).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A chain of `hops` agents, each with an ingress and an egress point, that the first one
+    /// marks (its ingress measures against its marker); `lose(hop, i)` says whether packet
+    /// `i` is lost on the link into agent `hop`. Every hop adds 50 µs. `every` makes each
+    /// point report every batch. Returns the points' records and each link's true loss.
+    fn chain(
+        hops: usize,
+        sent: u64,
+        b: u64,
+        every: bool,
+        lose: impl Fn(usize, u64) -> bool,
+    ) -> (Vec<PointRecords>, Vec<u64>) {
+        let mut pts = Vec::new();
+        let mut truth = vec![0; hops];
+        let mut alive: Vec<bool> = vec![true; sent as usize];
+        for (h, lost_here) in truth.iter_mut().enumerate() {
+            for (i, a) in alive.iter_mut().enumerate() {
+                if *a && h > 0 && lose(h, i as u64) {
+                    *a = false;
+                    *lost_here += 1;
+                }
+            }
+            for point in ["ingress", "egress"] {
+                let delay = (2 * h as u64 + u64::from(point == "egress")) * 50_000;
+                let mut batches: Vec<Batch> = Vec::new();
+                for i in (0..sent).filter(|i| alive[*i as usize]) {
+                    let (color, t) = (((i / b) % 2) as u8, 1_000_000 + i * 100_000 + delay);
+                    match batches.last_mut() {
+                        Some(x) if x.color == color => {
+                            x.observed += 1;
+                            x.last_ns = t;
+                        }
+                        _ => batches.push(Batch {
+                            color,
+                            first_ns: t,
+                            last_ns: t,
+                            observed: 1,
+                            late: 0,
+                        }),
+                    }
+                }
+                // Against B at a path point; against the ingress (which lost nothing more) at
+                // an egress; against the marker at the first ingress.
+                let path = h > 0 && point == "ingress";
+                let lost: u64 = if path { batches.iter().map(|x| b - x.observed).sum() } else { 0 };
+                let lossy = batches.iter().filter(|x| path && x.observed < b).count() as u64;
+                let batches: Vec<Batch> = if every {
+                    batches
+                } else {
+                    batches.into_iter().filter(|x| path && x.observed < b).collect()
+                };
+                if batches.is_empty() {
+                    continue; // reports only lossy batches and had none
+                }
+                pts.push(PointRecords {
+                    agent: format!("s{}", h + 1),
+                    point: point.into(),
+                    port: "p".into(),
+                    upstream: match (h, point) {
+                        (_, "egress") => Some("ingress".into()),
+                        (0, _) => Some("marker".into()),
+                        _ => None,
+                    },
+                    scope: if path { Scope::Path } else { Scope::Segment },
+                    batches,
+                    ended: true,
+                    expected: 0,
+                    lost,
+                    uncertain: 0,
+                    lossy_batches: lossy,
+                    every_batch: every,
+                });
+            }
+        }
+        (pts, truth)
+    }
+
+    fn lost_into(segs: &[Segment], agent: &str) -> u64 {
+        segs.iter().filter(|s| s.agent == agent && s.point == "ingress").map(|s| s.lost).sum()
+    }
+
+    #[test]
+    fn loss_on_any_link_of_a_chain_is_counted_once_on_that_link() {
+        // Three and four switches; loss on the first link, the last, every one.
+        for hops in [3, 4] {
+            for every in [true, false] {
+                for which in 0..3 {
+                    let lose = |h: usize, i: u64| match which {
+                        0 => h == 1 && i % 29 == 3,
+                        1 => h == hops - 1 && i % 31 == 7,
+                        _ => (i + h as u64 * 7) % 23 == 0,
+                    };
+                    let (pts, truth) = chain(hops, 5000, 100, every, lose);
+                    let segs = segments(&pts);
+                    for h in 1..hops {
+                        let agent = format!("s{}", h + 1);
+                        assert_eq!(
+                            lost_into(&segs, &agent),
+                            truth[h],
+                            "{hops} hops, every {every}, case {which}: link into {agent}"
+                        );
+                        // Named by the upstream agent's last point (with every batch
+                        // reported; otherwise by its last point that reported one).
+                        let s = segs.iter().find(|s| s.agent == agent && s.point == "ingress");
+                        if let (true, Some(s)) = (every, s) {
+                            assert_eq!(s.from.as_deref(), Some(format!("s{h}/egress").as_str()));
+                        }
+                    }
+                    let total: u64 = segs.iter().map(|s| s.lost).sum();
+                    assert_eq!(total, truth.iter().sum::<u64>());
+                    assert_eq!(path_loss(&pts).0, total);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_named_upstream_wins_and_an_unknown_one_leaves_the_path_loss() {
+        let (mut pts, truth) = chain(3, 3000, 100, true, |h, i| h == 1 && i % 17 == 0);
+        // s3 names s2's egress; s2 names an agent that did not report.
+        for p in pts.iter_mut().filter(|p| p.scope == Scope::Path) {
+            p.upstream = Some(if p.agent == "s3" { "s2/egress" } else { "s9/egress" }.into());
+        }
+        let segs = segments(&pts);
+        let into = |a: &str| segs.iter().find(|s| s.agent == a && s.point == "ingress").cloned();
+        let s2 = into("s2").unwrap();
+        assert_eq!(
+            (s2.method, s2.lost, s2.from.as_deref()),
+            (Method::FromMarking, truth[1], Some("s9/egress"))
+        );
+        let s3 = into("s3").unwrap();
+        assert_eq!((s3.method, s3.lost), (Method::LinedUp, 0));
+    }
+
+    #[test]
+    fn trail_is_positive_downstream_and_absent_without_common_batches() {
+        let (pts, _) = chain(2, 2000, 100, true, |_, _| false);
+        let (a, b) = (&pts[1].batches, &pts[2].batches); // s1 egress, s2 ingress
+        assert_eq!(trail_ns(a, b), Some(50_000));
+        assert_eq!(trail_ns(b, a), Some(-50_000));
+        assert_eq!(trail_ns(&a[..2], &b[10..]), None);
+    }
+}
