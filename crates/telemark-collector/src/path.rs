@@ -351,15 +351,15 @@ mod tests {
                     let lose = |h: usize, i: u64| match which {
                         0 => h == 1 && i % 29 == 3,
                         1 => h == hops - 1 && i % 31 == 7,
-                        _ => (i + h as u64 * 7) % 23 == 0,
+                        _ => (i + h as u64 * 7).is_multiple_of(23),
                     };
                     let (pts, truth) = chain(hops, 5000, 100, every, lose);
                     let segs = segments(&pts);
-                    for h in 1..hops {
+                    for (h, truth_h) in truth.iter().enumerate().skip(1) {
                         let agent = format!("s{}", h + 1);
                         assert_eq!(
                             lost_into(&segs, &agent),
-                            truth[h],
+                            *truth_h,
                             "{hops} hops, every {every}, case {which}: link into {agent}"
                         );
                         // Named by the upstream agent's last point (with every batch

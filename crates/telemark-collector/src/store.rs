@@ -312,7 +312,8 @@ impl Store {
     }
 
     /// Flows with loss or uncertain loss since `since_ns`, most lost first, at most `limit`;
-    /// each flow's figures cover its whole path, once ([`crate::path::path_loss`]).
+    /// each flow's figures cover its whole path, each segment once: chosen by their path
+    /// loss ([`crate::path::path_loss`]), then summed over their segments.
     pub fn flows(&self, since_ns: u64, limit: u32) -> Result<Vec<FlowSummary>, StoreError> {
         let mut q = self.db.prepare_cached(
             "SELECT src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope,
@@ -367,6 +368,14 @@ impl Store {
         finish(&mut out, &mut points);
         out.sort_by(|a, b| b.lost.cmp(&a.lost).then(b.uncertain.cmp(&a.uncertain)));
         out.truncate(limit as usize);
+        // The listed flows' figures from their segments, which line batches up where the
+        // points report every batch (path figures against B miss a flow's last batch).
+        for f in &mut out {
+            let segs = crate::path::segments(&self.points(&f.flow, since_ns)?);
+            f.lost = segs.iter().map(|s| s.lost).sum();
+            f.uncertain = segs.iter().map(|s| s.uncertain).sum();
+        }
+        out.sort_by(|a, b| b.lost.cmp(&a.lost).then(b.uncertain.cmp(&a.uncertain)));
         Ok(out)
     }
 

@@ -1,0 +1,235 @@
+//! Loss per segment on a chain of three Telemark switches with a routed hop (needs root,
+//! iproute2 and nftables; CI installs them). testbed/chain.sh builds
+//! A ─ [s1] ─ link 1 ─ [s2] ─ router ─ link 2 ─ [s3] ─ G in namespaces; three agents (s1 marks)
+//! export every batch to one collector; nftables drops chosen flows at random on link 1, on
+//! link 2, or on both, and counts every flow into and out of each link: the ground truth the
+//! collector's segments are held against.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+use telemark_agent::traffic::{self, FlowSpec};
+use telemark_agent::{Agent, AgentStats, FileConfig};
+use telemark_collector::{now_ns, Collector, Config};
+use telemark_wire::FlowKey;
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testbed/chain.sh");
+/// Flows lossy on link 1, on link 2, on both (by source port).
+const ON_LINK_1: [u16; 3] = [4001, 4002, 4003];
+const ON_LINK_2: [u16; 3] = [4011, 4012, 4013];
+const ON_BOTH: [u16; 3] = [4021, 4022, 4023];
+const PERMILLE: &str = "20";
+
+/// The testbed, removed when dropped.
+struct Chain {
+    prefix: String,
+}
+
+impl Chain {
+    fn run(&self, args: &[&str]) -> String {
+        let out = Command::new("bash").arg(SCRIPT).arg(&self.prefix).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "chain.sh {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Chain {
+    fn drop(&mut self) {
+        let _ = Command::new("bash").arg(SCRIPT).arg(&self.prefix).arg("down").status();
+    }
+}
+
+fn ports(p: &[u16]) -> String {
+    p.iter().map(u16::to_string).collect::<Vec<_>>().join(" ")
+}
+
+fn agent(prefix: &str, name: &str, mark: &str, url: &str) -> Agent {
+    let toml = format!(
+        "agent = \"{name}\"\nnetns = \"{prefix}{name}\"\n\
+         [[pair]]\na = \"{name}a\"\nb = \"{name}b\"\nmark = \"{mark}\"\n\
+         [loss]\nbatch = 100\n\
+         [export]\ncollector = \"{url}\"\ninterval = \"500ms\"\nreport_all = true\n"
+    );
+    Agent::start(FileConfig::parse(&toml).unwrap().validate().unwrap()).unwrap()
+}
+
+fn key(sport: u16) -> FlowKey {
+    FlowKey {
+        src: "10.9.1.1".parse().unwrap(),
+        dst: "10.9.2.7".parse().unwrap(),
+        sport,
+        dport: 7000,
+        proto: 17,
+        spi: None,
+        si: None,
+    }
+}
+
+fn get(c: &Collector, url: &str) -> serde_json::Value {
+    let r = c.api.handle("GET", url, b"", now_ns());
+    assert_eq!(r.status, 200, "{url}: {}", String::from_utf8_lossy(&r.body));
+    serde_json::from_slice(&r.body).unwrap()
+}
+
+fn u(v: &serde_json::Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+/// Per flow, each link's loss is found on the segment that ends at the next switch's ingress,
+/// within 3 % of the nftables counters, and nowhere else; lost + uncertain is what the kernel
+/// dropped on every segment, and lost never more; the verdict names the lossy link(s).
+#[test]
+fn a_chain_of_three_switches_splits_loss_per_segment() {
+    let prefix = format!("tmc{}-", std::process::id() % 100_000);
+    let chain = Chain { prefix: prefix.clone() };
+    let all: Vec<u16> = [ON_LINK_1, ON_LINK_2, ON_BOTH].concat();
+    chain.run(&["up", &ports(&all)]);
+    chain.run(&["loss", "1", PERMILLE, &ports(&[ON_LINK_1, ON_BOTH].concat())]);
+    chain.run(&["loss", "2", PERMILLE, &ports(&[ON_LINK_2, ON_BOTH].concat())]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        db: dir.path().join("chain.db"),
+        ..Config::default()
+    };
+    let c = Collector::start(&cfg).unwrap();
+    let url = format!("http://{}", c.addr);
+    let agents: Vec<(&str, Agent)> = vec![
+        ("s1", agent(&prefix, "s1", "a", &url)),
+        ("s2", agent(&prefix, "s2", "none", &url)),
+        ("s3", agent(&prefix, "s3", "none", &url)),
+    ];
+
+    // Nine flows at 500 packets/s for 8 s, from host A to the router's MAC.
+    let stop = Arc::new(AtomicBool::new(false));
+    let senders: Vec<_> = all
+        .iter()
+        .map(|&sport| {
+            let (stop, ns) = (stop.clone(), format!("{prefix}a"));
+            std::thread::spawn(move || {
+                let spec = FlowSpec {
+                    key: key(sport),
+                    src_mac: [2, 0, 0, 0, 1, 1],
+                    dst_mac: [2, 0, 0, 0, 1, 0xfe],
+                    payload: 100,
+                    pps: 500,
+                    catch_up: traffic::catch_up(500),
+                };
+                traffic::send(Some(&ns), "a0", &spec, Duration::from_secs(8), &stop).unwrap()
+            })
+        })
+        .collect();
+    let sent: Vec<u64> = senders.into_iter().map(|s| s.join().unwrap().sent).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let stats: BTreeMap<&str, AgentStats> =
+        agents.into_iter().map(|(n, a)| (n, a.stop())).collect();
+    let truth: serde_json::Value = serde_json::from_str(&chain.run(&["truth"])).unwrap();
+    drop(chain);
+
+    // What the switches themselves dropped (their receive rings, their transmit queues) is
+    // loss the kernel made too; on this testbed it should be none.
+    let own: BTreeMap<&str, u64> =
+        stats.iter().map(|(n, s)| (*n, s.path.rx_ring_drops + s.path.tx_drops)).collect();
+    println!("sent {sent:?}; switches' own drops {own:?}");
+    for (n, &sport) in all.iter().enumerate() {
+        let t = &truth[sport.to_string()];
+        let k = key(sport);
+        let q = format!("src={}&dst={}&sport={sport}&dport=7000&proto=17", k.src, k.dst);
+        let loc = get(&c, &format!("/api/v1/localise?{q}"));
+        // The kernel's count per link: into it less out of it (the rule's drops, and any other).
+        let dropped = |link: u8| u(&t[format!("in{link}")]) - u(&t[format!("out{link}")]);
+        let (d1, d2) = (dropped(1), dropped(2));
+        assert_eq!(d1, u(&t["drop1"]), "flow {sport}: link 1 dropped more than the rule");
+        assert_eq!(d2, u(&t["drop2"]), "flow {sport}: link 2 dropped more than the rule");
+        assert!(
+            u(&t["in1"]) + 10 >= sent[n],
+            "flow {sport}: only {} of {} into link 1",
+            t["in1"],
+            sent[n]
+        );
+        let segs = loc["segments"].as_array().unwrap();
+        println!("flow {sport}: link 1 dropped {d1}, link 2 {d2}; segments {}", loc["segments"]);
+        for s in segs {
+            let (agent, point) = (s["agent"].as_str().unwrap(), s["point"].as_str().unwrap());
+            let (lost, uncertain) = (u(&s["lost"]), u(&s["uncertain"]));
+            // Where each segment starts: the collector found it alone (no labels configured).
+            let (truth, from) = match (agent, point) {
+                ("s2", "ingress") => (d1, Some("s1/egress")),
+                ("s3", "ingress") => (d2, Some("s2/egress")),
+                ("s1", "ingress") => (0, Some("s1/marker")),
+                (a, "egress") => (
+                    0,
+                    Some(if a == "s1" {
+                        "s1/ingress"
+                    } else if a == "s2" {
+                        "s2/ingress"
+                    } else {
+                        "s3/ingress"
+                    }),
+                ),
+                _ => panic!("flow {sport}: unexpected segment {s}"),
+            };
+            assert_eq!(s["from"].as_str(), from, "flow {sport}: {s}");
+            let slack = own.get(agent).copied().unwrap_or(0);
+            let tol = (truth as f64 * 0.03).max(1.0) as u64 + slack;
+            assert!(
+                lost.abs_diff(truth) <= tol,
+                "flow {sport} {agent}/{point}: lost {lost}, kernel {truth}"
+            );
+            assert!(
+                lost <= truth + slack,
+                "flow {sport} {agent}/{point}: lost {lost} > dropped {truth}"
+            );
+            assert!(
+                (lost + uncertain).abs_diff(truth) <= slack,
+                "flow {sport} {agent}/{point}: lost {lost} + uncertain {uncertain} ≠ dropped {truth}"
+            );
+        }
+        let total = u(&loc["lost"]);
+        assert!(
+            total.abs_diff(d1 + d2) <= ((d1 + d2) as f64 * 0.03) as u64 + own.values().sum::<u64>()
+        );
+        // The verdict names the lossy link(s), and only those.
+        let named: Vec<String> = loc["verdict"]["segments"]
+            .as_array()
+            .unwrap_or_else(|| panic!("flow {sport}: no verdict: {loc}"))
+            .iter()
+            .map(|s| format!("{}/{}", s["agent"].as_str().unwrap(), s["point"].as_str().unwrap()))
+            .collect();
+        let want: &[&str] = if ON_LINK_1.contains(&sport) {
+            &["s2/ingress"]
+        } else if ON_LINK_2.contains(&sport) {
+            &["s3/ingress"]
+        } else {
+            &["s2/ingress", "s3/ingress"]
+        };
+        let mut named_sorted = named.clone();
+        named_sorted.sort();
+        assert_eq!(named_sorted, want, "flow {sport}: verdict {}", loc["verdict"]);
+        let words = loc["verdict"]["where"].as_str().unwrap();
+        for w in want {
+            let from = if *w == "s2/ingress" { "s1 egress" } else { "s2 egress" };
+            assert!(words.contains(from) && words.contains(&w.replace('/', " ")), "{words}");
+        }
+    }
+    // The flow list counts each flow's path once.
+    let flows = get(&c, "/api/v1/flows");
+    for f in flows.as_array().unwrap() {
+        let sport = f["flow"]["sport"].as_u64().unwrap().to_string();
+        let t = &truth[&sport];
+        let d = u(&t["drop1"]) + u(&t["drop2"]);
+        let lost = u(&f["lost"]);
+        assert!(
+            lost.abs_diff(d) <= (d as f64 * 0.03) as u64 + own.values().sum::<u64>(),
+            "flow {sport}: /flows lost {lost}, dropped {d}"
+        );
+    }
+    assert_eq!(flows.as_array().unwrap().len(), all.len());
+}
