@@ -15,7 +15,8 @@
 #   chain.sh PREFIX up "SPORT ..."      build it, with counters for the flows of these ports
 #   chain.sh PREFIX down                remove it
 #   chain.sh PREFIX loss LINK PERMILLE "SPORT ..."   drop that share of these flows on link 1 or 2
-#   chain.sh PREFIX truth               JSON: per link and source port, packets in, out, dropped
+#   chain.sh PREFIX truth               JSON: per source port (and "all" UDP), per link:
+#                                       packets in, out, dropped
 set -euo pipefail
 
 P=${1:?prefix}
@@ -40,7 +41,7 @@ link() { # link NS1 DEV1 NS2 DEV2
 }
 
 up() {
-    local sports=${1:?source ports}
+    local sports=${1-}
     down
     for n in $NS; do
         ip netns add "$P$n"
@@ -73,6 +74,8 @@ up() {
     {
         echo "table bridge tm {"
         for b in 1 2; do
+            echo "  counter in${b}_all {}"
+            echo "  counter out${b}_all {}"
             for s in $sports; do
                 echo "  counter in${b}_$s {}"
                 echo "  counter out${b}_$s {}"
@@ -83,6 +86,7 @@ up() {
         # through its downstream port.
         echo "  chain count_in { type filter hook forward priority -10;"
         for b in 1 2; do
+            echo "    iifname l${b}a meta l4proto udp counter name in${b}_all"
             for s in $sports; do
                 echo "    iifname l${b}a udp sport $s counter name in${b}_$s"
             done
@@ -91,6 +95,7 @@ up() {
         echo "  chain lossy { type filter hook forward priority 0; }"
         echo "  chain count_out { type filter hook postrouting priority 0;"
         for b in 1 2; do
+            echo "    oifname l${b}b meta l4proto udp counter name out${b}_all"
             for s in $sports; do
                 echo "    oifname l${b}b udp sport $s counter name out${b}_$s"
             done

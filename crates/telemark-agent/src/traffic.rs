@@ -25,6 +25,26 @@ pub struct FlowSpec {
     /// The most packets sent back to back to catch up after falling behind; the rest of the
     /// backlog is skipped. [`catch_up`] is a constant-rate flow's.
     pub catch_up: u64,
+    /// Every packet a flow of its own (one-packet flows, as a port scan or a busy DNS server
+    /// makes): packet `n` has the key's source port plus `n`, wrapping within 1024..65535,
+    /// and the source address plus one for each wrap. Packet `n`'s key is [`churn_key`].
+    pub churn: bool,
+}
+
+/// The key of packet `n` of a churning flow `key` (see [`FlowSpec::churn`]).
+pub fn churn_key(key: &FlowKey, n: u64) -> FlowKey {
+    const PORTS: u64 = 65536 - 1024;
+    let start = u64::from(key.sport.max(1024)) - 1024;
+    let (wraps, port) = ((start + n) / PORTS, (start + n) % PORTS);
+    let src = match key.src {
+        std::net::IpAddr::V4(a) => {
+            std::net::IpAddr::V4((u32::from(a).wrapping_add(wraps as u32)).into())
+        }
+        std::net::IpAddr::V6(a) => {
+            std::net::IpAddr::V6((u128::from(a).wrapping_add(u128::from(wraps))).into())
+        }
+    };
+    FlowKey { src, sport: (1024 + port) as u16, ..*key }
 }
 
 /// What [`send`] did.
@@ -74,9 +94,13 @@ pub fn send(
         netns,
         RingConfig { rx_block: 1 << 16, rx_blocks: 2, ..RingConfig::default() },
     )?;
-    let mut frame = build_frame(&flow.key, flow.payload, 0, 64);
-    frame[0..6].copy_from_slice(&flow.dst_mac);
-    frame[6..12].copy_from_slice(&flow.src_mac);
+    let frame_of = |key: &FlowKey| {
+        let mut f = build_frame(key, flow.payload, 0, 64);
+        f[0..6].copy_from_slice(&flow.dst_mac);
+        f[6..12].copy_from_slice(&flow.src_mac);
+        f
+    };
+    let mut frame = frame_of(&flow.key);
     let start = Instant::now();
     let slack = flow.catch_up;
     let (mut sent, mut skipped) = (0u64, 0u64);
@@ -89,6 +113,9 @@ pub fn send(
         (due, skipped) = schedule(el_due(el, flow.pps), sent, skipped, slack);
         let mut n = 0;
         while sent < due && n < 512 {
+            if flow.churn {
+                frame = frame_of(&churn_key(&flow.key, sent + skipped));
+            }
             if !tx.tx(&frame) {
                 break;
             }
@@ -127,5 +154,26 @@ mod tests {
         assert_eq!((to, skipped), (164, 936));
         // Back on schedule afterwards: the skip is kept, not repeated.
         assert_eq!(schedule(1110, 164, skipped, slack), (174, 936));
+    }
+
+    /// A churning flow's packets are all different flows, for millions of packets.
+    #[test]
+    fn churn_keys_do_not_repeat() {
+        let base = FlowKey {
+            src: "10.9.1.1".parse().unwrap(),
+            dst: "10.9.2.7".parse().unwrap(),
+            sport: 5000,
+            dport: 7000,
+            proto: 17,
+            spi: None,
+            si: None,
+        };
+        let mut seen = std::collections::HashSet::new();
+        for n in (0..3_000_000).step_by(7) {
+            let k = churn_key(&base, n);
+            assert!(k.sport >= 1024);
+            assert!(seen.insert((k.src, k.sport)), "packet {n} repeats a flow");
+        }
+        assert_eq!(churn_key(&base, 0), base);
     }
 }

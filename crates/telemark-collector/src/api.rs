@@ -27,6 +27,7 @@ const ROUTES: &[&str] = &[
     "/api/v1/loss",
     "/api/v1/localise",
     "/api/v1/link",
+    "/api/v1/health",
     "/metrics",
     "/",
 ];
@@ -109,6 +110,7 @@ impl Api {
             ("GET", "/api/v1/loss") => self.loss(query),
             ("GET", "/api/v1/localise") => self.localise(query),
             ("GET", "/api/v1/link") => self.link(query),
+            ("GET", "/api/v1/health") => self.health(query),
             ("GET", "/metrics") => self.metrics_page(),
             ("GET", "/") => Response {
                 status: 200,
@@ -315,6 +317,18 @@ impl Api {
             200,
             &json!({ "flow": flow, "lost": total, "segments": segs, "verdict": verdict }),
         )
+    }
+
+    fn health(&self, query: &str) -> Response {
+        let since = match Query::parse(query).and_then(|q| q.u64_or("since_ns", 0)) {
+            Ok(s) => s,
+            Err(e) => return self.bad_query(e),
+        };
+        let h = self.store().health(since);
+        match h {
+            Ok(h) => Response::json(200, &h),
+            Err(e) => self.db_error(e),
+        }
     }
 
     fn link(&self, query: &str) -> Response {

@@ -11,7 +11,7 @@ use crate::path::PointRecords;
 use rusqlite::{params, Connection, OptionalExtension, ToSql};
 use serde::Serialize;
 use std::path::Path;
-use telemark_core::records::{Flow, Record, Scope};
+use telemark_core::records::{Flow, HealthRecord, PointHealth, Record, Scope};
 
 /// A storage failure (disk full, corrupt database): the request is not acknowledged.
 #[derive(Debug, thiserror::Error)]
@@ -455,6 +455,61 @@ impl Store {
             p.uncertain += uncertain;
             p.lossy_batches += u64::from(lost > 0);
             p.every_batch |= lost == 0 && uncertain == 0;
+        }
+        Ok(out)
+    }
+
+    /// Each agent's health since `since_ns`: its `health` records' counters summed, per point
+    /// too; `flows`, `capacity` and `export_dropped` as the latest record has them.
+    pub fn health(&self, since_ns: u64) -> Result<Vec<HealthRecord>, StoreError> {
+        let rows = self.query(
+            "SELECT json FROM other WHERE kind = 'health' AND time_ns >= :since
+             ORDER BY agent, time_ns, seq",
+            &[(":since", &i(since_ns))],
+            |r| r.get::<_, String>(0),
+        )?;
+        let mut out: Vec<HealthRecord> = Vec::new();
+        for json in rows {
+            // Stored only after it parsed as a record: a row that does not is skipped.
+            let Ok(Record::Health(h)) = serde_json::from_str::<Record>(&json) else { continue };
+            let sum = match out.last_mut() {
+                Some(s) if s.agent == h.agent => s,
+                _ => {
+                    out.push(HealthRecord {
+                        agent: h.agent.clone(),
+                        interval_start_ns: h.interval_start_ns,
+                        ..HealthRecord::default()
+                    });
+                    let Some(s) = out.last_mut() else { break };
+                    s
+                }
+            };
+            sum.interval_end_ns = h.interval_end_ns;
+            sum.rx += h.rx;
+            sum.rx_ring_drops += h.rx_ring_drops;
+            sum.tx_drops += h.tx_drops;
+            sum.events_lost += h.events_lost;
+            sum.export_dropped = h.export_dropped;
+            for p in h.points {
+                let at = sum.points.iter().position(|q| q.point == p.point && q.port == p.port);
+                let q = match at {
+                    Some(k) => &mut sum.points[k],
+                    None => {
+                        sum.points.push(PointHealth {
+                            point: p.point.clone(),
+                            port: p.port.clone(),
+                            ..PointHealth::default()
+                        });
+                        let Some(q) = sum.points.last_mut() else { break };
+                        q
+                    }
+                };
+                q.flows_admitted += p.flows_admitted;
+                q.flows_evicted += p.flows_evicted;
+                q.packets_refused += p.packets_refused;
+                q.packets_unselected += p.packets_unselected;
+                (q.flows, q.capacity) = (p.flows, p.capacity);
+            }
         }
         Ok(out)
     }

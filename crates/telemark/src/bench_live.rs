@@ -107,6 +107,7 @@ fn round(mode: &str, a: &Args) -> Result<(f64, f64, f64)> {
         payload: 18,
         pps: a.pps,
         catch_up: traffic::catch_up(a.pps),
+        churn: false,
     };
     let sent =
         traffic::send(Some("tmb-s"), "s0", &spec, Duration::from_secs(a.seconds), &stop)?.sent;

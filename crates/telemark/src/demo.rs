@@ -303,6 +303,7 @@ pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Co
             payload: a.probe_payload,
             pps: a.probe_pps,
             catch_up: if a.probe_bursts { u64::MAX } else { traffic::catch_up(a.probe_pps) },
+            churn: false,
         };
         let d = Duration::from_nanos(total);
         std::thread::spawn(move || traffic::send(Some("tm-a"), "a0", &spec, d, &stop))

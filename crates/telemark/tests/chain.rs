@@ -1,9 +1,8 @@
-//! Loss per segment on a chain of three Telemark switches with a routed hop (needs root,
-//! iproute2 and nftables; CI installs them). testbed/chain.sh builds
-//! A ─ [s1] ─ link 1 ─ [s2] ─ router ─ link 2 ─ [s3] ─ G in namespaces; three agents (s1 marks)
-//! export every batch to one collector; nftables drops chosen flows at random on link 1, on
-//! link 2, or on both, and counts every flow into and out of each link: the ground truth the
-//! collector's segments are held against.
+//! A chain of three Telemark switches with a routed hop (needs root, iproute2 and nftables; CI
+//! installs them). testbed/chain.sh builds A ─ [s1] ─ link 1 ─ [s2] ─ router ─ link 2 ─ [s3] ─ G
+//! in namespaces; three agents (s1 marks) export to one collector; nftables counts every flow
+//! into and out of each link, and drops chosen flows at random: the ground truth the
+//! collector's figures are held against.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -25,6 +24,21 @@ const PERMILLE: &str = "20";
 /// The testbed, removed when dropped.
 struct Chain {
     prefix: String,
+    /// One testbed at a time: the tests measure, and two would load the machine.
+    _one: std::sync::MutexGuard<'static, ()>,
+}
+
+static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+impl Chain {
+    /// Builds the testbed with counters for flows of source ports `sports`.
+    fn up(tag: &str, sports: &[u16]) -> Chain {
+        let one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+        let prefix = format!("tm{tag}{}-", std::process::id() % 100_000);
+        let c = Chain { prefix, _one: one };
+        c.run(&["up", &ports(sports)]);
+        c
+    }
 }
 
 impl Chain {
@@ -49,12 +63,13 @@ fn ports(p: &[u16]) -> String {
     p.iter().map(u16::to_string).collect::<Vec<_>>().join(" ")
 }
 
-fn agent(prefix: &str, name: &str, mark: &str, url: &str) -> Agent {
+/// Switch `name` of the chain, marking on `mark`, with `[loss]` and `[export]` settings.
+fn agent(prefix: &str, name: &str, mark: &str, url: &str, loss: &str, export: &str) -> Agent {
     let toml = format!(
         "agent = \"{name}\"\nnetns = \"{prefix}{name}\"\n\
          [[pair]]\na = \"{name}a\"\nb = \"{name}b\"\nmark = \"{mark}\"\n\
-         [loss]\nbatch = 100\n\
-         [export]\ncollector = \"{url}\"\ninterval = \"500ms\"\nreport_all = true\n"
+         [loss]\n{loss}\n\
+         [export]\ncollector = \"{url}\"\ninterval = \"500ms\"\n{export}\n"
     );
     Agent::start(FileConfig::parse(&toml).unwrap().validate().unwrap()).unwrap()
 }
@@ -86,10 +101,9 @@ fn u(v: &serde_json::Value) -> u64 {
 /// dropped on every segment, and lost never more; the verdict names the lossy link(s).
 #[test]
 fn a_chain_of_three_switches_splits_loss_per_segment() {
-    let prefix = format!("tmc{}-", std::process::id() % 100_000);
-    let chain = Chain { prefix: prefix.clone() };
     let all: Vec<u16> = [ON_LINK_1, ON_LINK_2, ON_BOTH].concat();
-    chain.run(&["up", &ports(&all)]);
+    let chain = Chain::up("c", &all);
+    let prefix = chain.prefix.clone();
     chain.run(&["loss", "1", PERMILLE, &ports(&[ON_LINK_1, ON_BOTH].concat())]);
     chain.run(&["loss", "2", PERMILLE, &ports(&[ON_LINK_2, ON_BOTH].concat())]);
 
@@ -101,10 +115,12 @@ fn a_chain_of_three_switches_splits_loss_per_segment() {
     };
     let c = Collector::start(&cfg).unwrap();
     let url = format!("http://{}", c.addr);
+    // Every batch, so the collector can line the switches up; no upstream named.
+    let (loss, export) = ("batch = 100", "report_all = true");
     let agents: Vec<(&str, Agent)> = vec![
-        ("s1", agent(&prefix, "s1", "a", &url)),
-        ("s2", agent(&prefix, "s2", "none", &url)),
-        ("s3", agent(&prefix, "s3", "none", &url)),
+        ("s1", agent(&prefix, "s1", "a", &url, loss, export)),
+        ("s2", agent(&prefix, "s2", "none", &url, loss, export)),
+        ("s3", agent(&prefix, "s3", "none", &url, loss, export)),
     ];
 
     // Nine flows at 500 packets/s for 8 s, from host A to the router's MAC.
@@ -121,6 +137,7 @@ fn a_chain_of_three_switches_splits_loss_per_segment() {
                     payload: 100,
                     pps: 500,
                     catch_up: traffic::catch_up(500),
+                    churn: false,
                 };
                 traffic::send(Some(&ns), "a0", &spec, Duration::from_secs(8), &stop).unwrap()
             })
@@ -232,4 +249,69 @@ fn a_chain_of_three_switches_splits_loss_per_segment() {
         );
     }
     assert_eq!(flows.as_array().unwrap().len(), all.len());
+}
+
+/// Churn: 22,000 new one-packet flows a second for 10 s through the chain, each switch's
+/// table holding 4,096 flows, nothing dropped on the links (nftables) or in the switches: not
+/// one packet is reported lost, and the flows the full tables refused are counted in the
+/// agents' health at the collector.
+#[test]
+fn churning_flows_make_no_false_loss() {
+    let chain = Chain::up("h", &[]);
+    let prefix = chain.prefix.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        db: dir.path().join("churn.db"),
+        ..Config::default()
+    };
+    let c = Collector::start(&cfg).unwrap();
+    let url = format!("http://{}", c.addr);
+    let (loss, export) = ("batch = 100\ntable_size = 4096", "summary_interval = \"1s\"");
+    let agents: Vec<(&str, Agent)> = vec![
+        ("s1", agent(&prefix, "s1", "a", &url, loss, export)),
+        ("s2", agent(&prefix, "s2", "none", &url, loss, export)),
+        ("s3", agent(&prefix, "s3", "none", &url, loss, export)),
+    ];
+    let stop = AtomicBool::new(false);
+    let spec = FlowSpec {
+        key: key(1024),
+        src_mac: [2, 0, 0, 0, 1, 1],
+        dst_mac: [2, 0, 0, 0, 1, 0xfe],
+        payload: 18,
+        pps: 22_000,
+        catch_up: traffic::catch_up(22_000),
+        churn: true,
+    };
+    let sent =
+        traffic::send(Some(&format!("{prefix}a")), "a0", &spec, Duration::from_secs(10), &stop)
+            .unwrap();
+    // Past the idle timeout (2 s), so the switches retire the flows, then stop them.
+    std::thread::sleep(Duration::from_secs(3));
+    let stats: BTreeMap<&str, AgentStats> =
+        agents.into_iter().map(|(n, a)| (n, a.stop())).collect();
+    let truth: serde_json::Value = serde_json::from_str(&chain.run(&["truth"])).unwrap();
+    drop(chain);
+    let t = &truth["all"];
+    let own: u64 = stats.values().map(|s| s.path.rx_ring_drops + s.path.tx_drops).sum();
+    println!("sent {sent:?}; links {t}; switches' own drops {own}");
+    assert!(sent.sent >= 200_000, "only {} new flows sent in 10 s", sent.sent);
+    // Nothing dropped on either link: every flow that went in came out.
+    assert_eq!(u(&t["in1"]), u(&t["out1"]));
+    assert_eq!(u(&t["in2"]), u(&t["out2"]));
+    assert!(u(&t["in2"]) + own >= sent.sent, "{} of {} reached link 2", t["in2"], sent.sent);
+    // Not one packet reported lost (beyond any the switches' own rings dropped).
+    let flows = get(&c, "/api/v1/flows?limit=10000");
+    let lost: u64 = flows.as_array().unwrap().iter().map(|f| u(&f["lost"])).sum();
+    assert!(lost <= own, "{lost} packets reported lost, none dropped: {}", flows[0]);
+    // The refusals, where an operator sees them.
+    let health = get(&c, "/api/v1/health");
+    for name in ["s1", "s2", "s3"] {
+        let h = health.as_array().unwrap().iter().find(|h| h["agent"] == name).unwrap();
+        let p = h["points"].as_array().unwrap().iter().find(|p| p["point"] == "ingress").unwrap();
+        println!("{name} ingress: {p}");
+        assert!(u(&p["packets_refused"]) > 0, "{name}: no refusals counted: {p}");
+        assert!(u(&p["flows_admitted"]) > 0, "{name}: {p}");
+        assert_eq!(u(&p["capacity"]), 4096, "{name}: {p}");
+    }
 }
