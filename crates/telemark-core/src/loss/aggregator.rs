@@ -30,7 +30,7 @@ const DONE_KEEP: usize = 64;
 const WAIT_MAX: usize = 64;
 /// Batches on either side of one with excess packets whose shortfall is uncertain: reordering
 /// deeper than the late window moves a packet at most into the next batch of its color, two
-/// batches on, and the step detector's double step (see `point::resumed`) spans as many.
+/// batches on, and the step detector's double step (see `Detector::resumed`) spans as many.
 const DISORDER_REACH: usize = 2;
 
 /// One observation point as the aggregator knows it.

@@ -14,9 +14,10 @@
 
 mod aggregator;
 mod config;
+mod detector;
+mod fast;
 mod marker;
 mod pair;
-mod point;
 mod slots;
 mod table;
 

@@ -10,13 +10,12 @@
 //! path touches is kept here, indexed by that slot. No hashing, no tag compare, no line the forwarding lookup
 //! did not already bring in, and no flow the switch forwards is refused for lack of room.
 //!
-//! The per-flow logic is the same as the stand-alone [`ColorTable`](super::ColorTable)'s
-//! (module `point`); only the storage differs.
+//! The per-flow logic is the reference detector's (module `detector`), through the compact
+//! encoding of module `fast`; only the storage differs: the two points' hot states are kept as
+//! lanes ([`Counter::Lanes`]) of one integer per color.
 
-use super::point::{
-    self, join, split, Cold, Hot, Params, Tail, ARMED, HEAD, LATE_WINDOW, OPEN_COLOR, SATURATED,
-    USED,
-};
+use super::detector::{Params, Tail};
+use super::fast::{self, join, split, Cold, Hot, THIRD};
 use super::slots::Counter;
 use super::{BatchEvent, BatchEventKind, EventSink, LossConfig, PointStats, Refusal, RefusedSet};
 use telemark_wire::FlowKey;
@@ -30,7 +29,8 @@ use telemark_wire::FlowKey;
 #[derive(Clone, Copy)]
 pub struct PairHot<C: Counter> {
     state: [u8; 2],
-    /// Each point's late counter (`Hot::c[LATE]`), which only the slow path touches.
+    /// Each point's third counter (late or resumed, `Hot::c[THIRD]`), which only the slow path
+    /// touches.
     late: [C; 2],
     /// `lanes[color]`: both points' budgets and counters of that color.
     lanes: [C::Lanes; 2],
@@ -69,7 +69,7 @@ impl<C: Counter> Default for PairHot<C> {
 }
 
 impl<C: Counter> PairHot<C> {
-    /// Both points' hot path (see `point::fast`): counts a packet the switch `forwarded` at
+    /// Both points' hot path (see `Hot::count`): counts a packet the switch `forwarded` at
     /// ingress and at egress, if its color has budget left at both; true if it did. False,
     /// having changed nothing, when either point needs the slow path ([`PairTable::visit`]),
     /// and for a packet the switch dropped: only ingress saw that one, and drops inside a
@@ -101,15 +101,13 @@ impl<C: Counter> PairHot<C> {
     /// Point `at`'s state as the per-point logic reads it.
     #[inline]
     fn point(&self, at: usize) -> Hot<C> {
-        let mut h = Hot::default();
         let at = at & 1;
-        h.state = self.state[at];
+        let (mut left, mut c) = ([0; 2], [C::default(); 3]);
         for (color, lanes) in self.lanes.iter().enumerate() {
-            (h.left[color], h.c[color]) = C::lane(*lanes, at);
+            (left[color], c[color]) = C::lane(*lanes, at);
         }
-        h.c[point::LATE] = self.late[at];
-        h.set_last(join(self.last_at(at)));
-        h
+        c[THIRD] = self.late[at];
+        Hot::from_parts(self.state[at], left, c, join(self.last_at(at)))
     }
 
     /// Point `at`'s last time.
@@ -125,11 +123,11 @@ impl<C: Counter> PairHot<C> {
     #[inline]
     fn set_point(&mut self, at: usize, h: &Hot<C>) {
         let at = at & 1;
-        self.state[at] = h.state;
+        self.state[at] = h.state();
         for (color, lanes) in self.lanes.iter_mut().enumerate() {
             C::set_lane(lanes, at, h.left[color], h.c[color]);
         }
-        self.late[at] = h.c[point::LATE];
+        self.late[at] = h.c[THIRD];
         let t = split(h.last());
         let [i, e] = &mut self.last;
         if at == 0 {
@@ -225,9 +223,9 @@ impl<C: Counter> PairTable<C> {
         let Seen { slot, key, color, now, forwarded } = pkt;
         for at in 0..1 + usize::from(forwarded) {
             let mut h = hot.point(at);
-            if point::fast(&mut h, color, now) {
+            if !h.count(color, now) {
                 if let Some((c, p, st)) = self.point_mut(at, slot) {
-                    point::slow(&mut h, c, key, p, st, color, now, sink);
+                    fast::slow(&mut h, c, key, p, st, color, now, sink);
                 }
             }
             hot.set_point(at, &h);
@@ -241,15 +239,16 @@ impl<C: Counter> PairTable<C> {
 
     /// The one visit a batch brings a steady flow, done on the lanes directly for both points
     /// at once: the first packet of the batch after next. It takes the step the hot path let
-    /// pass (the open batch is reported, and the next, all its early packets in it, opens), ends
-    /// that batch's late window (nothing was late), and records when the new batch began, as
-    /// `point::catch_up` and the state machine would. Only for a forwarded packet of a flow whose
+    /// pass ([`Detector::step`](super::detector::Detector::step): the open batch is reported,
+    /// and the next, all its early packets in it, opens), ends that batch's late window
+    /// (nothing was late), and counts the packet as the first early packet of the batch after,
+    /// as `fast::slow` would. Only for a forwarded packet of a flow whose
     /// two points are alike (state, counts, nothing late or resumed: every packet since the
     /// last difference crossed the switch), so that one decision and one write of each color's
     /// lanes serve both. True if it was done; false, having changed nothing, when a point needs
     /// the state machine (points apart, armed, saturated, time-based, late or resumed packets,
     /// a next batch still inside its late window, a threshold of one packet), so that the
-    /// caller runs it. Each point ends exactly where `point::slow` would leave it (the property
+    /// caller runs it. Each point ends exactly where `fast::slow` would leave it (the property
     /// test `both_points_in_lanes_change_no_event` runs both against the state machine alone).
     #[inline(always)]
     fn steady<S: EventSink>(&mut self, hot: &mut PairHot<C>, pkt: Seen<'_>, sink: &mut S) -> bool {
@@ -273,8 +272,7 @@ impl<C: Counter> PairTable<C> {
         if !alike
             || cx >= C::MAX
             || cx < self.params[0].late_limit
-            || s & (USED | ARMED | SATURATED | OPEN_COLOR | LATE_WINDOW)
-                != USED | (y as u8 * OPEN_COLOR)
+            || !Hot::<C>::plainly_open(s, y as u8)
         {
             return false;
         }
@@ -290,7 +288,7 @@ impl<C: Counter> PairTable<C> {
                 first_ns: c.first_ns,
                 last_ns: c.open_last_ns,
                 tail: false,
-                head: s & HEAD != 0,
+                head: Hot::<C>::head(s),
                 cut: false,
             });
             st.batches += 1;
@@ -300,9 +298,9 @@ impl<C: Counter> PairTable<C> {
             c.open_last_ns = join(hot.last[0]);
         }
         // The batch of `x` is open, its window over; this packet is the first of the next.
-        hot.state = [USED | (x as u8 * OPEN_COLOR); 2];
+        hot.state = [Hot::<C>::open_state(x as u8); 2];
         let (wy, wx) = split_lanes(&mut hot.lanes, y);
-        *wy = C::twin(point::room::<C>(1), C::from_u32(1));
+        *wy = C::twin(fast::room::<C>(1), C::from_u32(1));
         *wx = C::twin(0, C::from_u32(cx));
         hot.last[0] = split(now);
         true
@@ -352,12 +350,12 @@ impl<C: Counter> PairTable<C> {
     }
 
     /// Starts watching the flow just installed in slot `slot` mid-flow: armed at both points
-    /// (see `point::arm`).
+    /// (see `Detector::armed`).
     pub fn arm(&mut self, hot: &mut PairHot<C>, slot: usize) {
         self.clear(hot, slot);
         for at in 0..2 {
             let mut h = hot.point(at);
-            point::arm(&mut h);
+            fast::arm(&mut h);
             hot.set_point(at, &h);
         }
     }
@@ -383,7 +381,7 @@ impl<C: Counter> PairTable<C> {
 
     /// Whether `hot` holds a flow idle for longer than the idle timeout at `now`.
     pub fn is_idle(&self, hot: &PairHot<C>, now: u64) -> bool {
-        hot.state.iter().any(|s| s & USED != 0) && now.saturating_sub(hot.seen_ns()) > self.idle_ns
+        (0..2).any(|at| hot.point(at).used()) && now.saturating_sub(hot.seen_ns()) > self.idle_ns
     }
 
     /// Closes and reports what slot `slot` holds at point `at` (0, 1) and frees that point.
@@ -410,8 +408,8 @@ impl<C: Counter> PairTable<C> {
         sink: &mut S,
     ) -> bool {
         let Some((c, p, st)) = self.point_mut(at, slot) else { return false };
-        let mut h = hot.point(at);
-        point::retire(&mut h, c, key, p, st, tail, sink);
+        let h = hot.point(at);
+        fast::retire(&h, c, key, p, st, tail, sink);
         hot.set_point(at, &Hot::default());
         true
     }
@@ -469,6 +467,7 @@ impl<C: Counter> PairTable<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::loss::detector::{Detector, Phase};
     use crate::loss::{test_key as key, BatchEvent, BatchEventKind};
     use proptest::prelude::*;
 
@@ -485,7 +484,7 @@ mod tests {
         let mut hot = PairHot::<C>::default();
         let k = key(7);
         let mut ev = Vec::new();
-        let mut reference: [(Hot<C>, Cold, Vec<BatchEvent>); 2] = Default::default();
+        let mut reference: [(Detector<C>, Vec<BatchEvent>); 2] = Default::default();
         for (i, &(color, forwarded)) in pkts.iter().enumerate() {
             let now = 1_000 + 10 * i as u64;
             if budgeted {
@@ -493,21 +492,20 @@ mod tests {
                 pair.observe(&mut hot, pkt, &mut ev);
                 continue;
             }
-            for (at, (h, c, out)) in
-                reference.iter_mut().enumerate().take(1 + usize::from(forwarded))
+            for (at, (d, out)) in reference.iter_mut().enumerate().take(1 + usize::from(forwarded))
             {
                 let (p, st) = (&pair.params[at], &mut pair.stats[at]);
-                point::advance(h, c, &k, p, st, color, now, out);
+                d.packet(&k, p, st, color, now, out);
             }
         }
         if budgeted {
             pair.evict(&mut hot, 0, &k, &mut ev);
         } else {
-            for (at, (h, c, out)) in reference.iter_mut().enumerate() {
-                point::retire(h, c, &k, &pair.params[at], &mut pair.stats[at], Tail::End, out);
-                pair.stats[at].evicted += u64::from(h.state & point::USED != 0);
+            for (at, (d, out)) in reference.iter_mut().enumerate() {
+                d.retire(&k, &pair.params[at], &mut pair.stats[at], Tail::End, out);
+                pair.stats[at].evicted += u64::from(d.phase != Phase::Free);
             }
-            ev = reference.into_iter().flat_map(|(_, _, out)| out).collect();
+            ev = reference.into_iter().flat_map(|(_, out)| out).collect();
         }
         let of = |point: u8| ev.iter().filter(|e| e.point == point).copied().collect();
         [(of(1), pair.stats[0]), (of(2), pair.stats[1])]

@@ -11,7 +11,7 @@ pub trait Counter: Copy + Default + Send + 'static {
     /// Largest value.
     const MAX: u32;
     /// The most packets a budget of the hot path may let through before the slow path looks
-    /// again (see `point::rearm`): 127 with 8-bit counters (a budget is kept in a lane of the
+    /// again (see `fast::budgets`): 127 with 8-bit counters (a budget is kept in a lane of the
     /// counter's width, with its top bit as the guard, see [`Counter::Lanes`]), 255 otherwise.
     const BUDGET: u8;
     /// One color's budgets and counters at both points of a switch, as four lanes of the

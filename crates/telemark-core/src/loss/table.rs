@@ -1,7 +1,9 @@
 //! One observation point: per-flow, per-color counters and the reorder-robust step detector,
-//! in the paper's 2-way layout (see [`slots`]), with the per-flow logic of [`point`].
+//! in the paper's 2-way layout (see [`slots`]), with the per-flow logic of [`detector`]
+//! in the compact encoding of [`fast`].
 
-use super::point::{self, Cold, Hot, Params, Tail};
+use super::detector::{Params, Tail};
+use super::fast::{self, Cold, Hot};
 use super::slots::{self, find_or_admit, Counter, Lookup, Slot};
 use super::{EventSink, LossConfig, Refusal, RefusedSet, Selection};
 use telemark_wire::FlowKey;
@@ -77,7 +79,7 @@ impl<C: Counter> ColorTable<C> {
     /// Active flow selection: from now on the table admits only the flows in `selection`
     /// (`None`: every flow, first come first served). Flows it holds that are not selected
     /// any more are retired at once, their open batches reported as cut; flows selected anew
-    /// are admitted armed on their next packet (see `point::arm`), so that the first batch
+    /// are admitted armed on their next packet (see `Detector::armed`), so that the first batch
     /// they report is whole. Off the per-packet path: call it at window boundaries.
     pub fn select<S: EventSink>(&mut self, selection: Option<Selection>, sink: &mut S) {
         if let Some(sel) = &selection {
@@ -120,7 +122,7 @@ impl<C: Counter> ColorTable<C> {
             _ => None,
         };
         if let Some(e) = hit.and_then(|i| self.slots.get_mut(i)) {
-            if !point::fast(&mut e.hot, color, now) {
+            if e.hot.count(color, now) {
                 return true;
             }
         }
@@ -165,7 +167,7 @@ impl<C: Counter> ColorTable<C> {
             }
         };
         let Some(e) = self.slots.get_mut(i) else { return false };
-        point::slow(&mut e.hot, &mut e.cold, key, &self.params, &mut self.stats, color, now, sink);
+        fast::slow(&mut e.hot, &mut e.cold, key, &self.params, &mut self.stats, color, now, sink);
         true
     }
 
@@ -180,7 +182,7 @@ impl<C: Counter> ColorTable<C> {
             *e = Entry { tag: slots::tag_of(hash), ..Entry::default() };
             if self.selection.is_some() {
                 // Selected flows join mid-flow.
-                point::arm(&mut e.hot);
+                fast::arm(&mut e.hot);
             }
             *k = *key;
         }
@@ -190,7 +192,7 @@ impl<C: Counter> ColorTable<C> {
     fn retire<S: EventSink>(&mut self, i: usize, how: Tail, sink: &mut S) {
         let (Some(e), Some(key)) = (self.slots.get_mut(i), self.keys.get(i)) else { return };
         let (p, st) = (&self.params, &mut self.stats);
-        point::retire(&mut e.hot, &mut e.cold, key, p, st, how, sink);
+        fast::retire(&e.hot, &e.cold, key, p, st, how, sink);
         *e = Entry::default();
     }
 
