@@ -540,7 +540,7 @@ impl Slow {
                     }),
                 );
                 last_cost = (snap.rx, snap.busy_ns);
-                self.agg.settle_before(now.saturating_sub(2 * self.cfg.loss.idle_ns));
+                self.agg.book_quiet_before(now.saturating_sub(2 * self.cfg.loss.idle_ns));
                 self.agg.forget_before(now.saturating_sub(forget_ns));
                 interval_start = now;
                 next_summary = now + self.cfg.summary_interval_ns;

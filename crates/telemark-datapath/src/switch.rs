@@ -3,7 +3,7 @@
 //! the loss check (`pkt_loss_chk`) at ingress and egress, and a write to the output ring.
 //!
 //! The loss check needs no lookup of its own, and no cache line of its own: both points' hot
-//! loss state ([`PairHot`]) lives in the forwarding entry the lookup found, as OvS updates a
+//! loss state ([`PairState`]) lives in the forwarding entry the lookup found, as OvS updates a
 //! flow's statistics in the entry its lookup found. An entry is one 64-byte line: a hash tag,
 //! the port, flags and the flow key packed into 17 bytes (IPv4 5-tuple and NSH SPI/SI; other
 //! keys are compared against a side array of full keys), then the hot state (28 bytes with
@@ -19,8 +19,8 @@
 use crate::Pkt;
 use telemark_core::flow_hash;
 use telemark_core::loss::{
-    color_of, with_color, Counter, EventSink, LossConfig, Marker, PairHot, PairTable, PointStats,
-    Refusal, Seen, Selection,
+    color_of, with_color, Counter, EventSink, LossConfig, Marker, PairPacket, PairState, PairTable,
+    PointStats, Refusal, Selection,
 };
 use telemark_core::watch::Watch;
 use telemark_wire::flow::{self, LinkType, Parsed};
@@ -71,7 +71,7 @@ struct FibEntry<C: Counter> {
     port: u16,
     flags: u8,
     key: [u8; 17],
-    hot: PairHot<C>,
+    hot: PairState<C>,
 }
 
 const _: () = assert!(core::mem::size_of::<FibEntry<u8>>() == 64);
@@ -170,7 +170,7 @@ impl<C: Counter> Fib<C> {
                     port,
                     flags,
                     key: packed,
-                    hot: PairHot::default(),
+                    hot: PairState::default(),
                 };
                 *self.keys.get_mut(i)? = key;
                 return Some(i);
@@ -277,7 +277,7 @@ impl<C: Counter> Fib<C> {
     }
 
     /// The flow in slot `slot`, its flags and its hot loss state.
-    fn entry_mut(&mut self, slot: usize) -> Option<(&FlowKey, u8, &mut PairHot<C>)> {
+    fn entry_mut(&mut self, slot: usize) -> Option<(&FlowKey, u8, &mut PairState<C>)> {
         let e = self.slots.get_mut(slot)?;
         Some((self.keys.get(slot)?, e.flags, &mut e.hot))
     }
@@ -555,7 +555,7 @@ fn deselect<C: Counter, S: EventSink>(
 fn sweep<C: Counter>(
     core: &mut Core<C>,
     t: &mut PairTable<C>,
-    mut retire: impl FnMut(&FlowKey, u8, &mut PairHot<C>, usize, &mut PairTable<C>) -> bool,
+    mut retire: impl FnMut(&FlowKey, u8, &mut PairState<C>, usize, &mut PairTable<C>) -> bool,
 ) {
     let mut slot = 0;
     while slot < core.fib.slots() {
@@ -674,7 +674,7 @@ fn burst<C, S, T, D>(
             match entry {
                 Some((s, e)) => {
                     if !e.hot.count(color, now, forwarded) {
-                        e.hot.hold();
+                        e.hot.hold_until_visit();
                         t.prefetch(s);
                         if let Some(v) = core.visits.get_mut(visits) {
                             *v = Visit { idx: idx as u8, color, forwarded, slot: s as u32 };
@@ -704,7 +704,7 @@ fn burst<C, S, T, D>(
             else {
                 continue;
             };
-            let pkt = Seen {
+            let pkt = PairPacket {
                 slot: v.slot as usize,
                 key: &parsed.key,
                 color: v.color,
@@ -810,7 +810,7 @@ mod tests {
     /// loss state driven one packet at a time with nothing put off.
     #[test]
     fn visits_put_off_to_the_end_of_the_burst_change_no_event() {
-        use telemark_core::loss::{BatchEvent, PairHot, PairTable};
+        use telemark_core::loss::{BatchEvent, PairState, PairTable};
         let loss = LossConfig { batch: 20, idle_ns: u64::MAX / 2, ..LossConfig::default() };
         let cfg = learning(loss, false, 3);
         let mut rng = Rng::new(11);
@@ -846,12 +846,12 @@ mod tests {
         }
         sw.flush(&mut got, |_| {});
         let mut t = PairTable::<u8>::new(&loss, 3, (1, 2));
-        let mut hot = [PairHot::<u8>::default(); 3];
+        let mut hot = [PairState::<u8>::default(); 3];
         let mut want: Vec<BatchEvent> = Vec::new();
         for (i, &(f, color)) in order.iter().enumerate() {
             let now = 10 * i as u64;
             let k = key(f as u32);
-            let pkt = Seen { slot: f, key: &k, color, now, forwarded: !dropped(i as u64) };
+            let pkt = PairPacket { slot: f, key: &k, color, now, forwarded: !dropped(i as u64) };
             t.observe(&mut hot[f], pkt, &mut want);
         }
         for at in 0..2 {

@@ -136,7 +136,7 @@ struct PointFlow {
     /// Gaps seen by the aggregator when this entry's last event arrived.
     epoch: u64,
     /// Resolved batches not yet booked (see [`DISORDER_REACH`]).
-    settling: VecDeque<Verdict>,
+    awaiting_neighbours: VecDeque<Verdict>,
     /// Batches still to be marked uncertain after one with excess.
     disorder: usize,
     /// Packets disordered batches of the current stretch hold beyond their expectation.
@@ -284,7 +284,7 @@ impl Aggregator {
                 for b in pf.pending.iter_mut().chain(pf.waiting.iter_mut()) {
                     b.cut |= b.tail;
                 }
-                for v in pf.settling.iter_mut().filter(|v| v.batch.tail) {
+                for v in pf.awaiting_neighbours.iter_mut().filter(|v| v.batch.tail) {
                     v.batch.cut = true;
                     v.expected = None;
                     v.upstream = None;
@@ -432,7 +432,7 @@ impl Aggregator {
             // What it holds beyond its expectation came from its neighbours: credited against
             // their shortfall when they are booked.
             pf.credit += got - v.expected.unwrap_or(0);
-            for s in pf.settling.iter_mut() {
+            for s in pf.awaiting_neighbours.iter_mut() {
                 s.uncertain = true;
             }
             v.uncertain = true;
@@ -441,18 +441,18 @@ impl Aggregator {
             v.uncertain = true;
             pf.disorder -= 1;
         }
-        pf.settling.push_back(v);
-        self.settle(key, p, DISORDER_REACH);
+        pf.awaiting_neighbours.push_back(v);
+        self.book_ready(key, p, DISORDER_REACH);
     }
 
     /// Books the batches of `key` at `p` that more than `keep` others have followed.
-    fn settle(&mut self, key: &FlowKey, p: u8, keep: usize) {
+    fn book_ready(&mut self, key: &FlowKey, p: u8, keep: usize) {
         loop {
             let Some(pf) = self.flows.get_mut(&(*key, p)) else { return };
-            if pf.settling.len() <= keep {
+            if pf.awaiting_neighbours.len() <= keep {
                 return;
             }
-            let Some(v) = pf.settling.pop_front() else { return };
+            let Some(v) = pf.awaiting_neighbours.pop_front() else { return };
             self.book(key, p, &v);
         }
     }
@@ -470,7 +470,7 @@ impl Aggregator {
                 pf.credit -= credit;
                 (lost, uncertain) = (0, short - credit);
             }
-            if pf.disorder == 0 && pf.settling.iter().all(|s| !s.uncertain) {
+            if pf.disorder == 0 && pf.awaiting_neighbours.iter().all(|s| !s.uncertain) {
                 // The disordered stretch is over.
                 pf.credit = 0;
             }
@@ -576,7 +576,7 @@ impl Aggregator {
         }
         let all: Vec<(FlowKey, u8)> = self.flows.keys().copied().collect();
         for (k, p) in all {
-            self.settle(&k, p, 0);
+            self.book_ready(&k, p, 0);
         }
     }
 
@@ -599,7 +599,7 @@ impl Aggregator {
         let stale: Vec<(FlowKey, u8)> =
             self.flows.keys().filter(|(k, _)| !live.contains(k)).copied().collect();
         for (k, p) in &stale {
-            self.settle(k, *p, 0);
+            self.book_ready(k, *p, 0);
         }
         for k in &stale {
             self.flows.remove(k);
@@ -613,15 +613,17 @@ impl Aggregator {
     /// are final once the flow has been quiet that long (a live agent calls this now and then,
     /// with a horizon of a few idle timeouts, so that a flow's last batches are not held until
     /// it is forgotten).
-    pub fn settle_before(&mut self, before_ns: u64) {
+    pub fn book_quiet_before(&mut self, before_ns: u64) {
         let quiet: Vec<(FlowKey, u8)> = self
             .flows
             .iter()
-            .filter(|(_, pf)| pf.settling.back().is_some_and(|v| v.batch.last_ns < before_ns))
+            .filter(|(_, pf)| {
+                pf.awaiting_neighbours.back().is_some_and(|v| v.batch.last_ns < before_ns)
+            })
             .map(|(k, _)| *k)
             .collect();
         for (k, p) in quiet {
-            self.settle(&k, p, 0);
+            self.book_ready(&k, p, 0);
         }
     }
 
@@ -725,12 +727,12 @@ mod tests {
         agg.handle(ev(3, BatchEventKind::Refused, 0));
         // Resolved batches are held for the batches that may follow, until the flow is quiet.
         assert_eq!(agg.totals(&crate::loss::test_key(1), 0).batches, 0);
-        agg.settle_before(500);
+        agg.book_quiet_before(500);
         assert_eq!(agg.totals(&crate::loss::test_key(1), 0).batches, 1);
         assert_eq!(agg.totals(&crate::loss::test_key(2), 0).batches, 0);
         assert_eq!(agg.forget_before(500), 2, "flow 1 and the refused flow 3");
         assert_eq!(agg.totals(&crate::loss::test_key(1), 0), LossCounts::default());
-        agg.settle_before(2_000);
+        agg.book_quiet_before(2_000);
         assert_eq!(agg.totals(&crate::loss::test_key(2), 0).batches, 1);
         assert_eq!(agg.forget_before(500), 0);
         assert_eq!(agg.forget_before(2_000), 1);

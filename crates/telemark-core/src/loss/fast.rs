@@ -1,14 +1,14 @@
 //! The detector's compact encoding, for the fast path: the state of [`Detector`] packed into
-//! [`Hot`] (what almost every packet reads and writes: 16 bytes with 8-bit counters, so both
-//! points of a switch fit beside a forwarding key in one cache line, see `pair`) and [`Cold`]
+//! [`FastState`] (what almost every packet reads and writes: 16 bytes with 8-bit counters, so both
+//! points of a switch fit beside a forwarding key in one cache line, see `pair`) and [`SlowState`]
 //! (what only a visit touches), and a hot path that lets most packets through without the
 //! detector.
 //!
-//! The narrow API: [`Hot::count`] (the hot path), [`slow`] (every other packet), [`retire`],
+//! The narrow API: [`FastState::count`] (the hot path), [`slow`] (every other packet), [`retire`],
 //! [`arm`]. The slow path decodes the state into a [`Detector`] ([`load`]), runs the
 //! reference's rule on it, and encodes it back ([`store`]). Which part implements which rule
 //! of the reference:
-//! - [`Hot::count`] is [`Detector::packet`]'s plain cases: a packet of the open batch, and an
+//! - [`FastState::count`] is [`Detector::packet`]'s plain cases: a packet of the open batch, and an
 //!   early packet of the next batch short of the step. It does not tell them apart: it spends a
 //!   per-color budget ([`budgets`]) that the last visit set to exactly the packets that change
 //!   nothing but their counter and the time.
@@ -27,32 +27,32 @@ use super::slots::Counter;
 use super::{EventSink, PointStats};
 use telemark_wire::FlowKey;
 
-/// Bits of [`Hot::state`].
+/// Bits of [`FastState::state`].
 const USED: u8 = 1;
 const OPEN_COLOR: u8 = 2;
 const LATE_WINDOW: u8 = 4;
 const ARMED: u8 = 8;
 const HEAD: u8 = 16;
 const SATURATED: u8 = 32;
-/// Index of the third counter (late or resumed) in [`Hot::c`].
+/// Index of the third counter (late or resumed) in [`FastState::c`].
 pub(crate) const THIRD: usize = 2;
 
 /// What nearly every packet touches: 16 bytes with 8-bit counters, 20 with 16-bit ones (the
 /// time is kept as two 32-bit halves so that nothing aligns the state to 8 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
-pub(crate) struct Hot<C: Counter> {
+pub(crate) struct FastState<C: Counter> {
     /// [`Phase`], [`Watch`], open color and saturation, packed.
     state: u8,
-    /// Packets of each color [`Hot::count`] may still take (see [`budgets`]).
-    pub left: [u8; 2],
+    /// Packets of each color [`FastState::count`] may still take (see [`budgets`]).
+    pub budget: [u8; 2],
     /// Each color's counter (open batch, next batch), then late or resumed packets.
     pub c: [C; 3],
-    /// [`Hot::last`], low half first.
+    /// [`FastState::last`], low half first.
     last: [u32; 2],
 }
 
-impl<C: Counter> Hot<C> {
+impl<C: Counter> FastState<C> {
     /// Time of the flow's last packet here, late ones aside ([`Detector::last_ns`]).
     #[inline(always)]
     pub fn last(&self) -> u64 {
@@ -72,11 +72,11 @@ impl<C: Counter> Hot<C> {
         self.state
     }
 
-    /// The state `state`, budgets `left`, counters `c`, last time `last` (as `pair` keeps
+    /// The state `state`, budgets `budget`, counters `c`, last time `last` (as `pair` keeps
     /// them).
     #[inline(always)]
-    pub fn from_parts(state: u8, left: [u8; 2], c: [C; 3], last: u64) -> Self {
-        Hot { state, left, c, last: split(last) }
+    pub fn from_parts(state: u8, budget: [u8; 2], c: [C; 3], last: u64) -> Self {
+        FastState { state, budget, c, last: split(last) }
     }
 
     /// Whether `state` is that of a flow reporting (or about to report its first batch)
@@ -107,11 +107,11 @@ impl<C: Counter> Hot<C> {
     #[inline(always)]
     pub fn count(&mut self, color: u8, now: u64) -> bool {
         let k = usize::from(color & 1);
-        let Some(left) = self.left.get_mut(k) else { return false };
-        if *left == 0 {
+        let Some(budget) = self.budget.get_mut(k) else { return false };
+        if *budget == 0 {
             return false;
         }
-        *left -= 1;
+        *budget -= 1;
         if let Some(c) = self.c.get_mut(k) {
             c.bump();
         }
@@ -122,7 +122,7 @@ impl<C: Counter> Hot<C> {
 
 /// What only the slow path touches.
 #[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
-pub(crate) struct Cold {
+pub(crate) struct SlowState {
     pub ordinal: u32,
     pub first_ns: u64,
     pub next_first_ns: u64,
@@ -143,7 +143,7 @@ pub(crate) fn join(h: [u32; 2]) -> u64 {
 
 /// Decodes a flow's state.
 #[inline]
-pub(crate) fn load<C: Counter>(h: &Hot<C>, c: &Cold) -> Detector<C> {
+pub(crate) fn load<C: Counter>(h: &FastState<C>, c: &SlowState) -> Detector<C> {
     let s = h.state;
     let open_color = u8::from(s & OPEN_COLOR != 0);
     let o = usize::from(open_color);
@@ -179,14 +179,19 @@ pub(crate) fn load<C: Counter>(h: &Hot<C>, c: &Cold) -> Detector<C> {
 
 /// Encodes a flow's state, with the budgets for what comes next.
 #[inline]
-pub(crate) fn store<C: Counter>(h: &mut Hot<C>, c: &mut Cold, d: &Detector<C>, p: &Params) {
+pub(crate) fn store<C: Counter>(
+    h: &mut FastState<C>,
+    c: &mut SlowState,
+    d: &Detector<C>,
+    p: &Params,
+) {
     let o = usize::from(d.open_color & 1);
     h.state = encode(d);
     h.c[o] = d.open;
     h.c[o ^ 1] = d.next;
     h.c[THIRD] = if d.phase == Phase::LateWindow { d.late } else { d.resumed };
     h.last = split(d.last_ns);
-    *c = Cold {
+    *c = SlowState {
         ordinal: d.ordinal,
         first_ns: d.first_ns,
         next_first_ns: d.next_first_ns,
@@ -210,7 +215,7 @@ fn encode<C: Counter>(d: &Detector<C>) -> u8 {
     phase | watch | ((d.open_color & 1) * OPEN_COLOR)
 }
 
-/// Sets the budgets [`Hot::count`] spends: for each color, how many more of its packets change
+/// Sets the budgets [`FastState::count`] spends: for each color, how many more of its packets change
 /// nothing but their counter and the time in [`Detector::packet`], so that the packet after
 /// them is the first the slow path must see:
 /// - not in use, or timed periods: none (every packet needs the clock);
@@ -226,9 +231,9 @@ fn encode<C: Counter>(d: &Detector<C>) -> u8 {
 /// Per batch, the slow path sees one packet: the batch's first. It takes the step the batch
 /// before it passed and ends the late window that followed.
 #[inline]
-fn budgets<C: Counter>(h: &mut Hot<C>, p: &Params) {
+fn budgets<C: Counter>(h: &mut FastState<C>, p: &Params) {
     if h.state & USED == 0 || p.period_ns.is_some() {
-        h.left = [0; 2];
+        h.budget = [0; 2];
         return;
     }
     let o = usize::from((h.state & OPEN_COLOR) / OPEN_COLOR);
@@ -241,16 +246,16 @@ fn budgets<C: Counter>(h: &mut Hot<C>, p: &Params) {
     }
     let (open, next) = (h.c[o].get(), h.c[o ^ 1].get());
     let (for_open, for_next) = if h.state & LATE_WINDOW != 0 || next == 0 {
-        (room::<C>(open), 0)
+        (budget_for::<C>(open), 0)
     } else {
-        (0, room::<C>(next))
+        (0, budget_for::<C>(next))
     };
-    h.left = if o == 0 { [for_open, for_next] } else { [for_next, for_open] };
+    h.budget = if o == 0 { [for_open, for_next] } else { [for_next, for_open] };
 }
 
 /// A color's budget with `n` of its packets counted: what its counter has room for.
 #[inline(always)]
-pub(crate) fn room<C: Counter>(n: u32) -> u8 {
+pub(crate) fn budget_for<C: Counter>(n: u32) -> u8 {
     C::MAX.saturating_sub(n).min(u32::from(C::BUDGET)) as u8
 }
 
@@ -278,8 +283,8 @@ fn catch_up<C: Counter, S: EventSink>(
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn slow<C: Counter, S: EventSink>(
-    h: &mut Hot<C>,
-    c: &mut Cold,
+    h: &mut FastState<C>,
+    c: &mut SlowState,
     key: &FlowKey,
     p: &Params,
     stats: &mut PointStats,
@@ -296,8 +301,8 @@ pub(crate) fn slow<C: Counter, S: EventSink>(
 /// Closes and reports everything the flow holds ([`Detector::retire`]). The caller frees
 /// the state.
 pub(crate) fn retire<C: Counter, S: EventSink>(
-    h: &Hot<C>,
-    c: &Cold,
+    h: &FastState<C>,
+    c: &SlowState,
     key: &FlowKey,
     p: &Params,
     stats: &mut PointStats,
@@ -310,8 +315,8 @@ pub(crate) fn retire<C: Counter, S: EventSink>(
 }
 
 /// Admits a flow armed ([`Detector::armed`]). The caller has cleared the state.
-pub(crate) fn arm<C: Counter>(h: &mut Hot<C>) {
-    *h = Hot { state: encode(&Detector::<C>::armed()), ..Hot::default() };
+pub(crate) fn arm<C: Counter>(h: &mut FastState<C>) {
+    *h = FastState { state: encode(&Detector::<C>::armed()), ..FastState::default() };
 }
 
 #[cfg(test)]
@@ -340,7 +345,7 @@ mod tests {
             d.retire(&key, &p, &mut stats, Tail::End, &mut ev);
             return (ev, stats);
         }
-        let (mut h, mut c) = (Hot::<C>::default(), Cold::default());
+        let (mut h, mut c) = (FastState::<C>::default(), SlowState::default());
         if armed {
             arm(&mut h);
         }
@@ -463,8 +468,8 @@ mod tests {
 
     #[test]
     fn the_hot_state_keeps_its_size() {
-        assert_eq!(core::mem::size_of::<Hot<u8>>(), 16);
-        assert_eq!(core::mem::size_of::<Hot<u16>>(), 20);
-        assert_eq!(core::mem::size_of::<Hot<u32>>(), 24);
+        assert_eq!(core::mem::size_of::<FastState<u8>>(), 16);
+        assert_eq!(core::mem::size_of::<FastState<u16>>(), 20);
+        assert_eq!(core::mem::size_of::<FastState<u32>>(), 24);
     }
 }

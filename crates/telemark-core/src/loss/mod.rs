@@ -24,7 +24,7 @@ mod table;
 pub use aggregator::{Aggregator, PointSpec};
 pub use config::{ConfigError, LossConfig};
 pub use marker::Marker;
-pub use pair::{PairHot, PairTable, Seen};
+pub use pair::{PairPacket, PairState, PairTable};
 pub use slots::{Counter, Lookup};
 pub use table::{AnyColorTable, ColorTable, PointStats};
 

@@ -4,7 +4,7 @@
 //! A switch already finds every packet's flow to forward it (OvS's exact-match cache, and the
 //! per-flow `used`/packet/byte statistics it updates for every packet). The loss paper's
 //! prototype looks the flow up twice more, once per point, in tables of its own. Here the hot
-//! state of both points ([`PairHot`]: 28 bytes with 8-bit counters, 40 with 16-bit) lives in
+//! state of both points ([`PairState`]: 28 bytes with 8-bit counters, 40 with 16-bit) lives in
 //! the forwarding entry the lookup found, in the same cache line, and the switch hands it to
 //! [`PairTable`] with the entry's slot, once per packet for both points. What only the slow
 //! path touches is kept here, indexed by that slot. No hashing, no tag compare, no line the forwarding lookup
@@ -15,7 +15,7 @@
 //! lanes ([`Counter::Lanes`]) of one integer per color.
 
 use super::detector::{Params, Tail};
-use super::fast::{self, join, split, Cold, Hot, THIRD};
+use super::fast::{self, join, split, FastState, SlowState, THIRD};
 use super::slots::Counter;
 use super::{BatchEvent, BatchEventKind, EventSink, LossConfig, PointStats, Refusal, RefusedSet};
 use telemark_wire::FlowKey;
@@ -27,9 +27,9 @@ use telemark_wire::FlowKey;
 /// budgets and bumps both counters in one add.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct PairHot<C: Counter> {
+pub struct PairState<C: Counter> {
     state: [u8; 2],
-    /// Each point's third counter (late or resumed, `Hot::c[THIRD]`), which only the slow path
+    /// Each point's third counter (late or resumed, `FastState::c[THIRD]`), which only the slow path
     /// touches.
     late: [C; 2],
     /// `lanes[color]`: both points' budgets and counters of that color.
@@ -43,7 +43,7 @@ pub struct PairHot<C: Counter> {
 
 /// One packet of a flow the switch measures, as its two points see it.
 #[derive(Clone, Copy)]
-pub struct Seen<'a> {
+pub struct PairPacket<'a> {
     /// The flow's slot in the switch's table (which indexes its cold state).
     pub slot: usize,
     pub key: &'a FlowKey,
@@ -57,9 +57,9 @@ pub struct Seen<'a> {
 /// Egress's last time when it is ingress's (no real time is `u64::MAX`).
 const SAME: [u32; 2] = [u32::MAX; 2];
 
-impl<C: Counter> Default for PairHot<C> {
+impl<C: Counter> Default for PairState<C> {
     fn default() -> Self {
-        PairHot {
+        PairState {
             state: [0; 2],
             late: [C::default(); 2],
             lanes: [C::EMPTY; 2],
@@ -68,8 +68,8 @@ impl<C: Counter> Default for PairHot<C> {
     }
 }
 
-impl<C: Counter> PairHot<C> {
-    /// Both points' hot path (see `Hot::count`): counts a packet the switch `forwarded` at
+impl<C: Counter> PairState<C> {
+    /// Both points' hot path (see `FastState::count`): counts a packet the switch `forwarded` at
     /// ingress and at egress, if its color has budget left at both; true if it did. False,
     /// having changed nothing, when either point needs the slow path ([`PairTable::visit`]),
     /// and for a packet the switch dropped: only ingress saw that one, and drops inside a
@@ -92,22 +92,22 @@ impl<C: Counter> PairHot<C> {
     /// caller that puts off a slow-path visit, so that the flow's packets still reach each
     /// point in their order.
     #[inline(always)]
-    pub fn hold(&mut self) {
+    pub fn hold_until_visit(&mut self) {
         for l in &mut self.lanes {
-            *l = C::spent(*l);
+            *l = C::without_budget(*l);
         }
     }
 
     /// Point `at`'s state as the per-point logic reads it.
     #[inline]
-    fn point(&self, at: usize) -> Hot<C> {
+    fn point(&self, at: usize) -> FastState<C> {
         let at = at & 1;
-        let (mut left, mut c) = ([0; 2], [C::default(); 3]);
+        let (mut budget, mut c) = ([0; 2], [C::default(); 3]);
         for (color, lanes) in self.lanes.iter().enumerate() {
-            (left[color], c[color]) = C::lane(*lanes, at);
+            (budget[color], c[color]) = C::lane(*lanes, at);
         }
         c[THIRD] = self.late[at];
-        Hot::from_parts(self.state[at], left, c, join(self.last_at(at)))
+        FastState::from_parts(self.state[at], budget, c, join(self.last_at(at)))
     }
 
     /// Point `at`'s last time.
@@ -121,11 +121,11 @@ impl<C: Counter> PairHot<C> {
 
     /// Stores point `at`'s state back.
     #[inline]
-    fn set_point(&mut self, at: usize, h: &Hot<C>) {
+    fn set_point(&mut self, at: usize, h: &FastState<C>) {
         let at = at & 1;
         self.state[at] = h.state();
         for (color, lanes) in self.lanes.iter_mut().enumerate() {
-            C::set_lane(lanes, at, h.left[color], h.c[color]);
+            C::set_lane(lanes, at, h.budget[color], h.c[color]);
         }
         self.late[at] = h.c[THIRD];
         let t = split(h.last());
@@ -165,13 +165,13 @@ fn split_lanes<L>(lanes: &mut [L; 2], y: usize) -> (&mut L, &mut L) {
 /// path at ingress usually does at egress too.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Default)]
-struct ColdPair([Cold; 2]);
+struct SlowPair([SlowState; 2]);
 
 /// The loss state of a switch's two points besides the hot state: the cold state, indexed by
 /// the switch's flow-table slot, and each point's constants and counters.
 #[derive(Clone)]
 pub struct PairTable<C: Counter> {
-    cold: Vec<ColdPair>,
+    cold: Vec<SlowPair>,
     params: [Params; 2],
     idle_ns: u64,
     refused: RefusedSet,
@@ -188,7 +188,7 @@ impl<C: Counter> PairTable<C> {
     /// aggregator.
     pub fn new(cfg: &LossConfig, slots: usize, points: (u8, u8)) -> Self {
         PairTable {
-            cold: vec![ColdPair::default(); slots],
+            cold: vec![SlowPair::default(); slots],
             params: [Params::new(cfg, points.0), Params::new(cfg, points.1)],
             counted: cfg.period_ns.is_none() && (2..C::MAX).contains(&cfg.close_at()),
             idle_ns: cfg.idle_ns,
@@ -199,18 +199,28 @@ impl<C: Counter> PairTable<C> {
     }
 
     /// Counts one packet of the flow whose hot state is `hot`: at ingress, and at egress too
-    /// when the switch forwarded it ([`PairHot::count`], else [`Self::visit`]).
+    /// when the switch forwarded it ([`PairState::count`], else [`Self::visit`]).
     #[inline(always)]
-    pub fn observe<S: EventSink>(&mut self, hot: &mut PairHot<C>, pkt: Seen<'_>, sink: &mut S) {
+    pub fn observe<S: EventSink>(
+        &mut self,
+        hot: &mut PairState<C>,
+        pkt: PairPacket<'_>,
+        sink: &mut S,
+    ) {
         if !hot.count(pkt.color, pkt.now, pkt.forwarded) {
             self.visit(hot, pkt, sink);
         }
     }
 
-    /// The packet [`PairHot::count`] left: the one visit of a steady flow is done here on
+    /// The packet [`PairState::count`] left: the one visit of a steady flow is done here on
     /// the lanes ([`Self::steady`]); anything else goes through each point's state machine.
     #[inline]
-    pub fn visit<S: EventSink>(&mut self, hot: &mut PairHot<C>, pkt: Seen<'_>, sink: &mut S) {
+    pub fn visit<S: EventSink>(
+        &mut self,
+        hot: &mut PairState<C>,
+        pkt: PairPacket<'_>,
+        sink: &mut S,
+    ) {
         if !self.steady(hot, pkt, sink) {
             self.visit_points(hot, pkt, sink);
         }
@@ -219,8 +229,13 @@ impl<C: Counter> PairTable<C> {
     /// Each point the packet reached takes its hot path if it can, or the slow path.
     #[cold]
     #[inline(never)]
-    fn visit_points<S: EventSink>(&mut self, hot: &mut PairHot<C>, pkt: Seen<'_>, sink: &mut S) {
-        let Seen { slot, key, color, now, forwarded } = pkt;
+    fn visit_points<S: EventSink>(
+        &mut self,
+        hot: &mut PairState<C>,
+        pkt: PairPacket<'_>,
+        sink: &mut S,
+    ) {
+        let PairPacket { slot, key, color, now, forwarded } = pkt;
         for at in 0..1 + usize::from(forwarded) {
             let mut h = hot.point(at);
             if !h.count(color, now) {
@@ -233,7 +248,7 @@ impl<C: Counter> PairTable<C> {
         if hot.last[1] != SAME {
             // Egress's time is apart (ingress saw a packet it did not): the hot path, which
             // stores one time for both, waits for a packet that reaches both.
-            hot.hold();
+            hot.hold_until_visit();
         }
     }
 
@@ -251,8 +266,13 @@ impl<C: Counter> PairTable<C> {
     /// caller runs it. Each point ends exactly where `fast::slow` would leave it (the property
     /// test `both_points_in_lanes_change_no_event` runs both against the state machine alone).
     #[inline(always)]
-    fn steady<S: EventSink>(&mut self, hot: &mut PairHot<C>, pkt: Seen<'_>, sink: &mut S) -> bool {
-        let Seen { slot, key, color, now, forwarded } = pkt;
+    fn steady<S: EventSink>(
+        &mut self,
+        hot: &mut PairState<C>,
+        pkt: PairPacket<'_>,
+        sink: &mut S,
+    ) -> bool {
+        let PairPacket { slot, key, color, now, forwarded } = pkt;
         let y = usize::from(color & 1);
         let x = y ^ 1;
         let (Some(&ly), Some(&lx)) = (hot.lanes.get(y), hot.lanes.get(x)) else { return false };
@@ -272,7 +292,7 @@ impl<C: Counter> PairTable<C> {
         if !alike
             || cx >= C::MAX
             || cx < self.params[0].late_limit
-            || !Hot::<C>::plainly_open(s, y as u8)
+            || !FastState::<C>::plainly_open(s, y as u8)
         {
             return false;
         }
@@ -288,7 +308,7 @@ impl<C: Counter> PairTable<C> {
                 first_ns: c.first_ns,
                 last_ns: c.open_last_ns,
                 tail: false,
-                head: Hot::<C>::head(s),
+                head: FastState::<C>::head(s),
                 cut: false,
             });
             st.batches += 1;
@@ -298,10 +318,10 @@ impl<C: Counter> PairTable<C> {
             c.open_last_ns = join(hot.last[0]);
         }
         // The batch of `x` is open, its window over; this packet is the first of the next.
-        hot.state = [Hot::<C>::open_state(x as u8); 2];
+        hot.state = [FastState::<C>::open_state(x as u8); 2];
         let (wy, wx) = split_lanes(&mut hot.lanes, y);
-        *wy = C::twin(fast::room::<C>(1), C::from_u32(1));
-        *wx = C::twin(0, C::from_u32(cx));
+        *wy = C::both_points(fast::budget_for::<C>(1), C::from_u32(1));
+        *wx = C::both_points(0, C::from_u32(cx));
         hot.last[0] = split(now);
         true
     }
@@ -314,7 +334,7 @@ impl<C: Counter> PairTable<C> {
             // SAFETY: a prefetch is a hint and never faults; this one is a live element.
             unsafe {
                 use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                _mm_prefetch((c as *const ColdPair).cast::<i8>(), _MM_HINT_T0);
+                _mm_prefetch((c as *const SlowPair).cast::<i8>(), _MM_HINT_T0);
             }
             #[cfg(not(target_arch = "x86_64"))]
             let _ = c;
@@ -326,7 +346,7 @@ impl<C: Counter> PairTable<C> {
         &mut self,
         at: usize,
         slot: usize,
-    ) -> Option<(&mut Cold, &Params, &mut PointStats)> {
+    ) -> Option<(&mut SlowState, &Params, &mut PointStats)> {
         Some((
             self.cold.get_mut(slot)?.0.get_mut(at)?,
             self.params.get(at)?,
@@ -351,7 +371,7 @@ impl<C: Counter> PairTable<C> {
 
     /// Starts watching the flow just installed in slot `slot` mid-flow: armed at both points
     /// (see `Detector::armed`).
-    pub fn arm(&mut self, hot: &mut PairHot<C>, slot: usize) {
+    pub fn arm(&mut self, hot: &mut PairState<C>, slot: usize) {
         self.clear(hot, slot);
         for at in 0..2 {
             let mut h = hot.point(at);
@@ -364,7 +384,7 @@ impl<C: Counter> PairTable<C> {
     /// points are reported cut, at the same moment, and the slot is freed.
     pub fn cut<S: EventSink>(
         &mut self,
-        hot: &mut PairHot<C>,
+        hot: &mut PairState<C>,
         slot: usize,
         key: &FlowKey,
         sink: &mut S,
@@ -380,7 +400,7 @@ impl<C: Counter> PairTable<C> {
     }
 
     /// Whether `hot` holds a flow idle for longer than the idle timeout at `now`.
-    pub fn is_idle(&self, hot: &PairHot<C>, now: u64) -> bool {
+    pub fn is_idle(&self, hot: &PairState<C>, now: u64) -> bool {
         (0..2).any(|at| hot.point(at).used()) && now.saturating_sub(hot.seen_ns()) > self.idle_ns
     }
 
@@ -388,7 +408,7 @@ impl<C: Counter> PairTable<C> {
     pub fn retire_point<S: EventSink>(
         &mut self,
         at: usize,
-        hot: &mut PairHot<C>,
+        hot: &mut PairState<C>,
         slot: usize,
         key: &FlowKey,
         sink: &mut S,
@@ -401,7 +421,7 @@ impl<C: Counter> PairTable<C> {
     fn close<S: EventSink>(
         &mut self,
         at: usize,
-        hot: &mut PairHot<C>,
+        hot: &mut PairState<C>,
         slot: usize,
         key: &FlowKey,
         tail: Tail,
@@ -410,14 +430,14 @@ impl<C: Counter> PairTable<C> {
         let Some((c, p, st)) = self.point_mut(at, slot) else { return false };
         let h = hot.point(at);
         fast::retire(&h, c, key, p, st, tail, sink);
-        hot.set_point(at, &Hot::default());
+        hot.set_point(at, &FastState::default());
         true
     }
 
     /// Retires slot `slot` at both points, ingress first, counting it as evicted.
     pub fn evict<S: EventSink>(
         &mut self,
-        hot: &mut PairHot<C>,
+        hot: &mut PairState<C>,
         slot: usize,
         key: &FlowKey,
         sink: &mut S,
@@ -441,15 +461,15 @@ impl<C: Counter> PairTable<C> {
             }
         }
         if let Some(c) = self.cold.get_mut(from) {
-            *c = ColdPair::default();
+            *c = SlowPair::default();
         }
     }
 
     /// Frees slot `slot` without reporting (its flow left the table).
-    pub fn clear(&mut self, hot: &mut PairHot<C>, slot: usize) {
-        *hot = PairHot::default();
+    pub fn clear(&mut self, hot: &mut PairState<C>, slot: usize) {
+        *hot = PairState::default();
         if let Some(c) = self.cold.get_mut(slot) {
-            *c = ColdPair::default();
+            *c = SlowPair::default();
         }
     }
 
@@ -481,14 +501,14 @@ mod tests {
         budgeted: bool,
     ) -> [(Vec<BatchEvent>, PointStats); 2] {
         let mut pair = PairTable::<C>::new(cfg, 1, (1, 2));
-        let mut hot = PairHot::<C>::default();
+        let mut hot = PairState::<C>::default();
         let k = key(7);
         let mut ev = Vec::new();
         let mut reference: [(Detector<C>, Vec<BatchEvent>); 2] = Default::default();
         for (i, &(color, forwarded)) in pkts.iter().enumerate() {
             let now = 1_000 + 10 * i as u64;
             if budgeted {
-                let pkt = Seen { slot: 0, key: &k, color, now, forwarded };
+                let pkt = PairPacket { slot: 0, key: &k, color, now, forwarded };
                 pair.observe(&mut hot, pkt, &mut ev);
                 continue;
             }
@@ -575,9 +595,9 @@ mod tests {
 
     #[test]
     fn hot_state_of_both_points_leaves_room_for_a_forwarding_key_in_one_line() {
-        assert_eq!(core::mem::size_of::<PairHot<u8>>(), 28);
-        assert_eq!(core::mem::size_of::<PairHot<u16>>(), 40);
-        assert_eq!(core::mem::size_of::<PairHot<u32>>(), 64);
+        assert_eq!(core::mem::size_of::<PairState<u8>>(), 28);
+        assert_eq!(core::mem::size_of::<PairState<u16>>(), 40);
+        assert_eq!(core::mem::size_of::<PairState<u32>>(), 64);
     }
 
     /// Against the generator's and the dropper's record: 3 interleaved flows of 12 batches of
@@ -592,7 +612,7 @@ mod tests {
         let cfg = LossConfig { threshold: 0.1, ..LossConfig::default() };
         assert_eq!((cfg.close_at(), cfg.late_limit()), (10, 56));
         let mut pair = PairTable::<u8>::new(&cfg, 8, (1, 2));
-        let mut hot = [PairHot::<u8>::default(); 8];
+        let mut hot = [PairState::<u8>::default(); 8];
         let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
         let mut next = move || {
             rng ^= rng << 13;
@@ -626,7 +646,7 @@ mod tests {
                 now += 1;
                 let (k, slot, color) = (key(f as u8), f * 2, (batch % 2) as u8);
                 let forwarded = next() % 100 != 0;
-                let pkt = Seen { slot, key: &k, color, now, forwarded };
+                let pkt = PairPacket { slot, key: &k, color, now, forwarded };
                 pair.observe(&mut hot[slot], pkt, &mut ev);
                 truth[0][f][batch as usize] += 1;
                 if forwarded {

@@ -44,9 +44,9 @@ pub trait Counter: Copy + Default + Send + 'static {
     fn set_lane(lanes: &mut Self::Lanes, at: usize, budget: u8, count: Self);
     /// Lanes with both points' budgets `budget` (at most [`Self::BUDGET`]) and counters
     /// `count`.
-    fn twin(budget: u8, count: Self) -> Self::Lanes;
+    fn both_points(budget: u8, count: Self) -> Self::Lanes;
     /// Both budgets spent, counters kept.
-    fn spent(lanes: Self::Lanes) -> Self::Lanes;
+    fn without_budget(lanes: Self::Lanes) -> Self::Lanes;
 }
 
 macro_rules! counter {
@@ -97,14 +97,14 @@ macro_rules! counter {
                     | <$lanes>::from(count) << c;
             }
             #[inline(always)]
-            fn twin(budget: u8, count: Self) -> $lanes {
+            fn both_points(budget: u8, count: Self) -> $lanes {
                 const W: u32 = <$t>::BITS;
                 let b = Self::budget_lane(budget);
                 let c = <$lanes>::from(count);
                 b | b << W | c << 2 * W | c << 3 * W
             }
             #[inline(always)]
-            fn spent(lanes: $lanes) -> $lanes {
+            fn without_budget(lanes: $lanes) -> $lanes {
                 let counters =
                     !(<$lanes>::from(<$t>::MAX) | <$lanes>::from(<$t>::MAX) << <$t>::BITS);
                 (lanes & counters) | Self::EMPTY

@@ -3,7 +3,7 @@
 //! in the compact encoding of [`fast`].
 
 use super::detector::{Params, Tail};
-use super::fast::{self, Cold, Hot};
+use super::fast::{self, FastState, SlowState};
 use super::slots::{self, find_or_admit, Counter, Lookup, Slot};
 use super::{EventSink, LossConfig, Refusal, RefusedSet, Selection};
 use telemark_wire::FlowKey;
@@ -13,8 +13,8 @@ use telemark_wire::FlowKey;
 #[derive(Clone, Copy, Default)]
 struct Entry<C: Counter> {
     tag: u32,
-    hot: Hot<C>,
-    cold: Cold,
+    hot: FastState<C>,
+    cold: SlowState,
 }
 
 impl<C: Counter> Slot for Entry<C> {
@@ -111,7 +111,7 @@ impl<C: Counter> ColorTable<C> {
         now: u64,
         sink: &mut S,
     ) -> bool {
-        // Hot path: a known flow whose packet needs no event. This is the paper's
+        // FastState path: a known flow whose packet needs no event. This is the paper's
         // `pkt_loss_chk`: one tag compare and one counter increment in a line the switch
         // prefetched a burst earlier.
         let tag = slots::tag_of(hash);
