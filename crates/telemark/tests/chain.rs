@@ -74,6 +74,29 @@ fn agent(prefix: &str, name: &str, mark: &str, url: &str, loss: &str, export: &s
     Agent::start(FileConfig::parse(&toml).unwrap().validate().unwrap()).unwrap()
 }
 
+/// A collector, and the chain's three agents (s1 marks) exporting to it.
+fn start(
+    chain: &Chain,
+    dir: &std::path::Path,
+    loss: &str,
+    export: &str,
+) -> (Collector, Vec<(&'static str, Agent)>) {
+    let cfg = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        db: dir.join("collector.db"),
+        ..Config::default()
+    };
+    let c = Collector::start(&cfg).unwrap();
+    let url = format!("http://{}", c.addr);
+    let p = &chain.prefix;
+    let agents = vec![
+        ("s1", agent(p, "s1", "a", &url, loss, export)),
+        ("s2", agent(p, "s2", "none", &url, loss, export)),
+        ("s3", agent(p, "s3", "none", &url, loss, export)),
+    ];
+    (c, agents)
+}
+
 fn key(sport: u16) -> FlowKey {
     FlowKey {
         src: "10.9.1.1".parse().unwrap(),
@@ -108,20 +131,8 @@ fn a_chain_of_three_switches_splits_loss_per_segment() {
     chain.run(&["loss", "2", PERMILLE, &ports(&[ON_LINK_2, ON_BOTH].concat())]);
 
     let dir = tempfile::tempdir().unwrap();
-    let cfg = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        db: dir.path().join("chain.db"),
-        ..Config::default()
-    };
-    let c = Collector::start(&cfg).unwrap();
-    let url = format!("http://{}", c.addr);
     // Every batch, so the collector can line the switches up; no upstream named.
-    let (loss, export) = ("batch = 100", "report_all = true");
-    let agents: Vec<(&str, Agent)> = vec![
-        ("s1", agent(&prefix, "s1", "a", &url, loss, export)),
-        ("s2", agent(&prefix, "s2", "none", &url, loss, export)),
-        ("s3", agent(&prefix, "s3", "none", &url, loss, export)),
-    ];
+    let (c, agents) = start(&chain, dir.path(), "batch = 100", "report_all = true");
 
     // Nine flows at 500 packets/s for 8 s, from host A to the router's MAC.
     let stop = Arc::new(AtomicBool::new(false));
@@ -260,19 +271,8 @@ fn churning_flows_make_no_false_loss() {
     let chain = Chain::up("h", &[]);
     let prefix = chain.prefix.clone();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        db: dir.path().join("churn.db"),
-        ..Config::default()
-    };
-    let c = Collector::start(&cfg).unwrap();
-    let url = format!("http://{}", c.addr);
     let (loss, export) = ("batch = 100\ntable_size = 4096", "summary_interval = \"1s\"");
-    let agents: Vec<(&str, Agent)> = vec![
-        ("s1", agent(&prefix, "s1", "a", &url, loss, export)),
-        ("s2", agent(&prefix, "s2", "none", &url, loss, export)),
-        ("s3", agent(&prefix, "s3", "none", &url, loss, export)),
-    ];
+    let (c, agents) = start(&chain, dir.path(), loss, export);
     let stop = AtomicBool::new(false);
     let spec = FlowSpec {
         key: key(1024),
