@@ -127,6 +127,9 @@ pub struct ExportSection {
     pub buffer: Option<usize>,
     /// Emit a loss record for every batch, not only lossy ones.
     pub report_all: Option<bool>,
+    /// A file holding this agent's token for the collector (its token file's `[agents]`
+    /// entry); read at start.
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// The file.
@@ -179,6 +182,8 @@ pub struct AgentConfig {
     pub buffer: usize,
     /// Report every batch.
     pub report_all: bool,
+    /// The token sent to the collector.
+    pub token: Option<String>,
     /// Measure; false: forward only.
     pub measure: bool,
     /// Discard records instead of printing them when there is no collector (benchmarks).
@@ -300,6 +305,21 @@ impl FileConfig {
         if buffer == 0 {
             return Err(invalid("export.buffer: must be at least 1"));
         }
+        let token = match &e.token_file {
+            None => None,
+            Some(f) => {
+                let t = std::fs::read_to_string(f)
+                    .map_err(|err| invalid(format!("export.token_file {}: {err}", f.display())))?;
+                let t = t.trim().to_string();
+                if t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(invalid(format!(
+                        "export.token_file {}: one token of printable characters",
+                        f.display()
+                    )));
+                }
+                Some(t)
+            }
+        };
         Ok(AgentConfig {
             agent: self.agent,
             netns: self.netns,
@@ -316,6 +336,7 @@ impl FileConfig {
             )?,
             buffer,
             report_all: e.report_all.unwrap_or(false),
+            token,
             measure: self.measure.unwrap_or(true),
             quiet: false,
         })

@@ -488,7 +488,8 @@ impl Slow {
         let boot = now_ns();
         let mut out = match &self.cfg.collector {
             Some(c) => {
-                Out::Collector(Box::new(Exporter::new(c, &self.cfg.agent, boot, self.cfg.buffer)))
+                let ex = Exporter::new(c, &self.cfg.agent, boot, self.cfg.buffer);
+                Out::Collector(Box::new(ex.with_token(self.cfg.token.as_deref())))
             }
             None if self.cfg.quiet => Out::Discard,
             None => Out::Stdout,

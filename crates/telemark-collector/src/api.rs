@@ -12,6 +12,7 @@
 //!   between them, whole batches included, when both report every batch.
 //! - `GET /metrics` — Prometheus text; `GET /` — the page.
 
+use crate::auth::{Auth, Identity};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
 use serde::{Deserialize, Serialize};
@@ -30,7 +31,33 @@ const ROUTES: &[&str] = &[
     "/api/v1/health",
     "/metrics",
     "/",
+    "/page.js",
 ];
+
+/// What the page may load and run: its own script and the API, nothing else.
+const CSP: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; \
+    style-src 'unsafe-inline'; img-src 'self'; base-uri 'none'; form-action 'none'; \
+    frame-ancestors 'none'";
+
+/// One request, as the server read it.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// `GET`, `POST`, …
+    pub method: &'a str,
+    /// Path and query.
+    pub url: &'a str,
+    /// The token of its `Authorization: Bearer` header.
+    pub token: Option<&'a str>,
+    /// Its body.
+    pub body: &'a [u8],
+}
+
+impl<'a> Request<'a> {
+    /// A `GET` of `url` without a token.
+    pub fn get(url: &'a str) -> Self {
+        Request { method: "GET", url, token: None, body: b"" }
+    }
+}
 
 /// Largest number of records in one ingest request.
 pub const MAX_RECORDS: usize = 10_000;
@@ -44,6 +71,8 @@ pub struct Response {
     pub content_type: &'static str,
     /// Body.
     pub body: Vec<u8>,
+    /// Other headers.
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl Response {
@@ -52,6 +81,20 @@ impl Response {
             status,
             content_type: "application/json",
             body: serde_json::to_vec(v).unwrap_or_default(),
+            headers: Vec::new(),
+        }
+    }
+
+    /// A static document, with the page's content security policy.
+    fn document(content_type: &'static str, body: &str) -> Response {
+        Response {
+            status: 200,
+            content_type,
+            body: body.as_bytes().to_vec(),
+            headers: vec![
+                ("Content-Security-Policy", CSP.into()),
+                ("X-Content-Type-Options", "nosniff".into()),
+            ],
         }
     }
 
@@ -69,6 +112,8 @@ pub struct Api {
     pub metrics: Metrics,
     /// Agents silent for longer than this are reported unhealthy.
     pub stale_ns: u64,
+    /// Tokens (`None`: everyone is trusted, loopback only).
+    pub auth: Option<Auth>,
 }
 
 #[derive(Deserialize)]
@@ -87,10 +132,12 @@ struct Ingest {
     seq: u64,
     #[serde(default)]
     export_dropped: u64,
-    records: Vec<Record>,
+    /// Parsed one by one, so that each can be checked against what it parsed as.
+    records: Vec<serde_json::Value>,
 }
 
-fn valid_name(s: &str) -> bool {
+/// Whether `s` may name an agent (or a token's holder).
+pub(crate) fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 64
         && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
@@ -98,32 +145,53 @@ fn valid_name(s: &str) -> bool {
 
 impl Api {
     /// Answers one request. `now` is the wall clock in ns since the epoch.
-    pub fn handle(&self, method: &str, url: &str, body: &[u8], now: u64) -> Response {
-        let (path, query) = url.split_once('?').unwrap_or((url, ""));
+    pub fn handle(&self, req: &Request<'_>, now: u64) -> Response {
+        let (path, query) = req.url.split_once('?').unwrap_or((req.url, ""));
         // Unknown paths share one metrics label, so a scan cannot grow the metrics.
         let route = ROUTES.iter().find(|r| **r == path).copied().unwrap_or("other");
-        let r = match (method, path) {
-            ("POST", "/api/v1/ingest") => self.ingest(body, now),
-            ("POST", "/api/v1/agents") => self.register(body, now),
-            ("GET", "/api/v1/agents") => self.agents(now),
-            ("GET", "/api/v1/flows") => self.flows(query),
-            ("GET", "/api/v1/loss") => self.loss(query),
-            ("GET", "/api/v1/localise") => self.localise(query),
-            ("GET", "/api/v1/link") => self.link(query),
-            ("GET", "/api/v1/health") => self.health(query),
-            ("GET", "/metrics") => self.metrics_page(),
-            ("GET", "/") => Response {
-                status: 200,
-                content_type: "text/html; charset=utf-8",
-                body: crate::page::HTML.as_bytes().to_vec(),
-            },
-            _ if route != "other" => {
-                Response::error(405, format!("{method} is not allowed on {path}"))
+        let who = match &self.auth {
+            None => Some(Identity::Anyone),
+            Some(a) => a.identify(req.token),
+        };
+        let r = match (req.method, path, who) {
+            // The page holds no data (it reads the API with the token it is given).
+            ("GET", "/", _) => Response::document("text/html; charset=utf-8", crate::page::HTML),
+            ("GET", "/page.js", _) => {
+                Response::document("text/javascript; charset=utf-8", crate::page::SCRIPT)
             }
-            _ => Response::error(404, format!("no such endpoint: {path}")),
+            _ if route == "other" => Response::error(404, format!("no such endpoint: {path}")),
+            (_, _, None) => {
+                self.metrics.count_error("unauthenticated");
+                let mut r = Response::error(401, "a valid token is needed (Authorization: Bearer)");
+                r.headers.push(("WWW-Authenticate", "Bearer realm=\"telemark\"".into()));
+                r
+            }
+            ("POST", "/api/v1/ingest", Some(who)) => self.ingest(req.body, &who, now),
+            ("POST", "/api/v1/agents", Some(who)) => self.register(req.body, &who, now),
+            ("GET", _, Some(who)) if !who.may_read() => {
+                self.metrics.count_error("forbidden");
+                Response::error(403, "this token may only send records")
+            }
+            ("GET", "/api/v1/agents", _) => self.agents(now),
+            ("GET", "/api/v1/flows", _) => self.flows(query),
+            ("GET", "/api/v1/loss", _) => self.loss(query),
+            ("GET", "/api/v1/localise", _) => self.localise(query),
+            ("GET", "/api/v1/link", _) => self.link(query),
+            ("GET", "/api/v1/health", _) => self.health(query),
+            ("GET", "/metrics", _) => self.metrics_page(),
+            _ => Response::error(405, format!("{} is not allowed on {path}", req.method)),
         };
         self.metrics.request(route, r.status);
         r
+    }
+
+    /// Refuses a write as `agent` by a token that is not that agent's (403, counted).
+    fn writes_as(&self, who: &Identity, agent: &str) -> Result<(), Response> {
+        if who.may_write_as(agent) {
+            return Ok(());
+        }
+        self.metrics.count_error("forbidden");
+        Err(Response::error(403, format!("this token may not write as agent {agent:?}")))
     }
 
     /// The store (a panic in another request does not make it unusable: every write is one
@@ -145,11 +213,14 @@ impl Api {
         Response::error(500, e)
     }
 
-    fn register(&self, body: &[u8], now: u64) -> Response {
+    fn register(&self, body: &[u8], who: &Identity, now: u64) -> Response {
         let r: Register = match self.body(body, "registration") {
             Ok(r) => r,
             Err(resp) => return resp,
         };
+        if let Err(resp) = self.writes_as(who, &r.agent) {
+            return resp;
+        }
         if !valid_name(&r.agent) || r.version.len() > 64 {
             self.metrics.count_error("bad_agent_name");
             return Response::error(
@@ -164,11 +235,14 @@ impl Api {
         }
     }
 
-    fn ingest(&self, body: &[u8], now: u64) -> Response {
+    fn ingest(&self, body: &[u8], who: &Identity, now: u64) -> Response {
         let req: Ingest = match self.body(body, "ingest request") {
             Ok(r) => r,
             Err(resp) => return resp,
         };
+        if let Err(resp) = self.writes_as(who, &req.agent) {
+            return resp;
+        }
         if req.records.len() > MAX_RECORDS {
             self.metrics.count_error("too_many_records");
             return Response::error(
@@ -176,6 +250,10 @@ impl Api {
                 format!("{} records in one request; at most {MAX_RECORDS}", req.records.len()),
             );
         }
+        let records = match self.check_records(&req, now) {
+            Ok(r) => r,
+            Err(resp) => return resp,
+        };
         if req.seq.checked_add(req.records.len() as u64).is_none_or(|e| e > i64::MAX as u64) {
             self.metrics.count_error("bad_seq");
             return Response::error(400, "seq out of range");
@@ -195,9 +273,9 @@ impl Api {
             }
             Err(e) => return self.db_error(e),
         }
-        match st.ingest(&req.agent, req.boot, req.seq, &req.records, req.export_dropped, now) {
+        match st.ingest(&req.agent, req.boot, req.seq, &records, req.export_dropped, now) {
             Ok(s) => {
-                self.metrics.ingested(&req.records, s);
+                self.metrics.ingested(&records, s);
                 Response::json(
                     200,
                     &json!({
@@ -209,6 +287,38 @@ impl Api {
             }
             Err(e) => self.db_error(e),
         }
+    }
+
+    /// Every record of `req`, parsed and checked (`validate`): all, or a 400 naming the first
+    /// that is refused and why (nothing of the request is stored then).
+    fn check_records(&self, req: &Ingest, now: u64) -> Result<Vec<Record>, Response> {
+        let mut out = Vec::with_capacity(req.records.len());
+        for (n, v) in req.records.iter().enumerate() {
+            let checked = serde_json::from_value::<Record>(v.clone())
+                .map_err(|e| e.to_string())
+                .and_then(|r| {
+                    let back = serde_json::to_value(&r).unwrap_or_default();
+                    match crate::validate::unknown_fields(v, &back, "") {
+                        Some(f) => Err(format!("unknown field {f}")),
+                        None => Ok(r),
+                    }
+                })
+                .and_then(|r| match r.agent() {
+                    Some(a) if a != req.agent => Err(format!(
+                        "names agent {a:?}, the request {:?}: an agent sends its own",
+                        req.agent
+                    )),
+                    _ => crate::validate::record(&r, now).map(|()| r),
+                });
+            match checked {
+                Ok(r) => out.push(r),
+                Err(e) => {
+                    self.metrics.count_error("bad_record");
+                    return Err(Response::error(400, format!("record {n}: {e}")));
+                }
+            }
+        }
+        Ok(out)
     }
 
     fn agents(&self, now: u64) -> Response {
@@ -378,6 +488,7 @@ impl Api {
         Response {
             status: 200,
             content_type: "text/plain; version=0.0.4",
+            headers: Vec::new(),
             body: self.metrics.render(&agents, counts).into_bytes(),
         }
     }

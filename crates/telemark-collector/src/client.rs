@@ -39,6 +39,8 @@ pub struct Exporter {
     cap: usize,
     batch: usize,
     http: ureq::Agent,
+    /// `Bearer <token>`, when the collector wants one.
+    authorization: Option<String>,
     registered: bool,
     /// Records dropped because the buffer was full.
     pub dropped: u64,
@@ -67,12 +69,19 @@ impl Exporter {
                 .timeout_connect(Duration::from_secs(1))
                 .timeout(Duration::from_secs(5))
                 .build(),
+            authorization: None,
             registered: false,
             dropped: 0,
             acked: 0,
             duplicates: 0,
             failures: 0,
         }
+    }
+
+    /// Sends `token` with every request (the collector's token file names it for this agent).
+    pub fn with_token(mut self, token: Option<&str>) -> Exporter {
+        self.authorization = token.map(|t| format!("Bearer {t}"));
+        self
     }
 
     /// Queues a record; false (and counted) when the buffer is full.
@@ -139,7 +148,11 @@ impl Exporter {
     }
 
     fn post(&self, path: &str, body: &serde_json::Value) -> Result<serde_json::Value, ExportError> {
-        match self.http.post(&format!("{}{path}", self.base)).send_json(body) {
+        let mut req = self.http.post(&format!("{}{path}", self.base));
+        if let Some(a) = &self.authorization {
+            req = req.set("Authorization", a);
+        }
+        match req.send_json(body) {
             Ok(r) => r.into_json().map_err(|e| ExportError::Transport(e.to_string())),
             Err(ureq::Error::Status(status, r)) => {
                 Err(ExportError::Rejected { status, body: r.into_string().unwrap_or_default() })

@@ -7,12 +7,14 @@
 //! See docs/collector.md.
 
 pub mod api;
+pub mod auth;
 pub mod client;
 pub mod link;
 pub mod metrics;
 mod page;
 pub mod path;
 pub mod store;
+pub mod validate;
 
 use api::{Api, Response};
 use std::io::Read;
@@ -38,6 +40,8 @@ pub struct Config {
     pub workers: usize,
     /// Agents silent for longer than this are shown unhealthy.
     pub stale: Duration,
+    /// Tokens; without them the collector serves anyone, on a loopback address only.
+    pub auth: Option<auth::Auth>,
 }
 
 impl Default for Config {
@@ -49,6 +53,7 @@ impl Default for Config {
             max_body: 8 << 20,
             workers: 4,
             stale: Duration::from_secs(15),
+            auth: None,
         }
     }
 }
@@ -68,6 +73,15 @@ pub enum StartError {
         path: PathBuf,
         /// Why.
         err: store::StoreError,
+    },
+    /// A non-loopback address without tokens: anyone who reaches it could write and read.
+    #[error(
+        "{addr} is not a loopback address: listening there needs tokens (--auth FILE, \
+         docs/collector.md \"Authentication\")"
+    )]
+    Exposed {
+        /// The address.
+        addr: SocketAddr,
     },
     /// The address could not be bound.
     #[error("cannot listen on {addr}: {err}")]
@@ -93,12 +107,16 @@ pub struct Collector {
 impl Collector {
     /// Opens the database and starts serving.
     pub fn start(cfg: &Config) -> Result<Collector, StartError> {
+        if cfg.auth.is_none() && !cfg.listen.ip().is_loopback() {
+            return Err(StartError::Exposed { addr: cfg.listen });
+        }
         let store = store::Store::open(&cfg.db)
             .map_err(|err| StartError::Db { path: cfg.db.clone(), err })?;
         let api = Arc::new(Api {
             store: Mutex::new(store),
             metrics: metrics::Metrics::default(),
             stale_ns: cfg.stale.as_nanos() as u64,
+            auth: cfg.auth.clone(),
         });
         let server = tiny_http::Server::http(cfg.listen)
             .map_err(|e| StartError::Listen { addr: cfg.listen, err: e.to_string() })?;
@@ -163,6 +181,12 @@ impl Drop for Collector {
 fn serve(api: &Api, mut req: tiny_http::Request, max_body: usize) {
     let method = req.method().as_str().to_string();
     let url = req.url().to_string();
+    let authorization = req
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv("Authorization"))
+        .map(|h| h.value.as_str().to_string());
+    let token = authorization.as_deref().and_then(auth::bearer);
     let declared = req.body_length();
     let resp = if declared.is_some_and(|n| n > max_body) {
         api.metrics.count_error("body_too_large");
@@ -179,13 +203,17 @@ fn serve(api: &Api, mut req: tiny_http::Request, max_body: usize) {
                 api.metrics.count_error("body_too_large");
                 Response::error(413, format!("request body over {max_body} bytes"))
             }
-            Ok(_) => api.handle(&method, &url, &body, now_ns()),
+            Ok(_) => {
+                let r = api::Request { method: &method, url: &url, token, body: &body };
+                api.handle(&r, now_ns())
+            }
         }
     };
-    let header =
-        tiny_http::Header::from_bytes(&b"Content-Type"[..], resp.content_type.as_bytes()).ok();
     let mut r = tiny_http::Response::from_data(resp.body).with_status_code(resp.status);
-    if let Some(h) = header {
+    let headers = std::iter::once(("Content-Type", resp.content_type.to_string()))
+        .chain(resp.headers)
+        .filter_map(|(k, v)| tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes()).ok());
+    for h in headers {
         r = r.with_header(h);
     }
     let _ = req.respond(r);

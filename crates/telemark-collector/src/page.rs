@@ -1,6 +1,11 @@
 //! The collector's page: flows with loss, and the chosen flow's loss over time per observation
 //! point, drawn as SVG from the JSON API (no external script, works offline). Plain modules of
 //! code per panel, so it can grow into the dashboard.
+//!
+//! Everything a record brings (addresses, agent and point names, the verdict) is text: it is
+//! escaped ([`SCRIPT`]'s `esc`) wherever it meets markup, and the page's content security
+//! policy runs no script but `/page.js`. With a token file the page reads the API with the
+//! reader token given after `#token=` in its address.
 
 /// The page.
 pub const HTML: &str = r##"<!doctype html>
@@ -25,13 +30,20 @@ tr.flow{cursor:pointer} tr.flow:hover,tr.sel{background:#eef4ff}
 <section><h2 id="title">Loss over time</h2><div id="verdict" class="muted">choose a flow</div>
 <div id="chart"></div><div class="legend" id="legend"></div></section>
 </main>
-<script>
-"use strict";
+<script src="/page.js"></script></body></html>
+"##;
+
+/// The page's script, served as `/page.js`.
+pub const SCRIPT: &str = r##""use strict";
 const COLORS=["#d1495b","#00798c","#edae49","#66a182","#2e4057","#8d96a3"];
 let selected=null;
+// A reader token, given as …/#token=… (the fragment never leaves the browser).
+const TOKEN=new URLSearchParams(location.hash.slice(1)).get("token");
+// Text from a record, for markup.
+const esc=s=>String(s).replace(/[&<>"']/g,c=>({"&":"&amp;","<":"&lt;",">":"&gt;",'"':"&quot;","'":"&#39;"})[c]);
 const fkey=f=>`${f.src}:${f.sport} → ${f.dst}:${f.dport} /${f.proto}`+(f.spi!=null?` spi ${f.spi} si ${f.si}`:"");
 const fquery=f=>new URLSearchParams(Object.entries(f).filter(([k,v])=>v!=null)).toString();
-async function getJSON(u){const r=await fetch(u);if(!r.ok)throw new Error(u+": "+r.status);return r.json();}
+async function getJSON(u){const r=await fetch(u,TOKEN?{headers:{Authorization:"Bearer "+TOKEN}}:{});if(!r.ok)throw new Error(u+": "+r.status);return r.json();}
 async function agentsPanel(){
   const a=await getJSON("/api/v1/agents");
   document.getElementById("agents").textContent="agents: "+(a.length?a.map(x=>`${x.agent.agent} ${x.healthy?"✓":"✗ silent"}`).join(", "):"none yet");
@@ -40,7 +52,7 @@ async function flowsPanel(){
   const fl=await getJSON("/api/v1/flows?limit=50");const tb=document.getElementById("flows");tb.innerHTML="";
   if(!fl.length){tb.innerHTML='<tr><td colspan="3" class="muted">no loss reported</td></tr>';return;}
   for(const f of fl){const tr=document.createElement("tr");tr.className="flow"+(selected&&fkey(selected)===fkey(f.flow)?" sel":"");
-    tr.innerHTML=`<td>${fkey(f.flow)}</td><td>${f.lossy_batches}</td><td>${f.lost}</td>`;
+    tr.innerHTML=`<td>${esc(fkey(f.flow))}</td><td>${esc(f.lossy_batches)}</td><td>${esc(f.lost)}</td>`;
     tr.onclick=()=>{selected=f.flow;refresh();};tb.appendChild(tr);}
   if(!selected)selected=fl[0].flow;
 }
@@ -58,8 +70,8 @@ async function chartPanel(){
   for(let i=0;i<=5;i++){const t=t0+(t1-t0)*i/5;g+=`<text x="${x(t)}" y="${H-8}" text-anchor="middle" font-size="11">${((t-t0)/1e9).toFixed(0)} s</text>`;}
   const leg=[];Object.entries(series).forEach(([name,ps],i)=>{const c=COLORS[i%COLORS.length];
     const bw=Math.max(2,(W-L)/((t1-t0)/1e9)/(Object.keys(series).length+1));
-    for(const p of ps)g+=`<rect x="${x(p.t_ns)+i*bw}" y="${y(p.lost)}" width="${bw}" height="${H-B-y(p.lost)}" fill="${c}"><title>${name}: ${p.lost} lost of ${p.expected}</title></rect>`;
-    leg.push(`<span style="color:${c}">■</span> ${name}`);});
+    for(const p of ps)g+=`<rect x="${x(p.t_ns)+i*bw}" y="${y(p.lost)}" width="${bw}" height="${H-B-y(p.lost)}" fill="${c}"><title>${esc(name)}: ${esc(p.lost)} lost of ${esc(p.expected)}</title></rect>`;
+    leg.push(`<span style="color:${c}">■</span> ${esc(name)}`);});
   g+=`<text x="12" y="14" font-size="11">lost/s</text></svg>`;
   document.getElementById("chart").innerHTML=g;document.getElementById("legend").innerHTML=leg.join(" ");
 }
@@ -68,5 +80,4 @@ async function refresh(){
   catch(e){document.getElementById("updated").textContent="error: "+e.message;}
 }
 refresh();setInterval(refresh,2000);
-</script></body></html>
 "##;

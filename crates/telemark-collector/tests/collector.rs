@@ -225,7 +225,9 @@ fn bad_input_gets_clear_errors_and_counters() {
         assert!(v["error"].as_str().unwrap().contains(msg), "{method} {path}: {text}");
     }
     assert_eq!(metric(a, "telemark_collector_errors_total{reason=\"unknown_agent\"}"), 1);
-    assert_eq!(metric(a, "telemark_collector_errors_total{reason=\"bad_json\"}"), 4);
+    assert_eq!(metric(a, "telemark_collector_errors_total{reason=\"bad_json\"}"), 3);
+    // A request that parses, with a record that does not.
+    assert_eq!(metric(a, "telemark_collector_errors_total{reason=\"bad_record\"}"), 1);
     assert_eq!(metric(a, "telemark_collector_errors_total{reason=\"body_too_large\"}"), 1);
     // Still serving, and storing.
     let mut ex = Exporter::new(&format!("http://{a}"), "good", 1, 10);
@@ -234,6 +236,9 @@ fn bad_input_gets_clear_errors_and_counters() {
     assert_eq!(c.api.store.lock().unwrap().counts().unwrap().0, 1);
     // The page is served, and draws from the API.
     let (s, page) = get(a, "/");
+    assert_eq!(s, 200);
+    assert!(page.contains(r#"<script src="/page.js">"#));
+    let (s, page) = get(a, "/page.js");
     assert_eq!(s, 200);
     for endpoint in ["/api/v1/flows", "/api/v1/loss?", "/api/v1/localise?", "/api/v1/agents"] {
         assert!(page.contains(endpoint), "the page does not use {endpoint}");

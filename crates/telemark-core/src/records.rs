@@ -366,6 +366,21 @@ pub enum Record {
     Health(HealthRecord),
 }
 
+impl Record {
+    /// The agent the record names (a capture's record names none).
+    pub fn agent(&self) -> Option<&str> {
+        match self {
+            Record::Loss(r) => Some(&r.agent),
+            Record::Summary(r) => Some(&r.agent),
+            Record::FlowLoss(r) => Some(&r.agent),
+            Record::Flow(r) => Some(&r.agent),
+            Record::Cost(r) => Some(&r.agent),
+            Record::Health(r) => Some(&r.agent),
+            Record::Capture(_) => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

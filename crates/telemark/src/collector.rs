@@ -21,6 +21,10 @@ pub struct Args {
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 8 << 20)]
     pub max_body: usize,
+    /// Token file (TOML: `[agents] name = "token"`, `[readers] name = "token"`); needed to
+    /// listen on anything but a loopback address.
+    #[arg(long)]
+    pub auth: Option<PathBuf>,
     /// Request-handling threads.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub workers: u16,
@@ -33,7 +37,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Runs the collector until Ctrl-C.
 pub fn run(a: Args) -> Result<()> {
+    let auth = a.auth.as_deref().map(telemark_collector::auth::Auth::load).transpose()?;
     let cfg = Config {
+        auth,
         listen: a.listen,
         db: a.db,
         retention: a.retention,

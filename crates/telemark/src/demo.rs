@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use telemark_agent::traffic::{self, FlowSpec};
 use telemark_agent::{Agent, FileConfig};
+use telemark_collector::api::Request;
 use telemark_collector::{now_ns, Collector, Config};
 use telemark_wire::FlowKey;
 
@@ -213,7 +214,7 @@ fn sleep_until(t_ns: u64, stop: &AtomicBool) {
 }
 
 fn get_json(c: &Collector, url: &str) -> Result<serde_json::Value> {
-    let r = c.api.handle("GET", url, b"", now_ns());
+    let r = c.api.handle(&Request::get(url), now_ns());
     if r.status != 200 {
         bail!("collector answered {} to {url}: {}", r.status, String::from_utf8_lossy(&r.body));
     }
@@ -400,7 +401,7 @@ pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Co
             stored.insert(name.to_string(), r["agent"]["records"].as_u64().unwrap_or(0));
         }
     }
-    let metrics = c.api.handle("GET", "/metrics", b"", now_ns());
+    let metrics = c.api.handle(&Request::get("/metrics"), now_ns());
     let duplicates = String::from_utf8_lossy(&metrics.body)
         .lines()
         .find_map(|l| l.strip_prefix("telemark_collector_duplicates_total "))

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use telemark_agent::traffic::{self, FlowSpec};
 use telemark_agent::{Agent, AgentStats, FileConfig};
+use telemark_collector::api::Request;
 use telemark_collector::{now_ns, Collector, Config};
 use telemark_wire::FlowKey;
 
@@ -110,7 +111,7 @@ fn key(sport: u16) -> FlowKey {
 }
 
 fn get(c: &Collector, url: &str) -> serde_json::Value {
-    let r = c.api.handle("GET", url, b"", now_ns());
+    let r = c.api.handle(&Request::get(url), now_ns());
     assert_eq!(r.status, 200, "{url}: {}", String::from_utf8_lossy(&r.body));
     serde_json::from_slice(&r.body).unwrap()
 }

@@ -61,15 +61,20 @@ fn post(agent: &ureq::Agent, url: &str, body: &[u8]) -> u16 {
     }
 }
 
-/// One ingest body of `RECORDS_PER_BATCH` loss records starting at `seq`.
+/// One ingest body of `RECORDS_PER_BATCH` loss records starting at `seq`, dated an hour ago (the
+/// collector refuses records from long ago or the future).
 fn batch(name: &str, seq: u64) -> Vec<u8> {
+    let hour_ago =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+            as u64
+            - 3_600_000_000_000;
     let records: Vec<serde_json::Value> = (seq..seq + RECORDS_PER_BATCH)
         .map(|b| {
             serde_json::json!({
                 "kind": "loss", "agent": name, "port": "p1", "point": "ingress",
                 "flow": {"src": "10.0.0.1", "dst": "10.0.0.7", "sport": 40000 + b % 1000,
                          "dport": 5201, "proto": 17},
-                "color": b % 2, "batch": b, "first_ns": 1_000_000_000 + b, "last_ns": 1_000_000_001 + b,
+                "color": b % 2, "batch": b, "first_ns": hour_ago + b, "last_ns": hour_ago + 1 + b,
                 "expected": 100, "observed": 99, "lost": 1, "late": 0,
             })
         })

@@ -1,0 +1,202 @@
+//! What a record must be to be stored: checked at the boundary, so that nothing stored can
+//! break a query or the page later (docs/collector.md, "Bad input").
+
+use telemark_core::records::{Flow, LossRecord, Record};
+
+/// Largest count one record may carry: a batch's counters are at most 32 bits wide, so sums
+/// over any number of records a store can hold stay far below 2^63.
+pub const MAX_COUNT: u64 = u32::MAX as u64;
+/// How far in the past a record may be dated.
+pub const MAX_AGE_NS: u64 = 400 * 24 * 3600 * 1_000_000_000;
+/// How far in the future (clocks disagree a little, never by a day).
+pub const MAX_AHEAD_NS: u64 = 24 * 3600 * 1_000_000_000;
+
+/// Why record `n` of a request was refused.
+pub fn record(r: &Record, now: u64) -> Result<(), String> {
+    if let Some(a) = r.agent() {
+        name("agent", a)?;
+    }
+    match r {
+        Record::Loss(l) => loss(l, now),
+        Record::Summary(s) => {
+            name("point", &s.point)?;
+            time_range(s.interval_start_ns, s.interval_end_ns, now)?;
+            counts(&[s.counts.expected, s.counts.observed, s.counts.lost, s.counts.late])
+        }
+        Record::FlowLoss(f) => {
+            name("point", &f.point)?;
+            flow(&f.flow)
+        }
+        Record::Flow(f) => {
+            name("point", &f.point)?;
+            flow(&f.flow)?;
+            time_range(f.window_start_ns, f.window_end_ns, now)
+        }
+        Record::Health(h) => {
+            time_range(h.interval_start_ns, h.interval_end_ns, now)?;
+            h.points.iter().try_for_each(|p| name("point", &p.point))
+        }
+        Record::Cost(c) => name("stage", &c.stage),
+        Record::Capture(_) => Err("capture records come from replay, not from agents".into()),
+    }
+}
+
+fn loss(l: &LossRecord, now: u64) -> Result<(), String> {
+    name("point", &l.point)?;
+    name("port", &l.port)?;
+    if let Some(u) = &l.upstream {
+        // `point`, or `agent/point` for another agent's.
+        u.split('/').try_for_each(|part| name("upstream", part))?;
+    }
+    flow(&l.flow)?;
+    if l.color > 1 {
+        return Err(format!("color {} (0 or 1)", l.color));
+    }
+    time_range(l.first_ns, l.last_ns, now)?;
+    counts(&[l.expected.unwrap_or(0), l.observed, l.lost, l.late, l.uncertain])?;
+    if let Some(e) = l.expected {
+        if l.lost.saturating_add(l.uncertain) > e {
+            return Err(format!(
+                "lost {} + uncertain {} is more than the {e} expected",
+                l.lost, l.uncertain
+            ));
+        }
+    } else if l.lost > 0 {
+        return Err(format!("lost {} with nothing expected", l.lost));
+    }
+    Ok(())
+}
+
+fn flow(f: &Flow) -> Result<(), String> {
+    for (what, a) in [("src", &f.src), ("dst", &f.dst)] {
+        if a.parse::<core::net::IpAddr>().is_err() {
+            return Err(format!("flow {what} {:?} is not an IP address", short(a)));
+        }
+    }
+    if f.si.is_some() != f.spi.is_some() || f.spi.is_some_and(|s| s >= 1 << 24) {
+        return Err("flow spi (24 bits) and si come together".into());
+    }
+    Ok(())
+}
+
+fn name(what: &str, s: &str) -> Result<(), String> {
+    if crate::api::valid_name(s) {
+        Ok(())
+    } else {
+        Err(format!("{what} {:?}: 1-64 of letters, digits and - _ . :", short(s)))
+    }
+}
+
+fn time_range(first: u64, last: u64, now: u64) -> Result<(), String> {
+    if last < first {
+        return Err(format!("ends ({last}) before it begins ({first})"));
+    }
+    if first < now.saturating_sub(MAX_AGE_NS) || last > now.saturating_add(MAX_AHEAD_NS) {
+        return Err(format!(
+            "dated {first}..{last} ns, more than 400 days ago or a day ahead of the collector's \
+             clock ({now})"
+        ));
+    }
+    Ok(())
+}
+
+fn counts(c: &[u64]) -> Result<(), String> {
+    match c.iter().find(|v| **v > MAX_COUNT) {
+        Some(v) => Err(format!("count {v} is more than one record can carry ({MAX_COUNT})")),
+        None => Ok(()),
+    }
+}
+
+/// The first 40 characters of `s`, for an error message.
+fn short(s: &str) -> String {
+    s.chars().take(40).collect()
+}
+
+/// A field of `got` (a request's JSON) that `known` (the same record as parsed, written back)
+/// does not have: an unknown field, which the record types cannot refuse themselves where they
+/// flatten their counters. A field holding `null`, `false` or 0 is let pass: the record types
+/// leave out such optional fields when they write, and it carries nothing.
+pub fn unknown_fields(
+    got: &serde_json::Value,
+    known: &serde_json::Value,
+    at: &str,
+) -> Option<String> {
+    use serde_json::Value;
+    let (Value::Object(g), Value::Object(k)) = (got, known) else {
+        return None;
+    };
+    for (key, v) in g {
+        let empty = match v {
+            Value::Null | Value::Bool(false) => true,
+            Value::Number(n) => n.as_u64() == Some(0),
+            _ => false,
+        };
+        match k.get(key) {
+            None if empty => {}
+            None => return Some(format!("{at}{key}")),
+            Some(kv) => {
+                if let Some(f) = unknown_fields(v, kv, &format!("{at}{key}.")) {
+                    return Some(f);
+                }
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const NOW: u64 = 1_800_000_000_000_000_000;
+
+    fn loss(v: serde_json::Value) -> Record {
+        let mut base = json!({
+            "kind": "loss", "agent": "sw-b", "port": "p1", "point": "ingress", "upstream": null,
+            "flow": {"src": "10.0.0.1", "dst": "10.0.0.7", "sport": 1, "dport": 2, "proto": 17,
+                     "spi": null, "si": null},
+            "color": 1, "batch": 3, "first_ns": NOW - 1000, "last_ns": NOW,
+            "expected": 100, "observed": 97, "lost": 3, "late": 0, "uncertain": 0
+        });
+        if let (Some(b), Some(o)) = (base.as_object_mut(), v.as_object()) {
+            for (k, x) in o {
+                b.insert(k.clone(), x.clone());
+            }
+        }
+        serde_json::from_value(base).unwrap()
+    }
+
+    #[test]
+    fn records_that_make_no_sense_are_refused_with_the_reason() {
+        assert_eq!(record(&loss(json!({})), NOW), Ok(()));
+        let flow = |src: &str| {
+            json!({"src": src, "dst": "10.0.0.7", "sport": 1, "dport": 2,
+                                      "proto": 17, "spi": null, "si": null})
+        };
+        for (change, says) in [
+            (json!({"flow": flow("<img src=x onerror=alert(1)>")}), "not an IP address"),
+            (json!({"point": "<script>"}), "point"),
+            (json!({"first_ns": NOW, "last_ns": NOW - 1}), "before it begins"),
+            (json!({"lost": 101, "observed": 0}), "more than the 100 expected"),
+            (json!({"lost": u64::MAX}), "more than one record can carry"),
+            (json!({"first_ns": 0, "last_ns": 1}), "400 days"),
+            (json!({"first_ns": NOW, "last_ns": 7_258_118_400_000_000_000u64}), "a day ahead"),
+            (json!({"color": 2}), "color"),
+            (json!({"expected": null, "lost": 1}), "nothing expected"),
+        ] {
+            let e = record(&loss(change.clone()), NOW).err().unwrap_or_default();
+            assert!(e.contains(says), "{change}: {e}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_found_at_any_depth() {
+        let known = json!({"a": 1, "flow": {"src": "x"}});
+        assert_eq!(unknown_fields(&json!({"a": 1}), &known, ""), None);
+        assert_eq!(unknown_fields(&json!({"b": 1}), &known, "").as_deref(), Some("b"));
+        assert_eq!(unknown_fields(&json!({"tail": false, "x": null}), &known, ""), None);
+        let deep = json!({"flow": {"src": "x", "evil": 1}});
+        assert_eq!(unknown_fields(&deep, &known, "").as_deref(), Some("flow.evil"));
+    }
+}

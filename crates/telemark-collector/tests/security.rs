@@ -1,0 +1,264 @@
+//! The collector exposed: tokens decide who writes as which agent and who reads; records that
+//! make no sense are refused before they are stored; the page renders what records bring as
+//! text (in headless Chromium, when it is installed: CI installs it).
+
+use std::net::SocketAddr;
+use telemark_collector::auth::Auth;
+use telemark_collector::client::Exporter;
+use telemark_collector::{now_ns, Collector, Config, StartError};
+use telemark_core::records::{Flow, LossRecord, Record, Scope};
+
+const SW_B: &str = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0";
+const SW_F: &str = "f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0";
+const OPS: &str = "0e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0e";
+
+fn tokens() -> Auth {
+    Auth::parse(&format!(
+        "[agents]\nsw-b = \"{SW_B}\"\nsw-f = \"{SW_F}\"\n[readers]\nops = \"{OPS}\"\n"
+    ))
+    .unwrap()
+}
+
+fn start(dir: &std::path::Path, auth: Option<Auth>) -> Collector {
+    let cfg = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        db: dir.join("t.db"),
+        workers: 2,
+        auth,
+        ..Config::default()
+    };
+    Collector::start(&cfg).unwrap()
+}
+
+fn loss(agent: &str, batch: u64, lost: u64) -> Record {
+    let t = now_ns() - 60_000_000_000 + batch * 10_000_000;
+    Record::Loss(LossRecord {
+        agent: agent.into(),
+        port: "p1".into(),
+        point: "egress".into(),
+        upstream: Some("ingress".into()),
+        scope: Scope::Segment,
+        flow: Flow {
+            src: "10.0.0.1".into(),
+            dst: "10.0.0.7".into(),
+            sport: 40000,
+            dport: 5201,
+            proto: 17,
+            spi: None,
+            si: None,
+        },
+        color: (batch % 2) as u8,
+        batch,
+        first_ns: t,
+        last_ns: t + 9_000_000,
+        expected: Some(100),
+        observed: 100 - lost,
+        lost,
+        late: 0,
+        uncertain: 0,
+        tail: false,
+    })
+}
+
+/// Status and body; `token` as a bearer token.
+fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> (u16, String) {
+    let mut r = ureq::request(method, &format!("http://{addr}{path}"));
+    if let Some(t) = token {
+        r = r.set("Authorization", &format!("Bearer {t}"));
+    }
+    match r.send_string(body) {
+        Ok(r) => (r.status(), r.into_string().unwrap()),
+        Err(ureq::Error::Status(s, r)) => (s, r.into_string().unwrap()),
+        Err(e) => panic!("{method} {path}: {e}"),
+    }
+}
+
+fn metric(addr: SocketAddr, prefix: &str) -> u64 {
+    let (_, m) = send(addr, "GET", "/metrics", Some(OPS), "");
+    m.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The attack that worked before: another agent's token (or none) cannot write under sw-b's
+/// name, so sw-b's real records are all stored; readers read, agents only write.
+#[test]
+fn each_token_writes_only_as_its_agent_and_readers_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = start(dir.path(), Some(tokens()));
+    let a = c.addr;
+    let url = format!("http://{a}");
+    // sw-b, with its token, registers and sends.
+    let mut b = Exporter::new(&url, "sw-b", 7, 1000).with_token(Some(SW_B));
+    for n in 0..50 {
+        b.push(loss("sw-b", n, 1));
+    }
+    assert_eq!(b.flush().unwrap(), 50);
+    // Records under sw-b's name, with sw-f's token, no token, or a reader's: refused.
+    let fake = serde_json::json!({
+        "agent": "sw-b", "boot": 7, "seq": 50,
+        "records": (50..60).map(|n| loss("sw-b", n, 99)).collect::<Vec<_>>()
+    })
+    .to_string();
+    let reg = r#"{"agent":"sw-b","version":"x","boot":8}"#;
+    assert_eq!(send(a, "POST", "/api/v1/ingest", Some(SW_F), &fake).0, 403);
+    assert_eq!(send(a, "POST", "/api/v1/agents", Some(SW_F), reg).0, 403);
+    assert_eq!(send(a, "POST", "/api/v1/ingest", None, &fake).0, 401);
+    assert_eq!(send(a, "POST", "/api/v1/ingest", Some(OPS), &fake).0, 403);
+    assert_eq!(send(a, "POST", "/api/v1/ingest", Some(&SW_B[1..]), &fake).0, 401);
+    assert_eq!(metric(a, "telemark_collector_errors_total{reason=\"forbidden\"}"), 3);
+    assert_eq!(metric(a, "telemark_collector_errors_total{reason=\"unauthenticated\"}"), 2);
+    // sw-f may not hide records of sw-b's inside its own request either.
+    let mixed = serde_json::json!({
+        "agent": "sw-f", "boot": 1, "seq": 0, "records": [loss("sw-f", 1, 1), loss("sw-b", 2, 1)]
+    })
+    .to_string();
+    send(a, "POST", "/api/v1/agents", Some(SW_F), r#"{"agent":"sw-f","version":"x","boot":1}"#);
+    let (s, e) = send(a, "POST", "/api/v1/ingest", Some(SW_F), &mixed);
+    assert_eq!(s, 400, "{e}");
+    assert!(e.contains("record 1") && e.contains("sw-b"), "{e}");
+    // sw-b goes on: nothing of its run was taken as a duplicate, every record is stored.
+    for n in 50..60 {
+        b.push(loss("sw-b", n, 1));
+    }
+    assert_eq!(b.flush().unwrap(), 10);
+    assert_eq!(b.duplicates, 0);
+    assert_eq!(c.api.store().counts().unwrap().0, 60);
+    // Reading: a reader's token only.
+    assert_eq!(send(a, "GET", "/api/v1/flows", None, "").0, 401);
+    assert_eq!(send(a, "GET", "/metrics", Some(SW_B), "").0, 403);
+    let (s, flows) = send(a, "GET", "/api/v1/flows", Some(OPS), "");
+    assert_eq!(s, 200);
+    let v: serde_json::Value = serde_json::from_str(&flows).unwrap();
+    assert_eq!(v[0]["lost"], 60);
+    // The page itself holds no data.
+    assert_eq!(send(a, "GET", "/", None, "").0, 200);
+}
+
+/// Without tokens the collector serves only loopback.
+#[test]
+fn an_exposed_address_needs_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config {
+        listen: "0.0.0.0:0".parse().unwrap(),
+        db: dir.path().join("t.db"),
+        ..Config::default()
+    };
+    match Collector::start(&cfg) {
+        Err(e @ StartError::Exposed { .. }) => assert!(e.to_string().contains("--auth")),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("listened on 0.0.0.0 without tokens"),
+    }
+    let c = Collector::start(&Config { auth: Some(tokens()), ..cfg }).unwrap();
+    assert_ne!(c.addr.port(), 0);
+}
+
+/// Records that once broke every query for the retention period, or made no sense, are
+/// refused with the reason and a counter; what was stored before still answers.
+#[test]
+fn records_that_make_no_sense_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = start(dir.path(), None);
+    let a = c.addr;
+    send(a, "POST", "/api/v1/agents", None, r#"{"agent":"sw-b","version":"x","boot":1}"#);
+    let good =
+        serde_json::json!({"agent": "sw-b", "boot": 1, "seq": 0, "records": [loss("sw-b", 1, 3)]});
+    assert_eq!(send(a, "POST", "/api/v1/ingest", None, &good.to_string()).0, 200);
+    let mut huge = serde_json::to_value(loss("sw-b", 2, 1)).unwrap();
+    huge["lost"] = serde_json::json!(u64::MAX);
+    huge["expected"] = serde_json::json!(u64::MAX);
+    let mut evil = serde_json::to_value(loss("sw-b", 3, 1)).unwrap();
+    evil["flow"]["src"] = serde_json::json!("<img src=x onerror=alert(1)>");
+    let mut extra = serde_json::to_value(loss("sw-b", 4, 1)).unwrap();
+    extra["flow"]["shell"] = serde_json::json!("rm -rf /");
+    let mut old = serde_json::to_value(loss("sw-b", 5, 1)).unwrap();
+    (old["first_ns"], old["last_ns"]) = (serde_json::json!(1), serde_json::json!(2));
+    for (n, (r, says)) in [
+        (huge, "more than one record can carry"),
+        (evil, "not an IP address"),
+        (extra, "unknown field flow.shell"),
+        (old, "400 days"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let body = serde_json::json!({"agent": "sw-b", "boot": 1, "seq": 10 + n, "records": [r]});
+        let (s, e) = send(a, "POST", "/api/v1/ingest", None, &body.to_string());
+        assert_eq!(s, 400, "{e}");
+        assert!(e.contains(says), "{e}");
+    }
+    assert_eq!(metric(a, "telemark_collector_errors_total{reason=\"bad_record\"}"), 4);
+    let q = "src=10.0.0.1&dst=10.0.0.7&sport=40000&dport=5201&proto=17";
+    for path in
+        ["/api/v1/flows".to_string(), format!("/api/v1/localise?{q}"), format!("/api/v1/loss?{q}")]
+    {
+        let (s, body) = send(a, "GET", &path, None, "");
+        assert_eq!(s, 200, "{path}: {body}");
+    }
+    assert_eq!(c.api.store().counts().unwrap().0, 1);
+}
+
+/// What a record brings is text on the page, never markup or script, whatever reached the
+/// store (here written to it directly, past the ingest checks), in a real browser.
+#[test]
+fn the_page_shows_record_text_as_text_in_chromium() {
+    let Some(chromium) = ["chromium", "chromium-browser"].into_iter().find(|b| {
+        std::process::Command::new(b).arg("--version").output().is_ok_and(|o| o.status.success())
+    }) else {
+        panic!("chromium is not installed (apt-get install chromium; .ci/run installs it)");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let c = start(dir.path(), None);
+    // One flow's address, and another flow's point name (that flow, losing more, is the one
+    // the page charts: its point names go into the chart's legend and SVG).
+    let payload = |id: &str| {
+        format!("<b id={id}>x</b><img src=x onerror=document.body.setAttribute('data-pwned',1)>")
+    };
+    let mut by_address = loss("sw-b", 1, 5);
+    if let Record::Loss(l) = &mut by_address {
+        l.flow.src = payload("in-address");
+    }
+    let mut by_point = loss("sw-b", 2, 50);
+    if let Record::Loss(l) = &mut by_point {
+        l.flow.sport = 40001;
+        l.point = payload("in-point");
+    }
+    {
+        let mut st = c.api.store();
+        st.register("sw-b", "x", 1, now_ns()).unwrap();
+        st.ingest("sw-b", 1, 0, &[by_address, by_point], 0, now_ns()).unwrap();
+    }
+    let out = std::process::Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+        ])
+        .arg(format!("http://{}/", c.addr))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&out.stdout);
+    // The page ran (both flows are listed, one charted), each payload is shown as text, and
+    // none of it became markup or ran.
+    for id in ["in-address", "in-point"] {
+        assert!(dom.contains(&format!("&lt;b id={id}&gt;")), "{id} not shown as text:\n{dom}");
+        assert!(!dom.contains(&format!("id=\"{id}\"")), "{id} became markup:\n{dom}");
+    }
+    assert!(!dom.contains("data-pwned=\"1\""), "payload ran:\n{dom}");
+    assert!(!dom.contains("<img"), "payload became markup:\n{dom}");
+}
