@@ -130,6 +130,20 @@ pub struct ExportSection {
     /// A file holding this agent's token for the collector (its token file's `[agents]`
     /// entry); read at start.
     pub token_file: Option<std::path::PathBuf>,
+    /// For an `https://` collector: the CA certificate(s) (PEM) that signed its certificate;
+    /// only these are trusted. Absent: the public web PKI.
+    pub ca_file: Option<std::path::PathBuf>,
+}
+
+/// The agent's own `/metrics` listener (its health, for Prometheus).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Address, e.g. `127.0.0.1:9901`.
+    pub listen: std::net::SocketAddr,
+    /// A file holding the token scrapers must send (`Authorization: Bearer`); needed to listen
+    /// on anything but a loopback address.
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// The file.
@@ -155,6 +169,8 @@ pub struct FileConfig {
     pub loss: Option<LossSection>,
     /// Export.
     pub export: Option<ExportSection>,
+    /// The agent's `/metrics`; absent: no listener.
+    pub metrics: Option<MetricsSection>,
 }
 
 /// The validated configuration the agent runs with.
@@ -184,10 +200,28 @@ pub struct AgentConfig {
     pub report_all: bool,
     /// The token sent to the collector.
     pub token: Option<String>,
+    /// TLS trust for an `https://` collector, from `export.ca_file`.
+    pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    /// Where `/metrics` is served, and the token scrapers must send.
+    pub metrics: Option<(std::net::SocketAddr, Option<String>)>,
     /// Measure; false: forward only.
     pub measure: bool,
     /// Discard records instead of printing them when there is no collector (benchmarks).
     pub quiet: bool,
+}
+
+/// The one token in file `f` (whitespace around it ignored).
+fn token_file(what: &str, f: &std::path::Path) -> Result<String, ConfigError> {
+    let t = std::fs::read_to_string(f)
+        .map_err(|err| invalid(format!("{what} {}: {err}", f.display())))?;
+    let t = t.trim().to_string();
+    if t.len() < 32 || !t.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(invalid(format!(
+            "{what} {}: one token of at least 32 printable characters",
+            f.display()
+        )));
+    }
+    Ok(t)
 }
 
 fn duration(what: &str, s: &Option<String>, default: u64) -> Result<u64, ConfigError> {
@@ -297,27 +331,38 @@ impl FileConfig {
         loss.validate().map_err(|e| invalid(format!("[loss]: {e}")))?;
         let e = self.export.unwrap_or_default();
         if let Some(c) = &e.collector {
-            if !(c.starts_with("http://")) {
-                return Err(invalid(format!("export.collector {c:?}: write http://host:port")));
+            if !(c.starts_with("http://") || c.starts_with("https://")) {
+                return Err(invalid(format!(
+                    "export.collector {c:?}: write http://host:port or https://host:port"
+                )));
             }
         }
         let buffer = e.buffer.unwrap_or(100_000);
         if buffer == 0 {
             return Err(invalid("export.buffer: must be at least 1"));
         }
-        let token = match &e.token_file {
+        let token =
+            e.token_file.as_deref().map(|f| token_file("export.token_file", f)).transpose()?;
+        let tls = match &e.ca_file {
             None => None,
-            Some(f) => {
-                let t = std::fs::read_to_string(f)
-                    .map_err(|err| invalid(format!("export.token_file {}: {err}", f.display())))?;
-                let t = t.trim().to_string();
-                if t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()) {
+            Some(f) => Some(
+                telemark_transport::tls::client_config(f)
+                    .map_err(|err| invalid(format!("export.ca_file: {err}")))?,
+            ),
+        };
+        let metrics = match self.metrics {
+            None => None,
+            Some(m) => {
+                let t = m.token_file.as_deref().map(|f| token_file("metrics.token_file", f));
+                let t = t.transpose()?;
+                if t.is_none() && !m.listen.ip().is_loopback() {
                     return Err(invalid(format!(
-                        "export.token_file {}: one token of printable characters",
-                        f.display()
+                        "metrics.listen {}: not a loopback address, so scrapers need a token \
+                         (metrics.token_file)",
+                        m.listen
                     )));
                 }
-                Some(t)
+                Some((m.listen, t))
             }
         };
         Ok(AgentConfig {
@@ -337,6 +382,8 @@ impl FileConfig {
             buffer,
             report_all: e.report_all.unwrap_or(false),
             token,
+            tls,
+            metrics,
             measure: self.measure.unwrap_or(true),
             quiet: false,
         })

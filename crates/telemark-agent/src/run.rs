@@ -13,14 +13,13 @@
 //! full RX ring in the kernel) is counted and exported as the agent's health.
 
 use crate::config::{AgentConfig, MarkSide};
+use crate::metrics::AgentMetrics;
 use serde::Serialize;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use telemark_collector::client::Exporter;
-use telemark_collector::now_ns;
 use telemark_core::flow_hash;
 use telemark_core::loss::{color_of, Aggregator, AnyColorTable, BatchEvent, PointSpec, PointStats};
 use telemark_core::records::{CostRecord, HealthRecord, PointHealth, Record};
@@ -29,6 +28,9 @@ use telemark_datapath::afpacket::{self, RingConfig, RxRing, TxRing};
 use telemark_datapath::events::RingSink;
 use telemark_datapath::switch::{Action, Switch, SwitchConfig, SwitchStats, Tx, BURST};
 use telemark_datapath::Pkt;
+use telemark_transport::exporter::Exporter;
+use telemark_transport::now_ns;
+use telemark_transport::server::{Limits, Server, ServerConfig, ServerStats};
 use telemark_wire::flow::{self, LinkType};
 
 /// Why the agent could not start.
@@ -40,6 +42,9 @@ pub enum AgentError {
     /// A thread could not be started.
     #[error("cannot start thread: {0}")]
     Thread(std::io::Error),
+    /// The `/metrics` listener could not start.
+    #[error("metrics listener: {0}")]
+    Metrics(telemark_transport::server::ServerError),
 }
 
 /// Counters of the fast path, published by it ten times a second.
@@ -103,9 +108,19 @@ pub struct AgentStats {
 
 /// Where each thread publishes its counters; each writes only its own.
 #[derive(Default)]
-struct Shared {
+pub(crate) struct Shared {
     path: Mutex<PathStats>,
     export: Mutex<ExportStats>,
+}
+
+impl Shared {
+    /// Both threads' counters as last published.
+    pub(crate) fn snapshot(&self) -> AgentStats {
+        AgentStats {
+            path: self.path.lock().map(|s| s.clone()).unwrap_or_default(),
+            export: self.export.lock().map(|s| s.clone()).unwrap_or_default(),
+        }
+    }
 }
 
 /// What processes packets arriving on one port.
@@ -130,6 +145,7 @@ impl Tx for Outbox {
 pub struct Agent {
     stop: Arc<AtomicBool>,
     stats: Arc<Shared>,
+    metrics: Option<Server>,
     fast: Option<JoinHandle<()>>,
     agg: Option<JoinHandle<()>>,
 }
@@ -188,6 +204,28 @@ impl Agent {
             txs.push(t);
         }
         let (points, per_port) = layout(&cfg);
+        let stats = Arc::new(Shared::default());
+        let metrics = match &cfg.metrics {
+            None => None,
+            Some((listen, token)) => {
+                let transport = Arc::new(ServerStats::default());
+                let handler = Arc::new(AgentMetrics {
+                    agent: cfg.agent.clone(),
+                    shared: stats.clone(),
+                    points: points.clone(),
+                    ports: names.iter().map(|n| n.to_string()).collect(),
+                    token: token.clone(),
+                    transport: transport.clone(),
+                });
+                let scfg = ServerConfig {
+                    listen: *listen,
+                    tls: None,
+                    limits: Limits { max_body: 0, max_connections: 64, ..Limits::default() },
+                    workers: 1,
+                };
+                Some(Server::start(scfg, handler, transport).map_err(AgentError::Metrics)?)
+            }
+        };
         let mut procs = Vec::new();
         for (i, (m, ing, eg)) in per_port.iter().enumerate() {
             if i < 2 * cfg.pairs.len() {
@@ -216,7 +254,6 @@ impl Agent {
         let (prod, cons) = spsc::channel::<BatchEvent>(1 << 16);
         let stop = Arc::new(AtomicBool::new(false));
         let fast_done = Arc::new(AtomicBool::new(false));
-        let stats = Arc::new(Shared::default());
         let fast = FastPath {
             points: per_port.clone(),
             rxs,
@@ -239,7 +276,7 @@ impl Agent {
             .name("tm-aggregator".into())
             .spawn(move || slow.run(&fast_done, &st2))
             .map_err(AgentError::Thread)?;
-        Ok(Agent { stop, stats, fast: Some(fast), agg: Some(agg) })
+        Ok(Agent { stop, stats, metrics, fast: Some(fast), agg: Some(agg) })
     }
 
     /// The flag that stops the agent (for a signal handler).
@@ -249,10 +286,12 @@ impl Agent {
 
     /// Current counters.
     pub fn stats(&self) -> AgentStats {
-        AgentStats {
-            path: self.stats.path.lock().map(|s| s.clone()).unwrap_or_default(),
-            export: self.stats.export.lock().map(|s| s.clone()).unwrap_or_default(),
-        }
+        self.stats.snapshot()
+    }
+
+    /// Where `/metrics` is served, when it is.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics.as_ref().map(|s| s.addr)
     }
 
     /// Stops the fast path, closes every open batch, exports what is left (trying for a few
@@ -488,8 +527,12 @@ impl Slow {
         let boot = now_ns();
         let mut out = match &self.cfg.collector {
             Some(c) => {
-                let ex = Exporter::new(c, &self.cfg.agent, boot, self.cfg.buffer);
-                Out::Collector(Box::new(ex.with_token(self.cfg.token.as_deref())))
+                let mut ex = Exporter::new(c, &self.cfg.agent, boot, self.cfg.buffer)
+                    .with_token(self.cfg.token.as_deref());
+                if let Some(tls) = &self.cfg.tls {
+                    ex = ex.with_tls(tls.clone());
+                }
+                Out::Collector(Box::new(ex))
             }
             None if self.cfg.quiet => Out::Discard,
             None => Out::Stdout,

@@ -15,10 +15,12 @@
 use crate::auth::{Auth, Identity};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
-use serde::{Deserialize, Serialize};
 use serde_json::json;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use telemark_core::records::{Flow, Record};
+use telemark_transport::http::Handler;
+use telemark_transport::server::ServerStats;
+use telemark_transport::wire::{Ack, Register};
 
 /// Every path served.
 const ROUTES: &[&str] = &[
@@ -39,69 +41,17 @@ const CSP: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; \
     style-src 'unsafe-inline'; img-src 'self'; base-uri 'none'; form-action 'none'; \
     frame-ancestors 'none'";
 
-/// One request, as the server read it.
-#[derive(Debug, Clone, Copy)]
-pub struct Request<'a> {
-    /// `GET`, `POST`, …
-    pub method: &'a str,
-    /// Path and query.
-    pub url: &'a str,
-    /// The token of its `Authorization: Bearer` header.
-    pub token: Option<&'a str>,
-    /// Its body.
-    pub body: &'a [u8],
-}
-
-impl<'a> Request<'a> {
-    /// A `GET` of `url` without a token.
-    pub fn get(url: &'a str) -> Self {
-        Request { method: "GET", url, token: None, body: b"" }
-    }
-}
+pub use telemark_transport::http::{Request, Response};
 
 /// Largest number of records in one ingest request.
 pub const MAX_RECORDS: usize = 10_000;
 
-/// An HTTP response.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Response {
-    /// Status code.
-    pub status: u16,
-    /// Content type.
-    pub content_type: &'static str,
-    /// Body.
-    pub body: Vec<u8>,
-    /// Other headers.
-    pub headers: Vec<(&'static str, String)>,
-}
-
-impl Response {
-    fn json<T: Serialize>(status: u16, v: &T) -> Response {
-        Response {
-            status,
-            content_type: "application/json",
-            body: serde_json::to_vec(v).unwrap_or_default(),
-            headers: Vec::new(),
-        }
-    }
-
-    /// A static document, with the page's content security policy.
-    fn document(content_type: &'static str, body: &str) -> Response {
-        Response {
-            status: 200,
-            content_type,
-            body: body.as_bytes().to_vec(),
-            headers: vec![
-                ("Content-Security-Policy", CSP.into()),
-                ("X-Content-Type-Options", "nosniff".into()),
-            ],
-        }
-    }
-
-    /// A JSON error `{"error": msg}`.
-    pub fn error(status: u16, msg: impl std::fmt::Display) -> Response {
-        Response::json(status, &json!({ "error": msg.to_string() }))
-    }
+/// A static document, with the page's content security policy.
+fn document(content_type: &'static str, body: &str) -> Response {
+    let mut r = Response::text(content_type, body.to_string());
+    r.headers.push(("Content-Security-Policy", CSP.into()));
+    r.headers.push(("X-Content-Type-Options", "nosniff".into()));
+    r
 }
 
 /// Everything a request may touch.
@@ -114,27 +64,28 @@ pub struct Api {
     pub stale_ns: u64,
     /// Tokens (`None`: everyone is trusted, loopback only).
     pub auth: Option<Auth>,
+    /// What the HTTP server saw (connections, refusals, latency), shown in `/metrics`.
+    pub transport: Arc<ServerStats>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Register {
-    agent: String,
-    version: String,
-    boot: u64,
+impl Handler for Api {
+    fn handle(&self, req: &Request<'_>, now: u64) -> Response {
+        Api::handle(self, req, now)
+    }
+
+    fn route(&self, path: &str) -> &'static str {
+        route_of(path)
+    }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Ingest {
-    agent: String,
-    boot: u64,
-    seq: u64,
-    #[serde(default)]
-    export_dropped: u64,
-    /// Parsed one by one, so that each can be checked against what it parsed as.
-    records: Vec<serde_json::Value>,
+/// The metrics label of `path`: itself when served, else `other`.
+fn route_of(path: &str) -> &'static str {
+    ROUTES.iter().find(|r| **r == path).copied().unwrap_or("other")
 }
+
+/// An ingest request; its records are parsed one by one, so that each can be checked against
+/// what it parsed as.
+type Ingest = telemark_transport::wire::Ingest<serde_json::Value>;
 
 /// Whether `s` may name an agent (or a token's holder).
 pub(crate) fn valid_name(s: &str) -> bool {
@@ -148,23 +99,21 @@ impl Api {
     pub fn handle(&self, req: &Request<'_>, now: u64) -> Response {
         let (path, query) = req.url.split_once('?').unwrap_or((req.url, ""));
         // Unknown paths share one metrics label, so a scan cannot grow the metrics.
-        let route = ROUTES.iter().find(|r| **r == path).copied().unwrap_or("other");
+        let route = route_of(path);
         let who = match &self.auth {
             None => Some(Identity::Anyone),
             Some(a) => a.identify(req.token),
         };
         let r = match (req.method, path, who) {
             // The page holds no data (it reads the API with the token it is given).
-            ("GET", "/", _) => Response::document("text/html; charset=utf-8", crate::page::HTML),
+            ("GET", "/", _) => document("text/html; charset=utf-8", crate::page::HTML),
             ("GET", "/page.js", _) => {
-                Response::document("text/javascript; charset=utf-8", crate::page::SCRIPT)
+                document("text/javascript; charset=utf-8", crate::page::SCRIPT)
             }
             _ if route == "other" => Response::error(404, format!("no such endpoint: {path}")),
             (_, _, None) => {
                 self.metrics.count_error("unauthenticated");
-                let mut r = Response::error(401, "a valid token is needed (Authorization: Bearer)");
-                r.headers.push(("WWW-Authenticate", "Bearer realm=\"telemark\"".into()));
-                r
+                Response::unauthenticated()
             }
             ("POST", "/api/v1/ingest", Some(who)) => self.ingest(req.body, &who, now),
             ("POST", "/api/v1/agents", Some(who)) => self.register(req.body, &who, now),
@@ -276,13 +225,10 @@ impl Api {
         match st.ingest(&req.agent, req.boot, req.seq, &records, req.export_dropped, now) {
             Ok(s) => {
                 self.metrics.ingested(&records, s);
+                let next_seq = req.seq + req.records.len() as u64;
                 Response::json(
                     200,
-                    &json!({
-                        "accepted": s.accepted,
-                        "duplicates": s.duplicates,
-                        "next_seq": req.seq + req.records.len() as u64,
-                    }),
+                    &Ack { accepted: s.accepted, duplicates: s.duplicates, next_seq },
                 )
             }
             Err(e) => self.db_error(e),
@@ -485,12 +431,9 @@ impl Api {
         let agents = st.agents().unwrap_or_default();
         let counts = st.counts().unwrap_or_default();
         drop(st);
-        Response {
-            status: 200,
-            content_type: "text/plain; version=0.0.4",
-            headers: Vec::new(),
-            body: self.metrics.render(&agents, counts).into_bytes(),
-        }
+        let mut page = self.metrics.render(&agents, counts);
+        self.transport.render("telemark_collector", &mut page);
+        Response::text("text/plain; version=0.0.4", page)
     }
 
     fn bad_query(&self, e: String) -> Response {

@@ -137,12 +137,6 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The token of an `Authorization` header's value (`Bearer <token>`).
-pub fn bearer(header: &str) -> Option<&str> {
-    let (scheme, token) = header.trim().split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,9 +155,6 @@ mod tests {
         let b = Identity::Agent("sw-b".into());
         assert!(b.may_write_as("sw-b") && !b.may_write_as("sw-f") && !b.may_read());
         assert!(Identity::Reader("ops".into()).may_read());
-        assert_eq!(bearer(&format!("Bearer {A}")), Some(A));
-        assert_eq!(bearer(&format!("bearer  {A} ")), Some(A));
-        assert_eq!(bearer(&format!("Basic {A}")), None);
         // Nothing of a token in its Debug form.
         assert!(!format!("{auth:?}").contains(A));
     }

@@ -8,7 +8,6 @@
 
 pub mod api;
 pub mod auth;
-pub mod client;
 pub mod link;
 pub mod metrics;
 mod page;
@@ -16,14 +15,15 @@ pub mod path;
 pub mod store;
 pub mod validate;
 
-use api::{Api, Response};
-use std::io::Read;
+use api::Api;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+pub use telemark_transport::now_ns;
+use telemark_transport::server::{Limits, Server, ServerConfig, ServerStats};
 
 /// Collector settings.
 #[derive(Debug, Clone)]
@@ -34,8 +34,10 @@ pub struct Config {
     pub db: PathBuf,
     /// Records older than this are deleted (checked once a minute); 0 keeps everything.
     pub retention: Duration,
-    /// Largest request body accepted.
-    pub max_body: usize,
+    /// What a client may make the server hold (body, head, URL, connections, timeouts).
+    pub limits: Limits,
+    /// TLS (certificate and key), when set.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Request-handling threads.
     pub workers: usize,
     /// Agents silent for longer than this are shown unhealthy.
@@ -50,17 +52,13 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 9900)),
             db: PathBuf::from("telemark.db"),
             retention: Duration::from_secs(7 * 24 * 3600),
-            max_body: 8 << 20,
+            limits: Limits::default(),
+            tls: None,
             workers: 4,
             stale: Duration::from_secs(15),
             auth: None,
         }
     }
-}
-
-/// Nanoseconds since the Unix epoch.
-pub fn now_ns() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// A failure to start.
@@ -89,7 +87,7 @@ pub enum StartError {
         /// The address.
         addr: SocketAddr,
         /// Why.
-        err: String,
+        err: telemark_transport::server::ServerError,
     },
 }
 
@@ -99,7 +97,7 @@ pub struct Collector {
     pub addr: SocketAddr,
     /// The shared state, for in-process use (the demo reads it directly).
     pub api: Arc<Api>,
-    server: Arc<tiny_http::Server>,
+    server: Option<Server>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -117,26 +115,19 @@ impl Collector {
             metrics: metrics::Metrics::default(),
             stale_ns: cfg.stale.as_nanos() as u64,
             auth: cfg.auth.clone(),
+            transport: Arc::new(ServerStats::default()),
         });
-        let server = tiny_http::Server::http(cfg.listen)
-            .map_err(|e| StartError::Listen { addr: cfg.listen, err: e.to_string() })?;
-        let addr = server.server_addr().to_ip().unwrap_or(cfg.listen);
-        let server = Arc::new(server);
+        let server_cfg = ServerConfig {
+            listen: cfg.listen,
+            tls: cfg.tls.clone(),
+            limits: cfg.limits.clone(),
+            workers: cfg.workers,
+        };
+        let server = Server::start(server_cfg, api.clone(), api.transport.clone())
+            .map_err(|err| StartError::Listen { addr: cfg.listen, err })?;
+        let addr = server.addr;
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
-        for _ in 0..cfg.workers.max(1) {
-            let (server, api, stop) = (server.clone(), api.clone(), stop.clone());
-            let max_body = cfg.max_body;
-            threads.push(std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    match server.recv_timeout(Duration::from_millis(200)) {
-                        Ok(Some(req)) => serve(&api, req, max_body),
-                        Ok(None) => {}
-                        Err(_) => break,
-                    }
-                }
-            }));
-        }
         if !cfg.retention.is_zero() {
             let (api, stop, keep) = (api.clone(), stop.clone(), cfg.retention);
             threads.push(std::thread::spawn(move || {
@@ -154,17 +145,19 @@ impl Collector {
                 }
             }));
         }
-        Ok(Collector { addr, api, server, stop, threads })
+        Ok(Collector { addr, api, server: Some(server), stop, threads })
     }
 
-    /// Stops serving and waits for the threads (requests in progress finish first).
+    /// Stops accepting, lets requests in progress finish, and waits for the threads.
     pub fn stop(mut self) {
         self.shutdown();
     }
 
     fn shutdown(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.stop();
+        }
         self.stop.store(true, Ordering::Relaxed);
-        self.server.unblock();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -175,46 +168,4 @@ impl Drop for Collector {
     fn drop(&mut self) {
         self.shutdown();
     }
-}
-
-/// Reads one request (at most `max_body` bytes of body) and answers it.
-fn serve(api: &Api, mut req: tiny_http::Request, max_body: usize) {
-    let method = req.method().as_str().to_string();
-    let url = req.url().to_string();
-    let authorization = req
-        .headers()
-        .iter()
-        .find(|h| h.field.equiv("Authorization"))
-        .map(|h| h.value.as_str().to_string());
-    let token = authorization.as_deref().and_then(auth::bearer);
-    let declared = req.body_length();
-    let resp = if declared.is_some_and(|n| n > max_body) {
-        api.metrics.count_error("body_too_large");
-        Response::error(413, format!("request body over {max_body} bytes"))
-    } else {
-        let mut body = Vec::new();
-        let read = req.as_reader().take(max_body as u64 + 1).read_to_end(&mut body);
-        match read {
-            Err(e) => {
-                api.metrics.count_error("read");
-                Response::error(400, format!("reading the request body: {e}"))
-            }
-            Ok(_) if body.len() > max_body => {
-                api.metrics.count_error("body_too_large");
-                Response::error(413, format!("request body over {max_body} bytes"))
-            }
-            Ok(_) => {
-                let r = api::Request { method: &method, url: &url, token, body: &body };
-                api.handle(&r, now_ns())
-            }
-        }
-    };
-    let mut r = tiny_http::Response::from_data(resp.body).with_status_code(resp.status);
-    let headers = std::iter::once(("Content-Type", resp.content_type.to_string()))
-        .chain(resp.headers)
-        .filter_map(|(k, v)| tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes()).ok());
-    for h in headers {
-        r = r.with_header(h);
-    }
-    let _ = req.respond(r);
 }

@@ -4,9 +4,9 @@
 
 use std::net::SocketAddr;
 use telemark_collector::auth::Auth;
-use telemark_collector::client::Exporter;
 use telemark_collector::{now_ns, Collector, Config, StartError};
 use telemark_core::records::{Flow, LossRecord, Record, Scope};
+use telemark_transport::exporter::Exporter;
 
 const SW_B: &str = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0";
 const SW_F: &str = "f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0";

@@ -28,6 +28,15 @@ pub struct Args {
     /// Request-handling threads.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub workers: u16,
+    /// Connections open at once (more wait in the kernel's backlog).
+    #[arg(long, default_value_t = 4096)]
+    pub max_connections: usize,
+    /// Serve HTTPS with this certificate chain (PEM, leaf first); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// A duration such as `30s`, `15m`, `48h`, `7d` (seconds without a unit; 0 allowed).
@@ -38,18 +47,29 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// Runs the collector until Ctrl-C.
 pub fn run(a: Args) -> Result<()> {
     let auth = a.auth.as_deref().map(telemark_collector::auth::Auth::load).transpose()?;
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => Some(telemark_transport::tls::server_config(cert, key)?),
+        _ => None,
+    };
+    let defaults = Config::default();
     let cfg = Config {
         auth,
+        tls,
         listen: a.listen,
         db: a.db,
         retention: a.retention,
-        max_body: a.max_body,
+        limits: telemark_transport::server::Limits {
+            max_body: a.max_body,
+            max_connections: a.max_connections.max(1),
+            ..defaults.limits.clone()
+        },
         workers: usize::from(a.workers),
-        ..Config::default()
+        ..defaults
     };
     let c = Collector::start(&cfg)?;
     eprintln!(
-        "telemark collector: http://{} (page, /api/v1/…, /metrics), database {}",
+        "telemark collector: {}://{} (page, /api/v1/…, /metrics), database {}",
+        if cfg.tls.is_some() { "https" } else { "http" },
         c.addr,
         cfg.db.display()
     );

@@ -2,6 +2,7 @@
 
 mod agent;
 mod bench;
+mod bench_collector;
 mod bench_live;
 mod bench_sketch;
 mod collector;
@@ -50,6 +51,9 @@ enum Cmd {
     /// Sketch update rates, vanilla against NitroSketch, and the heavy-hitter pipeline against
     /// an exact table as active flows grow (one core).
     BenchSketch(bench_sketch::Args),
+    /// Records per second one collector stores, acknowledged, pinned to one core (optionally
+    /// against another build's collector, alternating).
+    BenchCollector(bench_collector::Args),
 }
 
 fn main() {
@@ -59,6 +63,7 @@ fn main() {
         Cmd::Replay(a) => replay::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::BenchSketch(a) => bench_sketch::run(a),
+        Cmd::BenchCollector(a) => bench_collector::run(a),
         Cmd::BenchLive(a) => bench_live::run(a),
         Cmd::Eval(a) => eval::run(a),
         Cmd::Collector(a) => collector::run(a),

@@ -7,8 +7,10 @@
 //! (`dropped`), and the count travels with every request so the collector shows it. Nothing
 //! here blocks the fast path: the aggregator thread owns the exporter.
 
-use serde_json::json;
+use crate::wire::{Ack, Ingest, Register};
+use serde::Serialize;
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 use telemark_core::records::Record;
 
@@ -65,10 +67,7 @@ impl Exporter {
             buf: VecDeque::new(),
             cap: cap.max(1),
             batch: 1000,
-            http: ureq::AgentBuilder::new()
-                .timeout_connect(Duration::from_secs(1))
-                .timeout(Duration::from_secs(5))
-                .build(),
+            http: Self::client().build(),
             authorization: None,
             registered: false,
             dropped: 0,
@@ -82,6 +81,19 @@ impl Exporter {
     pub fn with_token(mut self, token: Option<&str>) -> Exporter {
         self.authorization = token.map(|t| format!("Bearer {t}"));
         self
+    }
+
+    /// Speaks TLS with `tls` (for an `https://` collector whose certificate a private CA
+    /// signed: [`crate::tls::client_config`]); without it, `https://` trusts the public web PKI.
+    pub fn with_tls(mut self, tls: Arc<rustls::ClientConfig>) -> Exporter {
+        self.http = Self::client().tls_config(tls).build();
+        self
+    }
+
+    fn client() -> ureq::AgentBuilder {
+        ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(1))
+            .timeout(Duration::from_secs(5))
     }
 
     /// Queues a record; false (and counted) when the buffer is full.
@@ -117,14 +129,16 @@ impl Exporter {
         }
         while let Some(&(seq, _)) = self.buf.front() {
             let n = self.buf.len().min(self.batch);
-            let records: Vec<&Record> = self.buf.iter().take(n).map(|(_, r)| r).collect();
-            let body = json!({
-                "agent": self.agent, "boot": self.boot, "seq": seq,
-                "export_dropped": self.dropped, "records": records,
-            });
-            match self.post("/api/v1/ingest", &body) {
-                Ok(v) => {
-                    self.duplicates += v["duplicates"].as_u64().unwrap_or(0);
+            let body = Ingest {
+                agent: self.agent.clone(),
+                boot: self.boot,
+                seq,
+                export_dropped: self.dropped,
+                records: self.buf.iter().take(n).map(|(_, r)| r).collect(),
+            };
+            match self.post::<_, Ack>("/api/v1/ingest", &body) {
+                Ok(ack) => {
+                    self.duplicates += ack.duplicates;
                     self.acked += n as u64;
                     self.buf.drain(..n);
                     sent += n as u64;
@@ -141,13 +155,18 @@ impl Exporter {
     }
 
     fn register(&mut self) -> Result<(), ExportError> {
-        let body = json!({ "agent": self.agent, "version": self.version, "boot": self.boot });
-        self.post("/api/v1/agents", &body)?;
+        let body =
+            Register { agent: self.agent.clone(), version: self.version.clone(), boot: self.boot };
+        self.post::<_, serde_json::Value>("/api/v1/agents", &body)?;
         self.registered = true;
         Ok(())
     }
 
-    fn post(&self, path: &str, body: &serde_json::Value) -> Result<serde_json::Value, ExportError> {
+    fn post<B: Serialize, A: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<A, ExportError> {
         let mut req = self.http.post(&format!("{}{path}", self.base));
         if let Some(a) = &self.authorization {
             req = req.set("Authorization", a);

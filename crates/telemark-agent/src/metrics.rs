@@ -1,0 +1,238 @@
+//! The agent's `/metrics` (docs/agent.md, "Metrics"): its health as Prometheus counters, read
+//! from what the fast path and the aggregator publish (no lock on the fast path: it publishes
+//! ten times a second into a mutex only this page and the aggregator read).
+
+use crate::run::{AgentStats, Shared};
+use std::fmt::Write as _;
+use std::sync::Arc;
+use telemark_core::loss::PointSpec;
+use telemark_transport::http::{Handler, Request, Response};
+use telemark_transport::server::ServerStats;
+
+/// One point's row as the fast path publishes it: point number, counters, flows held, capacity.
+type PointRow = (u8, telemark_core::loss::PointStats, u64, u64);
+
+/// The handler behind the agent's listener.
+pub(crate) struct AgentMetrics {
+    pub(crate) agent: String,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) points: Vec<PointSpec>,
+    /// Port names in the fast path's order.
+    pub(crate) ports: Vec<String>,
+    /// The token scrapers must send, when set.
+    pub(crate) token: Option<String>,
+    pub(crate) transport: Arc<ServerStats>,
+}
+
+impl Handler for AgentMetrics {
+    fn handle(&self, req: &Request<'_>, _now: u64) -> Response {
+        match (req.method, req.path()) {
+            (_, "/metrics") if !self.authorised(req.token) => Response::unauthenticated(),
+            ("GET", "/metrics") => {
+                Response::text("text/plain; version=0.0.4", self.render(&self.shared.snapshot()))
+            }
+            (_, "/metrics") => Response::error(405, "only GET is allowed on /metrics"),
+            (_, p) => {
+                Response::error(404, format!("no such endpoint: {p} (the agent serves /metrics)"))
+            }
+        }
+    }
+
+    fn route(&self, path: &str) -> &'static str {
+        if path == "/metrics" {
+            "/metrics"
+        } else {
+            "other"
+        }
+    }
+}
+
+/// Writes one metric family: its HELP and TYPE lines and one sample per label set.
+fn family(o: &mut String, name: &str, kind: &str, help: &str, samples: &[(String, u64)]) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (labels, v) in samples {
+        let _ = writeln!(o, "{name}{labels} {v}");
+    }
+}
+
+impl AgentMetrics {
+    fn authorised(&self, token: Option<&str>) -> bool {
+        match (&self.token, token) {
+            (None, _) => true,
+            (Some(want), Some(got)) => {
+                want.len() == got.len()
+                    && want.bytes().zip(got.bytes()).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0
+            }
+            (Some(_), None) => false,
+        }
+    }
+
+    fn render(&self, s: &AgentStats) -> String {
+        let mut o = String::new();
+        let a = format!("agent=\"{}\"", self.agent);
+        let one = |v: u64| vec![(format!("{{{a}}}"), v)];
+        family(
+            &mut o,
+            "telemark_agent_build_info",
+            "gauge",
+            "The agent's version.",
+            &[(format!("{{{a},version=\"{}\"}}", env!("CARGO_PKG_VERSION")), 1)],
+        );
+        let p = &s.path;
+        family(
+            &mut o,
+            "telemark_agent_rx_frames_total",
+            "counter",
+            "Frames read from the receive rings.",
+            &one(p.rx),
+        );
+        family(
+            &mut o,
+            "telemark_agent_tx_frames_total",
+            "counter",
+            "Frames queued on the transmit rings.",
+            &one(p.tx),
+        );
+        let by_port: Vec<(String, u64)> = self
+            .ports
+            .iter()
+            .zip(&p.rx_ring_drops_by_port)
+            .map(|(port, v)| (format!("{{{a},port=\"{port}\"}}"), *v))
+            .collect();
+        family(
+            &mut o,
+            "telemark_agent_rx_ring_drops_total",
+            "counter",
+            "Frames the kernel dropped because a receive ring was full: the host's own loss.",
+            &by_port,
+        );
+        family(
+            &mut o,
+            "telemark_agent_tx_drops_total",
+            "counter",
+            "Frames not sent: a transmit ring full, a frame too big, or refused.",
+            &one(p.tx_drops),
+        );
+        family(
+            &mut o,
+            "telemark_agent_events_lost_total",
+            "counter",
+            "Batch events the fast path could not hand to the aggregator.",
+            &one(p.event_drops),
+        );
+        family(
+            &mut o,
+            "telemark_agent_packets_skipped_total",
+            "counter",
+            "Packets without a flow key (not IP, fragments, malformed).",
+            &one(p.skipped),
+        );
+        family(
+            &mut o,
+            "telemark_agent_packets_unwatched_total",
+            "counter",
+            "Packets of flows outside the watch rules.",
+            &one(p.unwatched),
+        );
+        family(
+            &mut o,
+            "telemark_agent_stage_busy_seconds_total",
+            "counter",
+            "Time each stage spent on packets; divided by rx_frames_total, the cost per packet.",
+            &[],
+        );
+        let _ = writeln!(
+            o,
+            "telemark_agent_stage_busy_seconds_total{{{a},stage=\"switch\"}} {}",
+            p.busy_ns as f64 / 1e9
+        );
+        let point = |pt: u8| {
+            let spec = self.points.get(usize::from(pt));
+            let (name, port) = spec.map_or(("?", "?"), |s| (s.name.as_str(), s.port.as_str()));
+            format!("{{{a},point=\"{name}\",port=\"{port}\"}}")
+        };
+        let per_point = |f: &dyn Fn(&PointRow) -> u64| {
+            p.points.iter().map(|x| (point(x.0), f(x))).collect::<Vec<_>>()
+        };
+        family(
+            &mut o,
+            "telemark_agent_point_packets_refused_total",
+            "counter",
+            "Packets of flows a point's full table had no room for (not measured there).",
+            &per_point(&|x| x.1.refused),
+        );
+        family(
+            &mut o,
+            "telemark_agent_point_flows_admitted_total",
+            "counter",
+            "Flows a point's table admitted.",
+            &per_point(&|x| x.1.admitted),
+        );
+        family(
+            &mut o,
+            "telemark_agent_point_flows_evicted_total",
+            "counter",
+            "Flows a point's table retired.",
+            &per_point(&|x| x.1.evicted),
+        );
+        family(
+            &mut o,
+            "telemark_agent_point_batches_total",
+            "counter",
+            "Batches a point closed.",
+            &per_point(&|x| x.1.batches),
+        );
+        family(
+            &mut o,
+            "telemark_agent_point_flows",
+            "gauge",
+            "Flows a point's table holds now.",
+            &per_point(&|x| x.2),
+        );
+        family(
+            &mut o,
+            "telemark_agent_point_flows_capacity",
+            "gauge",
+            "Flows a point's table can hold.",
+            &per_point(&|x| x.3),
+        );
+        let e = &s.export;
+        family(
+            &mut o,
+            "telemark_agent_records_total",
+            "counter",
+            "Loss records the aggregator produced.",
+            &one(e.records),
+        );
+        family(
+            &mut o,
+            "telemark_agent_export_acked_records_total",
+            "counter",
+            "Records the collector acknowledged.",
+            &one(e.exported),
+        );
+        family(
+            &mut o,
+            "telemark_agent_export_dropped_records_total",
+            "counter",
+            "Records the export buffer had no room for.",
+            &one(e.export_drops),
+        );
+        family(
+            &mut o,
+            "telemark_agent_export_pending_records",
+            "gauge",
+            "Records waiting for the collector's acknowledgement.",
+            &one(e.export_pending),
+        );
+        family(
+            &mut o,
+            "telemark_agent_export_failures_total",
+            "counter",
+            "Export attempts that failed (retried).",
+            &one(e.export_failures),
+        );
+        self.transport.render("telemark_agent", &mut o);
+        o
+    }
+}

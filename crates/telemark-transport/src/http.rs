@@ -1,0 +1,101 @@
+//! A request and its response as plain values: the services' handlers are pure functions from
+//! one to the other (and the wall clock), so tests call the same code the server does.
+
+use serde::Serialize;
+use serde_json::json;
+
+/// One request, as the server read it.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// `GET`, `POST`, …
+    pub method: &'a str,
+    /// Path and query.
+    pub url: &'a str,
+    /// The token of its `Authorization: Bearer` header.
+    pub token: Option<&'a str>,
+    /// Its body.
+    pub body: &'a [u8],
+}
+
+impl<'a> Request<'a> {
+    /// A `GET` of `url` without a token.
+    pub fn get(url: &'a str) -> Self {
+        Request { method: "GET", url, token: None, body: b"" }
+    }
+
+    /// The path, without the query.
+    pub fn path(&self) -> &'a str {
+        self.url.split_once('?').map_or(self.url, |(p, _)| p)
+    }
+}
+
+/// An HTTP response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    /// Status code.
+    pub status: u16,
+    /// Content type.
+    pub content_type: &'static str,
+    /// Body.
+    pub body: Vec<u8>,
+    /// Other headers.
+    pub headers: Vec<(&'static str, String)>,
+}
+
+impl Response {
+    /// `v` as JSON.
+    pub fn json<T: Serialize>(status: u16, v: &T) -> Response {
+        Response {
+            status,
+            content_type: "application/json",
+            body: serde_json::to_vec(v).unwrap_or_default(),
+            headers: Vec::new(),
+        }
+    }
+
+    /// Plain text (the Prometheus exposition format is one).
+    pub fn text(content_type: &'static str, body: String) -> Response {
+        Response { status: 200, content_type, body: body.into_bytes(), headers: Vec::new() }
+    }
+
+    /// A JSON error `{"error": msg}`.
+    pub fn error(status: u16, msg: impl std::fmt::Display) -> Response {
+        Response::json(status, &json!({ "error": msg.to_string() }))
+    }
+
+    /// 401 with the challenge RFC 6750 asks for.
+    pub fn unauthenticated() -> Response {
+        let mut r = Response::error(401, "a valid token is needed (Authorization: Bearer)");
+        r.headers.push(("WWW-Authenticate", "Bearer realm=\"telemark\"".into()));
+        r
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header value (RFC 6750).
+pub fn bearer(header: &str) -> Option<&str> {
+    let (scheme, token) = header.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// What a service answers with: a pure function of the request and the wall clock.
+pub trait Handler: Send + Sync + 'static {
+    /// Answers one request; `now` is ns since the Unix epoch.
+    fn handle(&self, req: &Request<'_>, now: u64) -> Response;
+
+    /// The metrics label for `path`: one of a fixed set, so a scan of unknown paths cannot grow
+    /// the metrics.
+    fn route(&self, path: &str) -> &'static str;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_tokens_are_read_from_the_header() {
+        assert_eq!(bearer("Bearer abc"), Some("abc"));
+        assert_eq!(bearer("bearer  abc "), Some("abc"));
+        assert_eq!(bearer("Basic abc"), None);
+        assert_eq!(bearer("Bearer"), None);
+    }
+}

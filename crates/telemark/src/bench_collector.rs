@@ -1,0 +1,163 @@
+//! `telemark bench-collector`: how many records per second one collector stores, acknowledged,
+//! with the collector pinned to one core and senders on the others (docs/collector.md,
+//! "Throughput"). With `--against OTHER_BINARY` the same load runs against another build's
+//! collector too, alternating, so two builds compare in one run.
+
+use anyhow::{bail, Context, Result};
+use clap::Args as ClapArgs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use telemark_core::records::{Flow, LossRecord, Record, Scope};
+use telemark_transport::exporter::Exporter;
+use telemark_transport::now_ns;
+
+/// `telemark bench-collector` flags.
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Seconds of load per round.
+    #[arg(long, default_value_t = 5)]
+    pub seconds: u64,
+    /// Rounds per binary (the median is printed).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Sending threads (each one agent).
+    #[arg(long, default_value_t = 2)]
+    pub senders: usize,
+    /// Records per request.
+    #[arg(long, default_value_t = 1000)]
+    pub batch: usize,
+    /// The core the collector is pinned to.
+    #[arg(long, default_value_t = 1)]
+    pub cpu: usize,
+    /// Another `telemark` binary whose collector runs the same load, alternating with this one.
+    #[arg(long)]
+    pub against: Option<PathBuf>,
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `exe collector` on a fresh database, pinned to `cpu`; returns it and its base URL.
+fn start(exe: &std::path::Path, db: &std::path::Path, cpu: usize) -> Result<(Proc, String)> {
+    let mut cmd = Command::new(exe);
+    cmd.args(["collector", "--listen", "127.0.0.1:0", "--retention", "0", "--db"])
+        .arg(db)
+        .stderr(Stdio::piped());
+    // SAFETY: sched_setaffinity on the child itself, between fork and exec; async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().with_context(|| format!("starting {}", exe.display()))?;
+    let mut line = String::new();
+    let err = child.stderr.take().context("collector stderr")?;
+    BufReader::new(err).read_line(&mut line)?;
+    let Some(url) = line.split_whitespace().find(|w| w.starts_with("http://")) else {
+        bail!("{} did not say where it listens: {line:?}", exe.display());
+    };
+    Ok((Proc(child), url.to_string()))
+}
+
+fn record(agent: &str, batch: u64, t: u64) -> Record {
+    Record::Loss(LossRecord {
+        agent: agent.into(),
+        port: "p1".into(),
+        point: "ingress".into(),
+        upstream: None,
+        flow: Flow {
+            src: "10.0.0.1".into(),
+            dst: "10.0.0.7".into(),
+            sport: 40_000 + (batch % 1000) as u16,
+            dport: 5201,
+            proto: 17,
+            spi: None,
+            si: None,
+        },
+        color: (batch % 2) as u8,
+        batch,
+        first_ns: t,
+        last_ns: t + 1_000_000,
+        expected: Some(100),
+        observed: 99,
+        lost: 1,
+        late: 0,
+        uncertain: 0,
+        scope: Scope::Path,
+        tail: false,
+    })
+}
+
+/// Records per second `senders` agents got acknowledged by the collector at `url`.
+fn load(url: &str, a: &Args) -> Result<f64> {
+    let deadline = Instant::now() + Duration::from_secs(a.seconds);
+    let threads: Vec<_> = (0..a.senders)
+        .map(|i| {
+            let (url, batch) = (url.to_string(), a.batch);
+            std::thread::spawn(move || -> Result<u64> {
+                let name = format!("bench-{i}");
+                let mut ex = Exporter::new(&url, &name, now_ns(), batch * 2);
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    let t = now_ns() - 60_000_000_000;
+                    for _ in 0..batch {
+                        ex.push(record(&name, n, t));
+                        n += 1;
+                    }
+                    ex.flush().map_err(|e| anyhow::anyhow!("{e}"))?;
+                }
+                Ok(ex.acked)
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    let mut acked = 0;
+    for t in threads {
+        acked += t.join().map_err(|_| anyhow::anyhow!("sender panicked"))??;
+    }
+    Ok(acked as f64 / started.elapsed().as_secs_f64())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs the rounds and prints one line per binary.
+pub fn run(a: Args) -> Result<()> {
+    let this = std::env::current_exe()?;
+    let mut bins = vec![("this build".to_string(), this)];
+    if let Some(o) = &a.against {
+        bins.push((o.display().to_string(), o.clone()));
+    }
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); bins.len()];
+    for round in 0..a.rounds.max(1) {
+        for (i, (name, exe)) in bins.iter().enumerate() {
+            let dir = tempfile::tempdir()?;
+            let (_proc, url) = start(exe, &dir.path().join("bench.db"), a.cpu)?;
+            let r = load(&url, &a)?;
+            eprintln!("round {round}: {name}: {r:.0} records/s");
+            rates[i].push(r);
+        }
+    }
+    println!(
+        "collector ingest, pinned to cpu {}, {} senders, {} records per request:",
+        a.cpu, a.senders, a.batch
+    );
+    for ((name, _), r) in bins.iter().zip(&mut rates) {
+        println!("  {name}: median {:.0} records/s over {} rounds", median(r), r.len());
+    }
+    Ok(())
+}
