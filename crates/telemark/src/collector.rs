@@ -31,6 +31,13 @@ pub struct Args {
     /// Connections open at once (more wait in the kernel's backlog).
     #[arg(long, default_value_t = 4096)]
     pub max_connections: usize,
+    /// Time a client has to send a request's head; also how long a keep-alive connection may
+    /// sit idle (e.g. 10s).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub head_timeout: Duration,
+    /// Time a client has to send a request's body.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub body_timeout: Duration,
     /// Serve HTTPS with this certificate chain (PEM, leaf first); needs --tls-key.
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -61,6 +68,8 @@ pub fn run(a: Args) -> Result<()> {
         limits: telemark_transport::server::Limits {
             max_body: a.max_body,
             max_connections: a.max_connections.max(1),
+            head_timeout: a.head_timeout.max(Duration::from_millis(100)),
+            body_timeout: a.body_timeout.max(Duration::from_millis(100)),
             ..defaults.limits.clone()
         },
         workers: usize::from(a.workers),
