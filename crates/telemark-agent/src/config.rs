@@ -46,7 +46,7 @@ pub enum MarkSide {
 }
 
 /// Two ports the switch forwards between, both ways.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PairConfig {
     /// One port (interface name).
@@ -68,7 +68,7 @@ fn mark_none() -> MarkSide {
 }
 
 /// A port observed without forwarding.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TapConfig {
     /// Interface name.

@@ -111,6 +111,10 @@ pub struct AgentStats {
 pub(crate) struct Shared {
     path: Mutex<PathStats>,
     export: Mutex<ExportStats>,
+    /// Watch rules a reload gave, for the fast path to take (it looks ten times a second).
+    new_watch: Mutex<Option<telemark_core::watch::Watch>>,
+    /// Export settings a reload gave, for the aggregator thread to take.
+    new_export: Mutex<Option<AgentConfig>>,
 }
 
 impl Shared {
@@ -146,6 +150,8 @@ pub struct Agent {
     stop: Arc<AtomicBool>,
     stats: Arc<Shared>,
     metrics: Option<Server>,
+    /// The configuration running now (a reload replaces what it may change).
+    running: Mutex<AgentConfig>,
     fast: Option<JoinHandle<()>>,
     agg: Option<JoinHandle<()>>,
 }
@@ -266,17 +272,18 @@ impl Agent {
         let (s1, d1, st1) = (stop.clone(), fast_done.clone(), stats.clone());
         let fast = std::thread::Builder::new()
             .name("tm-fastpath".into())
-            .spawn(move || fast.run(&s1, &d1, &st1.path))
+            .spawn(move || fast.run(&s1, &d1, &st1))
             .map_err(AgentError::Thread)?;
         let batch = Some(cfg.loss.batch).filter(|_| cfg.loss.period_ns.is_none());
         let agg = Aggregator::new(points, batch, 0).report_all(cfg.report_all);
+        let running = Mutex::new(cfg.clone());
         let slow = Slow { cfg, agg, cons, last_export_dropped: 0 };
         let st2 = stats.clone();
         let agg = std::thread::Builder::new()
             .name("tm-aggregator".into())
             .spawn(move || slow.run(&fast_done, &st2))
             .map_err(AgentError::Thread)?;
-        Ok(Agent { stop, stats, metrics, fast: Some(fast), agg: Some(agg) })
+        Ok(Agent { stop, stats, metrics, running, fast: Some(fast), agg: Some(agg) })
     }
 
     /// The flag that stops the agent (for a signal handler).
@@ -287,6 +294,57 @@ impl Agent {
     /// Current counters.
     pub fn stats(&self) -> AgentStats {
         self.stats.snapshot()
+    }
+
+    /// Takes what `new` changes of the watch rules and the export settings, without stopping
+    /// (SIGHUP; docs/agent.md, "Reload"); returns what changed. Anything else changed (ports,
+    /// loss parameters, name, the metrics listener) needs a restart, and nothing is applied.
+    pub fn reload(&self, new: AgentConfig) -> Result<Vec<&'static str>, String> {
+        let mut cur = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let fixed = [
+            ("agent", cur.agent == new.agent),
+            ("netns", cur.netns == new.netns),
+            ("pair", cur.pairs == new.pairs),
+            ("tap", cur.taps == new.taps),
+            ("loss", cur.loss == new.loss),
+            ("measure", cur.measure == new.measure),
+            ("metrics", cur.metrics == new.metrics),
+            (
+                "export.collector (added or removed)",
+                cur.collector.is_some() == new.collector.is_some(),
+            ),
+        ];
+        let needs_restart: Vec<&str> = fixed.iter().filter(|f| !f.1).map(|f| f.0).collect();
+        if !needs_restart.is_empty() {
+            return Err(format!(
+                "{} changed: restart the agent for that",
+                needs_restart.join(", ")
+            ));
+        }
+        let mut changed = Vec::new();
+        if cur.watch != new.watch {
+            changed.push("watch");
+            *self.stats.new_watch.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(new.watch.clone());
+        }
+        let tls_changed = match (&cur.tls, &new.tls) {
+            (None, None) => false,
+            (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
+            _ => true,
+        };
+        if cur.collector != new.collector
+            || cur.token != new.token
+            || tls_changed
+            || cur.export_interval_ns != new.export_interval_ns
+            || cur.summary_interval_ns != new.summary_interval_ns
+            || cur.buffer != new.buffer
+            || cur.report_all != new.report_all
+        {
+            changed.push("export");
+            *self.stats.new_export.lock().unwrap_or_else(|p| p.into_inner()) = Some(new.clone());
+        }
+        *cur = new;
+        Ok(changed)
     }
 
     /// Where `/metrics` is served, when it is.
@@ -339,7 +397,7 @@ struct FastPath {
 }
 
 impl FastPath {
-    fn run(mut self, stop: &AtomicBool, done: &AtomicBool, shared: &Mutex<PathStats>) {
+    fn run(mut self, stop: &AtomicBool, done: &AtomicBool, shared: &Shared) {
         let mut burst: Vec<Pkt> =
             (0..BURST).map(|_| Pkt { data: Vec::with_capacity(2048), ..Pkt::default() }).collect();
         let mut out = Outbox(Vec::with_capacity(BURST));
@@ -372,7 +430,10 @@ impl FastPath {
             }
             if last_pub.elapsed() >= Duration::from_millis(100) {
                 last_pub = Instant::now();
-                self.publish(shared, busy_ns);
+                self.publish(&shared.path, busy_ns);
+                if let Some(w) = shared.new_watch.lock().ok().and_then(|mut w| w.take()) {
+                    self.set_watch(w);
+                }
             }
         }
         // Shutdown: close every open batch, upstream first, so nothing counted is lost.
@@ -382,7 +443,7 @@ impl FastPath {
                 Proc::Tap(t, _) => t.flush(&mut self.sink),
             }
         }
-        self.publish(shared, busy_ns);
+        self.publish(&shared.path, busy_ns);
         done.store(true, Ordering::Release);
     }
 
@@ -421,6 +482,16 @@ impl FastPath {
                 }
             }
         }
+    }
+
+    /// New watch rules, for flows learned from now on (docs/agent.md, "Reload").
+    fn set_watch(&mut self, w: telemark_core::watch::Watch) {
+        for p in &mut self.procs {
+            if let Proc::Switch(sw) = p {
+                sw.set_watch(w.clone());
+            }
+        }
+        self.watch = w;
     }
 
     fn publish(&mut self, shared: &Mutex<PathStats>, busy_ns: u64) {
@@ -594,17 +665,22 @@ impl Slow {
                 if let Out::Collector(e) = &mut out {
                     match e.flush() {
                         Ok(_) if was_failing => {
-                            eprintln!("telemark agent: collector reachable again");
+                            tracing::info!("collector reachable again");
                             was_failing = false;
                         }
                         Ok(_) => {}
                         Err(err) if !was_failing => {
-                            eprintln!("telemark agent: export failed, will retry: {err}");
+                            tracing::warn!("export failed, will retry: {err}");
                             was_failing = true;
                         }
                         Err(_) => {}
                     }
                 }
+            }
+            if let Some(new) = shared.new_export.lock().ok().and_then(|mut e| e.take()) {
+                self.set_export(new, &mut out);
+                next_export = now_ns() + self.cfg.export_interval_ns;
+                next_summary = next_summary.min(now_ns() + self.cfg.summary_interval_ns);
             }
             self.publish(shared, &out, records);
             if n == 0 {
@@ -635,13 +711,30 @@ impl Slow {
                 }
             }
             if e.pending() > 0 {
-                eprintln!(
-                    "telemark agent: {} records not acknowledged by the collector at exit",
-                    e.pending()
+                tracing::warn!(
+                    pending = e.pending(),
+                    "records not acknowledged by the collector at exit"
                 );
             }
         }
         self.publish(shared, &out, records);
+    }
+
+    /// New export settings: the collector, token and TLS trust (records not yet acknowledged
+    /// go to the new collector), intervals, buffer size, report-all.
+    fn set_export(&mut self, new: AgentConfig, out: &mut Out) {
+        if let (Out::Collector(e), Some(url)) = (out, &new.collector) {
+            e.retarget(url, new.token.as_deref(), new.tls.clone());
+            e.set_capacity(new.buffer);
+        }
+        self.agg.set_report_all(new.report_all);
+        self.cfg.collector = new.collector;
+        self.cfg.token = new.token;
+        self.cfg.tls = new.tls;
+        self.cfg.export_interval_ns = new.export_interval_ns;
+        self.cfg.summary_interval_ns = new.summary_interval_ns;
+        self.cfg.buffer = new.buffer;
+        self.cfg.report_all = new.report_all;
     }
 
     /// The interval's per-point summaries, each ingress or tap point's marked with its port's

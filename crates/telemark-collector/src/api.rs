@@ -16,7 +16,7 @@ use crate::auth::{Auth, Identity};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
 use serde_json::json;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use telemark_core::records::{Flow, Record};
 use telemark_transport::http::Handler;
 use telemark_transport::server::ServerStats;
@@ -63,7 +63,7 @@ pub struct Api {
     /// Agents silent for longer than this are reported unhealthy.
     pub stale_ns: u64,
     /// Tokens (`None`: everyone is trusted, loopback only).
-    pub auth: Option<Auth>,
+    pub auth: RwLock<Option<Auth>>,
     /// What the HTTP server saw (connections, refusals, latency), shown in `/metrics`.
     pub transport: Arc<ServerStats>,
 }
@@ -100,7 +100,7 @@ impl Api {
         let (path, query) = req.url.split_once('?').unwrap_or((req.url, ""));
         // Unknown paths share one metrics label, so a scan cannot grow the metrics.
         let route = route_of(path);
-        let who = match &self.auth {
+        let who = match &*self.auth.read().unwrap_or_else(|p| p.into_inner()) {
             None => Some(Identity::Anyone),
             Some(a) => a.identify(req.token),
         };

@@ -114,7 +114,7 @@ impl Collector {
             store: Mutex::new(store),
             metrics: metrics::Metrics::default(),
             stale_ns: cfg.stale.as_nanos() as u64,
-            auth: cfg.auth.clone(),
+            auth: std::sync::RwLock::new(cfg.auth.clone()),
             transport: Arc::new(ServerStats::default()),
         });
         let server_cfg = ServerConfig {
@@ -146,6 +146,17 @@ impl Collector {
             }));
         }
         Ok(Collector { addr, api, server: Some(server), stop, threads })
+    }
+
+    /// New tokens (SIGHUP after the token file changed): requests from now on are checked
+    /// against them. A collector started without tokens keeps serving without.
+    pub fn set_auth(&self, auth: auth::Auth) -> Result<(), &'static str> {
+        let mut cur = self.api.auth.write().unwrap_or_else(|p| p.into_inner());
+        if cur.is_none() {
+            return Err("started without tokens: restart with --auth to use them");
+        }
+        *cur = Some(auth);
+        Ok(())
     }
 
     /// Stops accepting, lets requests in progress finish, and waits for the threads.

@@ -419,9 +419,15 @@ impl Switch {
 
     /// Learns and measures only the flows `watch` matches (default: all).
     pub fn with_watch(mut self, watch: Watch) -> Self {
+        self.set_watch(watch);
+        self
+    }
+
+    /// New watch rules: they decide for flows learned from now on; flows already learned are
+    /// measured until they go idle, so no batch is cut by the change.
+    pub fn set_watch(&mut self, watch: Watch) {
         let w = Some(watch).filter(|w| !w.rules.is_empty());
         each_core!(&mut self.inner, (core, _l) => core.watch = w);
-        self
     }
 
     /// Active flow selection (the loss paper's open problem, V-D): from now on the switch

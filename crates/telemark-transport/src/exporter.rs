@@ -90,6 +90,29 @@ impl Exporter {
         self
     }
 
+    /// Sends to another collector (or with another token or TLS trust) from now on, keeping
+    /// the records not yet acknowledged and their sequence numbers: the new collector stores
+    /// each once, as a restarted one would.
+    pub fn retarget(
+        &mut self,
+        base: &str,
+        token: Option<&str>,
+        tls: Option<Arc<rustls::ClientConfig>>,
+    ) {
+        self.base = base.trim_end_matches('/').to_string();
+        self.authorization = token.map(|t| format!("Bearer {t}"));
+        self.http = match tls {
+            Some(t) => Self::client().tls_config(t).build(),
+            None => Self::client().build(),
+        };
+        self.registered = false;
+    }
+
+    /// Holds at most `cap` records from now on (records already held stay).
+    pub fn set_capacity(&mut self, cap: usize) {
+        self.cap = cap.max(1);
+    }
+
     fn client() -> ureq::AgentBuilder {
         ureq::AgentBuilder::new()
             .timeout_connect(Duration::from_secs(1))

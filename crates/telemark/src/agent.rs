@@ -2,6 +2,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args as ClapArgs;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
 use std::path::PathBuf;
 use telemark_agent::config::{FileConfig, MarkSide, PairConfig, TapConfig};
 use telemark_agent::Agent;
@@ -81,17 +83,32 @@ pub fn config(a: &Args) -> Result<telemark_agent::AgentConfig> {
     Ok(cfg)
 }
 
-/// Runs the agent until Ctrl-C.
+/// Runs the agent until SIGINT or SIGTERM (then closes every batch, exports what is left and
+/// exits 0); SIGHUP reads the configuration again and applies its watch rules and export
+/// settings (docs/agent.md, "Signals").
 pub fn run(a: Args) -> Result<()> {
     let cfg = config(&a)?;
     let name = cfg.agent.clone();
+    // Before the agent starts, so that an early SIGTERM still stops it cleanly.
+    let mut signals =
+        Signals::new([SIGINT, SIGTERM, SIGHUP]).context("installing signal handlers")?;
     let agent = Agent::start(cfg).context("starting the agent")?;
-    let stop = agent.stop_flag();
-    ctrlc::set_handler(move || stop.store(true, std::sync::atomic::Ordering::Release))
-        .context("installing the Ctrl-C handler")?;
-    eprintln!("telemark agent {name}: running (Ctrl-C stops, exporting what is left)");
-    let s = agent.wait();
-    eprintln!("telemark agent {name}: stopped: {}", serde_json::to_string(&s)?);
+    let metrics =
+        agent.metrics_addr().map(|a| format!(", /metrics on http://{a}")).unwrap_or_default();
+    tracing::info!("agent {name} running{metrics} (SIGTERM or Ctrl-C stops, SIGHUP reloads)");
+    for sig in signals.forever() {
+        if sig != SIGHUP {
+            break;
+        }
+        match config(&a).map_err(|e| format!("{e:#}")).and_then(|c| agent.reload(c)) {
+            Ok(changed) if changed.is_empty() => tracing::info!("reloaded: nothing changed"),
+            Ok(changed) => tracing::info!("reloaded: {} changed", changed.join(", ")),
+            Err(e) => tracing::warn!("reload refused, running as before: {e}"),
+        }
+    }
+    tracing::info!("agent {name} stopping: closing batches, exporting what is left");
+    let s = agent.stop();
+    tracing::info!("agent {name} stopped: {}", serde_json::to_string(&s)?);
     Ok(())
 }
 

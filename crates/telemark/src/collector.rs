@@ -2,6 +2,8 @@
 
 use anyhow::{Context, Result};
 use clap::Args as ClapArgs;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
 use std::path::PathBuf;
 use std::time::Duration;
 use telemark_collector::{Collector, Config};
@@ -75,20 +77,34 @@ pub fn run(a: Args) -> Result<()> {
         workers: usize::from(a.workers),
         ..defaults
     };
+    let mut signals =
+        Signals::new([SIGINT, SIGTERM, SIGHUP]).context("installing signal handlers")?;
     let c = Collector::start(&cfg)?;
-    eprintln!(
+    tracing::info!(
         "telemark collector: {}://{} (page, /api/v1/…, /metrics), database {}",
         if cfg.tls.is_some() { "https" } else { "http" },
         c.addr,
         cfg.db.display()
     );
-    let (tx, rx) = std::sync::mpsc::channel();
-    ctrlc::set_handler(move || {
-        let _ = tx.send(());
-    })
-    .context("installing the Ctrl-C handler")?;
-    let _ = rx.recv();
-    eprintln!("telemark collector: stopping");
+    for sig in signals.forever() {
+        if sig != SIGHUP {
+            break;
+        }
+        // SIGHUP: the token file again (rotating a token needs no restart).
+        let Some(path) = &a.auth else {
+            tracing::info!("SIGHUP: nothing to reload (no --auth)");
+            continue;
+        };
+        match telemark_collector::auth::Auth::load(path).map_err(|e| e.to_string()) {
+            Ok(auth) => match c.set_auth(auth) {
+                Ok(()) => tracing::info!("tokens reloaded from {}", path.display()),
+                Err(e) => tracing::warn!("tokens not reloaded: {e}"),
+            },
+            Err(e) => tracing::warn!("tokens not reloaded, the old ones stay: {e}"),
+        }
+    }
+    tracing::info!("stopping: finishing requests in progress");
     c.stop();
+    tracing::info!("stopped");
     Ok(())
 }

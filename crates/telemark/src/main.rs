@@ -56,8 +56,21 @@ enum Cmd {
     BenchCollector(bench_collector::Args),
 }
 
+/// Logs to stderr with time and level; `TELEMARK_LOG` filters (e.g. `debug`,
+/// `telemark_transport=debug`; default `info`).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TELEMARK_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
 fn main() {
     let cli = Cli::parse();
+    init_logging();
     let r = match cli.cmd {
         Cmd::Gen(a) => gen::run(a),
         Cmd::Replay(a) => replay::run(a),

@@ -316,3 +316,95 @@ fn churning_flows_make_no_false_loss() {
         assert_eq!(u(&p["capacity"]), 4096, "{name}: {p}");
     }
 }
+
+/// SIGTERM (what systemd and container runtimes send) stops an agent cleanly: s2 runs as its
+/// own `telemark agent` process and is sent SIGTERM right after the traffic, its last batches
+/// still open. It exits 0, having closed and exported every batch: the packets its ingress
+/// point reported, summed over the stored records, are the packets nftables counted out of
+/// link 1 into it.
+#[test]
+fn sigterm_stops_an_agent_without_losing_a_record() {
+    const FLOWS: [u16; 2] = [4031, 4032];
+    let chain = Chain::up("t", &FLOWS);
+    let prefix = chain.prefix.clone();
+    chain.run(&["loss", "1", PERMILLE, &ports(&FLOWS[1..])]);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        db: dir.path().join("collector.db"),
+        ..Config::default()
+    };
+    let c = Collector::start(&cfg).unwrap();
+    let url = format!("http://{}", c.addr);
+    let (loss, export) = ("batch = 100", "report_all = true");
+    let s1 = agent(&prefix, "s1", "a", &url, loss, export);
+    let s3 = agent(&prefix, "s3", "none", &url, loss, export);
+    let toml = dir.path().join("s2.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "agent = \"s2\"\nnetns = \"{prefix}s2\"\n\
+             [[pair]]\na = \"s2a\"\nb = \"s2b\"\nmark = \"none\"\n\
+             [loss]\n{loss}\nidle = \"10s\"\n\
+             [export]\ncollector = \"{url}\"\ninterval = \"500ms\"\n{export}\n"
+        ),
+    )
+    .unwrap();
+    let mut s2 = Command::new(env!("CARGO_BIN_EXE_telemark"))
+        .args(["agent", "--config"])
+        .arg(&toml)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let senders: Vec<_> = FLOWS
+        .iter()
+        .map(|&sport| {
+            let (stop, ns) = (stop.clone(), format!("{prefix}a"));
+            std::thread::spawn(move || {
+                let spec = FlowSpec {
+                    key: key(sport),
+                    src_mac: [2, 0, 0, 0, 1, 1],
+                    dst_mac: [2, 0, 0, 0, 1, 0xfe],
+                    payload: 100,
+                    pps: 1000,
+                    catch_up: traffic::catch_up(1000),
+                    churn: false,
+                };
+                traffic::send(Some(&ns), "a0", &spec, Duration::from_secs(3), &stop).unwrap()
+            })
+        })
+        .collect();
+    for s in senders {
+        s.join().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: kill(2) on the child's pid.
+    assert_eq!(unsafe { libc::kill(s2.id() as i32, libc::SIGTERM) }, 0);
+    let out = s2.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "s2 exited {:?}:\n{log}", out.status);
+    let own =
+        [s1.stop(), s3.stop()].iter().map(|s| s.path.rx_ring_drops + s.path.tx_drops).sum::<u64>();
+    let truth: serde_json::Value = serde_json::from_str(&chain.run(&["truth"])).unwrap();
+    drop(chain);
+
+    for sport in FLOWS {
+        let points =
+            c.api.store().points(&telemark_core::records::Flow::from(&key(sport)), 0).unwrap();
+        let ingress = points
+            .iter()
+            .find(|p| p.agent == "s2" && p.point == "ingress")
+            .unwrap_or_else(|| panic!("flow {sport}: nothing stored from s2's ingress"));
+        let seen: u64 = ingress.batches.iter().map(|b| b.observed + b.late).sum();
+        let arrived = u(&truth[sport.to_string()]["out1"]);
+        println!("flow {sport}: {arrived} packets into s2, {seen} in its stored batches");
+        assert!(arrived > 2000, "flow {sport}: only {arrived} packets reached s2");
+        assert!(
+            seen.abs_diff(arrived) <= own,
+            "flow {sport}: s2 reported {seen} of {arrived}\n{log}"
+        );
+    }
+}

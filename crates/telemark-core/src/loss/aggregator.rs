@@ -190,8 +190,13 @@ impl Aggregator {
 
     /// Emit a `loss` record for every batch, not only lossy ones.
     pub fn report_all(mut self, yes: bool) -> Self {
-        self.report_all = yes;
+        self.set_report_all(yes);
         self
+    }
+
+    /// Changes [`Aggregator::report_all`] on a running aggregator.
+    pub fn set_report_all(&mut self, yes: bool) {
+        self.report_all = yes;
     }
 
     /// The points.
