@@ -350,7 +350,7 @@ fn sigterm_stops_an_agent_without_losing_a_record() {
         ),
     )
     .unwrap();
-    let mut s2 = Command::new(env!("CARGO_BIN_EXE_telemark"))
+    let s2 = Command::new(env!("CARGO_BIN_EXE_telemark"))
         .args(["agent", "--config"])
         .arg(&toml)
         .stderr(std::process::Stdio::piped())
