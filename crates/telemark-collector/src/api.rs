@@ -224,7 +224,7 @@ impl Api {
         }
         match st.ingest(&req.agent, req.boot, req.seq, &records, req.export_dropped, now) {
             Ok(s) => {
-                self.metrics.ingested(&records, s);
+                self.metrics.ingested(&records, &s);
                 let next_seq = req.seq + req.records.len() as u64;
                 Response::json(
                     200,

@@ -17,10 +17,33 @@ struct Inner {
     requests: BTreeMap<(String, u16), u64>,
     records: BTreeMap<&'static str, u64>,
     duplicates: u64,
-    lossy_batches: u64,
-    lost_packets: u64,
+    /// Per measured span (agent, point, where it is measured from), from stored records only.
+    loss: BTreeMap<Span, LossCounts>,
     errors: BTreeMap<&'static str, u64>,
 }
+
+/// What a loss record measures: from `from` to `agent`'s `point`. `from` is the agent's own
+/// upstream point (`agent/point`: a segment inside the switch) or `marker` (the whole path
+/// from the marking switch, for a switch's first point downstream of another).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Span {
+    agent: String,
+    point: String,
+    from: String,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct LossCounts {
+    expected: u64,
+    lost: u64,
+    uncertain: u64,
+    batches: u64,
+    lossy_batches: u64,
+}
+
+/// At most this many spans are counted (each a handful of series); records of further spans
+/// are stored and served, not counted in /metrics (counted as an error instead).
+const MAX_SPANS: usize = 10_000;
 
 impl Metrics {
     fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
@@ -37,14 +60,33 @@ impl Metrics {
         self.with(|m| *m.errors.entry(reason).or_default() += 1);
     }
 
-    /// Records of one acknowledged ingest.
-    pub fn ingested(&self, records: &[Record], s: Stored) {
+    /// Records of one acknowledged ingest; the loss counters take only those stored now
+    /// (`s.new`), so a retried request counts once.
+    pub fn ingested(&self, records: &[Record], s: &Stored) {
         self.with(|m| {
-            for r in records {
+            for (n, r) in records.iter().enumerate() {
                 let kind = match r {
                     Record::Loss(l) => {
-                        m.lossy_batches += u64::from(l.lost > 0);
-                        m.lost_packets += l.lost;
+                        if s.new.get(n).copied().unwrap_or(false) {
+                            let from = match (&l.scope, &l.upstream) {
+                                (telemark_core::records::Scope::Segment, Some(u)) => {
+                                    format!("{}/{u}", l.agent)
+                                }
+                                _ => "marker".to_string(),
+                            };
+                            let span =
+                                Span { agent: l.agent.clone(), point: l.point.clone(), from };
+                            if m.loss.len() < MAX_SPANS || m.loss.contains_key(&span) {
+                                let c = m.loss.entry(span).or_default();
+                                c.expected = c.expected.saturating_add(l.expected.unwrap_or(0));
+                                c.lost = c.lost.saturating_add(l.lost);
+                                c.uncertain = c.uncertain.saturating_add(l.uncertain);
+                                c.batches += 1;
+                                c.lossy_batches += u64::from(l.lost > 0);
+                            } else {
+                                *m.errors.entry("metric_spans_full").or_default() += 1;
+                            }
+                        }
                         "loss"
                     }
                     Record::Summary(_) => "summary",
@@ -73,36 +115,73 @@ impl Metrics {
                 let _ = writeln!(o, "telemark_collector_records_total{{kind=\"{k}\"}} {n}");
             }
             let _ = writeln!(o, "# HELP telemark_collector_duplicates_total Records received again after a retry and not stored twice.\n# TYPE telemark_collector_duplicates_total counter\ntelemark_collector_duplicates_total {}", m.duplicates);
-            let _ = writeln!(o, "# HELP telemark_collector_lossy_batches_total Lossy batches received.\n# TYPE telemark_collector_lossy_batches_total counter\ntelemark_collector_lossy_batches_total {}", m.lossy_batches);
-            let _ = writeln!(o, "# HELP telemark_collector_lost_packets_total Lost packets in received loss records.\n# TYPE telemark_collector_lost_packets_total counter\ntelemark_collector_lost_packets_total {}", m.lost_packets);
+            render_loss(&mut o, &m.loss);
             let _ = writeln!(o, "# HELP telemark_collector_errors_total Rejected requests and failures, by reason.\n# TYPE telemark_collector_errors_total counter");
             for (k, n) in &m.errors {
                 let _ = writeln!(o, "telemark_collector_errors_total{{reason=\"{k}\"}} {n}");
             }
         });
         let _ = writeln!(o, "# HELP telemark_collector_stored_records Records in the database, by table.\n# TYPE telemark_collector_stored_records gauge\ntelemark_collector_stored_records{{table=\"loss\"}} {}\ntelemark_collector_stored_records{{table=\"other\"}} {}", stored.0, stored.1);
-        let _ = writeln!(o, "# HELP telemark_agent_records_total Records stored from each agent.\n# TYPE telemark_agent_records_total counter");
-        for a in agents {
-            let _ =
-                writeln!(o, "telemark_agent_records_total{{agent=\"{}\"}} {}", a.agent, a.records);
-        }
-        let _ = writeln!(o, "# HELP telemark_agent_export_dropped Records each agent reported having dropped because its export buffer was full.\n# TYPE telemark_agent_export_dropped gauge");
+        let _ = writeln!(o, "# HELP telemark_collector_build_info The collector's version.\n# TYPE telemark_collector_build_info gauge\ntelemark_collector_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
+        let _ = writeln!(o, "# HELP telemark_collector_agent_records_total Records stored from each agent.\n# TYPE telemark_collector_agent_records_total counter");
         for a in agents {
             let _ = writeln!(
                 o,
-                "telemark_agent_export_dropped{{agent=\"{}\"}} {}",
+                "telemark_collector_agent_records_total{{agent=\"{}\"}} {}",
+                a.agent, a.records
+            );
+        }
+        let _ = writeln!(o, "# HELP telemark_collector_agent_export_dropped_records_total Records each agent reported dropped because its export buffer was full (since the agent started).\n# TYPE telemark_collector_agent_export_dropped_records_total counter");
+        for a in agents {
+            let _ = writeln!(
+                o,
+                "telemark_collector_agent_export_dropped_records_total{{agent=\"{}\"}} {}",
                 a.agent, a.export_dropped
             );
         }
-        let _ = writeln!(o, "# HELP telemark_agent_last_seen_seconds When each agent was last heard from (Unix time).\n# TYPE telemark_agent_last_seen_seconds gauge");
+        let _ = writeln!(o, "# HELP telemark_collector_agent_last_seen_seconds When each agent was last heard from (Unix time).\n# TYPE telemark_collector_agent_last_seen_seconds gauge");
         for a in agents {
             let _ = writeln!(
                 o,
-                "telemark_agent_last_seen_seconds{{agent=\"{}\"}} {:.3}",
+                "telemark_collector_agent_last_seen_seconds{{agent=\"{}\"}} {:.3}",
                 a.agent,
                 a.last_seen_ns as f64 / 1e9
             );
         }
         o
+    }
+}
+
+/// The loss counters per span: expected, lost and uncertain packets, batches and lossy batches.
+/// `rate(lost) / rate(expected)` by span is the loss ratio there (docs/collector.md, "Metrics").
+fn render_loss(o: &mut String, loss: &BTreeMap<Span, LossCounts>) {
+    type Field = fn(&LossCounts) -> u64;
+    let families: [(&str, &str, Field); 5] = [
+        ("expected_packets", "Packets the span's upstream counted into it.", |c| c.expected),
+        ("lost_packets", "Packets lost on the span.", |c| c.lost),
+        (
+            "uncertain_packets",
+            "Packets whose fate is unknown (a batch cut short, events lost).",
+            |c| c.uncertain,
+        ),
+        ("batches", "Batches measured.", |c| c.batches),
+        ("lossy_batches", "Batches that lost packets.", |c| c.lossy_batches),
+    ];
+    for (name, help, f) in families {
+        let _ = writeln!(
+            o,
+            "# HELP telemark_loss_{name}_total {help} From stored records (a retry counts once).\n\
+             # TYPE telemark_loss_{name}_total counter"
+        );
+        for (s, c) in loss {
+            let _ = writeln!(
+                o,
+                "telemark_loss_{name}_total{{agent=\"{}\",point=\"{}\",from=\"{}\"}} {}",
+                s.agent,
+                s.point,
+                s.from,
+                f(c)
+            );
+        }
     }
 }

@@ -19,12 +19,14 @@ use telemark_core::records::{Flow, HealthRecord, PointHealth, Record, Scope};
 pub struct StoreError(#[from] rusqlite::Error);
 
 /// What one ingest stored.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Stored {
     /// Records stored now.
     pub accepted: u64,
     /// Records already stored earlier (a retry), ignored.
     pub duplicates: u64,
+    /// Which of the request's records were stored now (the others were duplicates).
+    pub new: Vec<bool>,
 }
 
 /// A registered agent and its health.
@@ -273,6 +275,7 @@ impl Store {
                 } else {
                     st.duplicates += 1;
                 }
+                st.new.push(added == 1);
             }
             tx.execute(
                 "UPDATE agents SET last_seen_ns = ?2, records = records + ?3, export_dropped = ?4
@@ -603,15 +606,15 @@ mod tests {
         let recs = vec![r.clone(), r.clone(), r.clone()];
         assert_eq!(
             s.ingest("a", 7, 0, &recs, 0, 1).unwrap(),
-            Stored { accepted: 3, duplicates: 0 }
+            Stored { accepted: 3, duplicates: 0, new: vec![true; 3] }
         );
         assert_eq!(
             s.ingest("a", 7, 1, &recs[..1], 0, 1).unwrap(),
-            Stored { accepted: 0, duplicates: 1 }
+            Stored { accepted: 0, duplicates: 1, new: vec![false] }
         );
         assert_eq!(
             s.ingest("a", 8, 1, &recs[..1], 0, 1).unwrap(),
-            Stored { accepted: 1, duplicates: 0 }
+            Stored { accepted: 1, duplicates: 0, new: vec![true] }
         );
         assert_eq!(s.counts().unwrap(), (4, 0));
     }

@@ -151,7 +151,10 @@ fn full_buffer_drops_are_counted_and_visible() {
     let accepted = (0..25).filter(|b| ex.push(loss("sw-f", "ingress", None, *b, 1))).count();
     assert_eq!((accepted, ex.dropped), (10, 15));
     ex.flush().unwrap();
-    assert_eq!(metric(c.addr, "telemark_agent_export_dropped{agent=\"sw-f\"}"), 15);
+    assert_eq!(
+        metric(c.addr, "telemark_collector_agent_export_dropped_records_total{agent=\"sw-f\"}"),
+        15
+    );
     let (_, agents) = get(c.addr, "/api/v1/agents");
     let v: serde_json::Value = serde_json::from_str(&agents).unwrap();
     assert_eq!(v[0]["agent"]["export_dropped"], 15);
@@ -356,4 +359,36 @@ fn retention_deletes_old_records_only() {
     let removed = c.api.store.lock().unwrap().expire(cut).unwrap();
     assert_eq!(removed, 1);
     assert_eq!(c.api.store.lock().unwrap().counts().unwrap().0, 1);
+}
+
+/// The loss counters come from what is stored: a request posted three times (retries) counts
+/// once, per span (agent, point, where it is measured from).
+#[test]
+fn loss_metrics_count_stored_records_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = start(&dir.path().join("t.db"), "127.0.0.1:0".parse().unwrap());
+    let a = c.addr;
+    let (s, _) = send("POST", a, "/api/v1/agents", br#"{"agent":"sw-f","version":"1","boot":1}"#);
+    assert_eq!(s, 200);
+    let records: Vec<Record> = (0..10).map(|b| loss("sw-f", "ingress", None, b, 3)).collect();
+    let body = serde_json::json!({"agent": "sw-f", "boot": 1, "seq": 0, "records": records});
+    for _ in 0..3 {
+        let (s, text) = send("POST", a, "/api/v1/ingest", body.to_string().as_bytes());
+        assert_eq!(s, 200, "{text}");
+    }
+    let span = "{agent=\"sw-f\",point=\"ingress\",from=\"marker\"}";
+    assert_eq!(metric(a, &format!("telemark_loss_lost_packets_total{span}")), 30);
+    assert_eq!(metric(a, &format!("telemark_loss_expected_packets_total{span}")), 1000);
+    assert_eq!(metric(a, &format!("telemark_loss_lossy_batches_total{span}")), 10);
+    assert_eq!(metric(a, "telemark_collector_duplicates_total"), 20);
+    // What the store holds, summed independently of the metrics.
+    let stored: u64 = c
+        .api
+        .store()
+        .points(&flow(40000), 0)
+        .unwrap()
+        .iter()
+        .flat_map(|p| p.batches.iter().map(|b| b.observed))
+        .sum();
+    assert_eq!(stored, 970);
 }
