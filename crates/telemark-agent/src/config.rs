@@ -406,6 +406,28 @@ mod tests {
         assert_eq!(c.collector.as_deref(), Some("http://127.0.0.1:9900"));
     }
 
+    /// deploy/agent.toml (a real host's taps) is valid once its CA and token files exist.
+    #[test]
+    fn the_deploy_config_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/agent.toml");
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let ca = rcgen::CertificateParams::new(vec!["ca".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(dir.path().join("ca.crt"), ca.pem()).unwrap();
+        std::fs::write(dir.path().join("agent.token"), "0123456789abcdef0123456789abcdef\n")
+            .unwrap();
+        let text = std::fs::read_to_string(path)
+            .unwrap()
+            .replace("/etc/telemark", dir.path().to_str().unwrap());
+        let c = FileConfig::parse(&text).unwrap().validate().unwrap();
+        assert_eq!(c.taps.len(), 2);
+        assert!(c.tls.is_some() && c.token.is_some());
+        assert_eq!(c.metrics.map(|m| m.0.port()), Some(9901));
+    }
+
     #[test]
     fn bad_configs_say_what_is_wrong() {
         let ok = "agent = \"sw\"\n[[pair]]\na = \"x0\"\nb = \"x1\"\n";

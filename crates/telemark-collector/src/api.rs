@@ -14,7 +14,7 @@
 
 use crate::auth::{Auth, Identity};
 use crate::metrics::Metrics;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, Window};
 use serde_json::json;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use telemark_core::records::{Flow, Record};
@@ -32,6 +32,8 @@ const ROUTES: &[&str] = &[
     "/api/v1/link",
     "/api/v1/health",
     "/metrics",
+    "/healthz",
+    "/readyz",
     "/",
     "/page.js",
 ];
@@ -111,6 +113,13 @@ impl Api {
                 document("text/javascript; charset=utf-8", crate::page::SCRIPT)
             }
             _ if route == "other" => Response::error(404, format!("no such endpoint: {path}")),
+            // Probes (for a load balancer, systemd or Kubernetes) need no token and say
+            // nothing but whether the process runs and whether its storage works.
+            ("GET", "/healthz", _) => Response::json(200, &json!({ "status": "ok" })),
+            ("GET", "/readyz", _) => match self.store().ready() {
+                Ok(()) => Response::json(200, &json!({ "status": "ready" })),
+                Err(e) => Response::error(503, e),
+            },
             (_, _, None) => {
                 self.metrics.count_error("unauthenticated");
                 Response::unauthenticated()
@@ -122,7 +131,7 @@ impl Api {
                 Response::error(403, "this token may only send records")
             }
             ("GET", "/api/v1/agents", _) => self.agents(now),
-            ("GET", "/api/v1/flows", _) => self.flows(query),
+            ("GET", "/api/v1/flows", _) => self.flows(query, now),
             ("GET", "/api/v1/loss", _) => self.loss(query),
             ("GET", "/api/v1/localise", _) => self.localise(query),
             ("GET", "/api/v1/link", _) => self.link(query),
@@ -158,6 +167,13 @@ impl Api {
     }
 
     fn db_error(&self, e: StoreError) -> Response {
+        if e.unavailable() {
+            // Not this request's fault, and not worth a retry until an operator acts.
+            self.metrics.count_error("database_unavailable");
+            let mut r = Response::error(503, e);
+            r.headers.push(("Retry-After", "60".into()));
+            return r;
+        }
         self.metrics.count_error("database");
         Response::error(500, e)
     }
@@ -284,53 +300,77 @@ impl Api {
         }
     }
 
-    fn flows(&self, query: &str) -> Response {
-        let q = match Query::parse(query) {
-            Ok(q) => q,
-            Err(e) => return self.bad_query(e),
-        };
-        let (since, limit) = match (q.u64_or("since_ns", 0), q.u64_or("limit", 100)) {
-            (Ok(s), Ok(l)) => (s, l.min(10_000) as u32),
-            (Err(e), _) | (_, Err(e)) => return self.bad_query(e),
-        };
-        let st = self.store();
-        match st.flows(since, limit) {
-            Ok(f) => Response::json(200, &f),
-            Err(e) => self.db_error(e),
-        }
-    }
-
-    fn loss(&self, query: &str) -> Response {
-        let (q, flow) = match Query::parse(query).and_then(|q| q.flow().map(|f| (q, f))) {
+    fn flows(&self, query: &str, now: u64) -> Response {
+        const TAKES: &[&str] = &["from", "to", "since_ns", "limit", "cursor", "lossy", "ints"];
+        let parsed = Query::parse(query, TAKES).and_then(|q| {
+            // The last hour unless asked: the page polls this.
+            let w = q.window(now.saturating_sub(3_600_000_000_000))?;
+            let limit = q.u64_or("limit", 100)?.clamp(1, 10_000) as usize;
+            let offset = match q.get("cursor") {
+                None => 0,
+                Some(c) => c.parse::<usize>().map_err(|_| format!("bad cursor {c:?}"))?,
+            };
+            let lossy = q.bool_or("lossy", false)?;
+            Ok((q, w, limit, offset, lossy))
+        });
+        let (q, w, limit, offset, lossy) = match parsed {
             Ok(x) => x,
             Err(e) => return self.bad_query(e),
         };
-        let (since, bucket) = match (q.u64_or("since_ns", 0), q.u64_or("bucket_ns", 1_000_000_000))
-        {
-            (Ok(s), Ok(b)) if b > 0 => (s, b),
-            (Ok(_), Ok(_)) => return self.bad_query("bucket_ns must be positive".into()),
-            (Err(e), _) | (_, Err(e)) => return self.bad_query(e),
-        };
-        let st = self.store();
-        match st.series(&flow, since, bucket) {
-            Ok(s) => {
-                Response::json(200, &json!({ "flow": flow, "bucket_ns": bucket, "series": s }))
+        // One more than asked, to know whether a next page exists.
+        let listed = self.store().flows(w, lossy, offset, limit + 1);
+        match listed {
+            Ok(mut f) => {
+                let more = f.len() > limit;
+                f.truncate(limit);
+                let mut r = q.json(200, &f);
+                if more {
+                    // RFC 8288: the next page, with the window pinned so pages do not shift.
+                    let next = format!(
+                        "</api/v1/flows?from={}&to={}&limit={limit}&cursor={}&lossy={lossy}>; rel=\"next\"",
+                        w.from_ns,
+                        w.to_ns.min(now + 1),
+                        offset + limit
+                    );
+                    r.headers.push(("Link", next));
+                }
+                r
             }
             Err(e) => self.db_error(e),
         }
     }
 
-    fn localise(&self, query: &str) -> Response {
-        let (q, flow) = match Query::parse(query).and_then(|q| q.flow().map(|f| (q, f))) {
+    fn loss(&self, query: &str) -> Response {
+        let takes = [FLOW_KEYS, &["from", "to", "since_ns", "bucket_ns", "ints"]].concat();
+        let parsed = Query::parse(query, &takes).and_then(|q| {
+            let flow = q.flow()?;
+            let w = q.window(0)?;
+            match q.u64_or("bucket_ns", 1_000_000_000)? {
+                0 => Err("bucket_ns must be positive".to_string()),
+                b => Ok((q, flow, w, b)),
+            }
+        });
+        let (q, flow, w, bucket) = match parsed {
             Ok(x) => x,
             Err(e) => return self.bad_query(e),
         };
-        let since = match q.u64_or("since_ns", 0) {
-            Ok(s) => s,
+        let st = self.store();
+        match st.series(&flow, w, bucket) {
+            Ok(s) => q.json(200, &json!({ "flow": flow, "bucket_ns": bucket, "series": s })),
+            Err(e) => self.db_error(e),
+        }
+    }
+
+    fn localise(&self, query: &str) -> Response {
+        let takes = [FLOW_KEYS, &["from", "to", "since_ns", "ints"]].concat();
+        let parsed = Query::parse(query, &takes).and_then(|q| Ok((q.flow()?, q.window(0)?, q)));
+        let (flow, w, q) = match parsed {
+            Ok(x) => x,
             Err(e) => return self.bad_query(e),
         };
+        let since = w.from_ns;
         let st = self.store();
-        let segs = match st.points(&flow, since) {
+        let segs = match st.points_in(&flow, w) {
             Ok(points) => crate::path::segments(&points),
             Err(e) => return self.db_error(e),
         };
@@ -369,26 +409,29 @@ impl Api {
             v["segments"] = json!(at);
             v
         });
-        Response::json(
-            200,
-            &json!({ "flow": flow, "lost": total, "segments": segs, "verdict": verdict }),
-        )
+        q.json(200, &json!({ "flow": flow, "lost": total, "segments": segs, "verdict": verdict }))
     }
 
     fn health(&self, query: &str) -> Response {
-        let since = match Query::parse(query).and_then(|q| q.u64_or("since_ns", 0)) {
-            Ok(s) => s,
+        let parsed =
+            Query::parse(query, &["from", "since_ns", "ints"]).and_then(|q| Ok((q.window(0)?, q)));
+        let (w, q) = match parsed {
+            Ok(x) => x,
             Err(e) => return self.bad_query(e),
         };
-        let h = self.store().health(since);
+        let h = self.store().health(w.from_ns);
         match h {
-            Ok(h) => Response::json(200, &h),
+            Ok(h) => q.json(200, &h),
             Err(e) => self.db_error(e),
         }
     }
 
     fn link(&self, query: &str) -> Response {
-        let (q, flow) = match Query::parse(query).and_then(|q| q.flow().map(|f| (q, f))) {
+        let takes =
+            [FLOW_KEYS, &["up", "down", "from", "to", "since_ns", "skew_ns", "ints"]].concat();
+        let (q, flow, w) = match Query::parse(query, &takes)
+            .and_then(|q| Ok((q.flow()?, q.window(0)?)).map(|(f, w)| (q, f, w)))
+        {
             Ok(x) => x,
             Err(e) => return self.bad_query(e),
         };
@@ -400,14 +443,12 @@ impl Api {
                 _ => Err(format!("bad {k}: {v:?} (AGENT/POINT, e.g. sw-b/egress)")),
             }
         };
-        let args = (point("up"), point("down"), q.u64_or("since_ns", 0), q.u64_or("skew_ns", 0));
-        let ((ua, up), (da, dp), since, skew) = match args {
-            (Ok(u), Ok(d), Ok(s), Ok(t)) => (u, d, s, t),
-            (Err(e), ..) | (_, Err(e), ..) | (.., Err(e), _) | (.., Err(e)) => {
-                return self.bad_query(e)
-            }
+        let args = (point("up"), point("down"), q.u64_or("skew_ns", 0));
+        let ((ua, up), (da, dp), skew) = match args {
+            (Ok(u), Ok(d), Ok(t)) => (u, d, t),
+            (Err(e), ..) | (_, Err(e), _) | (.., Err(e)) => return self.bad_query(e),
         };
-        let points = match self.store().points(&flow, since) {
+        let points = match self.store().points_in(&flow, w) {
             Ok(p) => p,
             Err(e) => return self.db_error(e),
         };
@@ -418,7 +459,7 @@ impl Api {
         let m = crate::link::match_batches(&u.batches, &d.batches, skew, u.ended);
         let lost: u64 = m.iter().map(|b| b.lost).sum();
         let whole = m.iter().filter(|b| b.whole).count();
-        Response::json(
+        q.json(
             200,
             &json!({ "flow": flow, "up": format!("{ua}/{up}"), "down": format!("{da}/{dp}"),
                      "skew_ns": skew, "lost": lost, "whole_batches_lost": whole,
@@ -430,8 +471,15 @@ impl Api {
         let st = self.store();
         let agents = st.agents().unwrap_or_default();
         let counts = st.counts().unwrap_or_default();
+        let ready = st.ready().is_ok();
         drop(st);
         let mut page = self.metrics.render(&agents, counts);
+        page.push_str(&format!(
+            "# HELP telemark_collector_storage_ready Whether the database takes writes (0: removed, \
+             replaced or failing; see /readyz).\n# TYPE telemark_collector_storage_ready gauge\n\
+             telemark_collector_storage_ready {}\n",
+            u8::from(ready)
+        ));
         self.transport.render("telemark_collector", &mut page);
         Response::text("text/plain; version=0.0.4", page)
     }
@@ -446,13 +494,57 @@ impl Api {
 struct Query(Vec<(String, String)>);
 
 impl Query {
-    fn parse(q: &str) -> Result<Query, String> {
+    /// Parses `q`, refusing any parameter not in `takes` (a typo must not be ignored).
+    fn parse(q: &str, takes: &[&str]) -> Result<Query, String> {
         let mut v = Vec::new();
         for part in q.split('&').filter(|p| !p.is_empty()) {
             let (k, val) = part.split_once('=').unwrap_or((part, ""));
-            v.push((decode(k)?, decode(val)?));
+            let k = decode(k)?;
+            if !takes.contains(&k.as_str()) {
+                return Err(format!(
+                    "unknown parameter {k:?}; this endpoint takes {}",
+                    takes.join(", ")
+                ));
+            }
+            v.push((k, decode(val)?));
         }
         Ok(Query(v))
+    }
+
+    /// The time window of `from` and `to` (each ns since the epoch or RFC 3339, e.g.
+    /// `2026-11-24T10:00:00Z`; `since_ns` is the old name of `from`); `from` defaults to
+    /// `default_from`, `to` to no end.
+    fn window(&self, default_from: u64) -> Result<Window, String> {
+        let from = match (self.get("from"), self.get("since_ns")) {
+            (Some(v), _) => time("from", v)?,
+            (None, Some(v)) => v.parse().map_err(|_| "since_ns must be a non-negative integer")?,
+            (None, None) => default_from,
+        };
+        let to = self.get("to").map(|v| time("to", v)).transpose()?.unwrap_or(u64::MAX);
+        if from >= to {
+            return Err(format!("from ({from}) must be before to ({to})"));
+        }
+        Ok(Window { from_ns: from, to_ns: to })
+    }
+
+    fn bool_or(&self, k: &str, default: bool) -> Result<bool, String> {
+        match self.get(k) {
+            None => Ok(default),
+            Some("true" | "1") => Ok(true),
+            Some("false" | "0") => Ok(false),
+            Some(v) => Err(format!("{k} must be true or false, not {v:?}")),
+        }
+    }
+
+    /// `v` as JSON; with `ints=string`, integers beyond 2^53 (which JavaScript's numbers cannot
+    /// hold exactly: nanosecond times, for one) are written as strings.
+    fn json<T: serde::Serialize>(&self, status: u16, v: &T) -> Response {
+        if self.get("ints") != Some("string") {
+            return Response::json(status, v);
+        }
+        let mut v = serde_json::to_value(v).unwrap_or_default();
+        big_ints_as_strings(&mut v);
+        Response::json(status, &v)
     }
 
     fn get(&self, k: &str) -> Option<&str> {
@@ -489,14 +581,40 @@ impl Query {
             dst: addr("dst")?,
             sport: self.num("sport")?.ok_or("missing sport")?,
             dport: self.num("dport")?.ok_or("missing dport")?,
-            proto: self.num("proto")?.ok_or("missing proto")?,
+            // The names the agent's watch rules take (udp, tcp, …), or a number.
+            proto: telemark_core::watch::parse_proto(need("proto")?).map_err(|e| e.0)?,
             spi: self.num("spi")?,
             si: self.num("si")?,
         })
     }
 }
 
-/// Percent-decoding of one query component (`+` is a space).
+/// The parameters that name a flow.
+const FLOW_KEYS: &[&str] = &["src", "dst", "sport", "dport", "proto", "spi", "si"];
+
+/// A time parameter: ns since the epoch, or RFC 3339.
+fn time(k: &str, v: &str) -> Result<u64, String> {
+    if let Ok(ns) = v.parse::<u64>() {
+        return Ok(ns);
+    }
+    let t = time::OffsetDateTime::parse(v, &time::format_description::well_known::Rfc3339)
+        .map_err(|e| format!("{k}: {v:?} is neither ns since the epoch nor RFC 3339 ({e})"))?;
+    u64::try_from(t.unix_timestamp_nanos()).map_err(|_| format!("{k}: {v:?} is before 1970"))
+}
+
+/// Integers JavaScript cannot hold exactly (beyond 2^53 - 1) as strings, anywhere in `v`.
+fn big_ints_as_strings(v: &mut serde_json::Value) {
+    const EXACT: u64 = (1 << 53) - 1;
+    match v {
+        serde_json::Value::Number(n) if n.as_u64().is_some_and(|x| x > EXACT) => {
+            *v = serde_json::Value::String(n.to_string());
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(big_ints_as_strings),
+        serde_json::Value::Object(o) => o.values_mut().for_each(big_ints_as_strings),
+        _ => {}
+    }
+}
+
 /// Where a segment is, in words.
 fn place(s: &crate::path::Segment) -> String {
     use crate::path::Method;
@@ -524,6 +642,7 @@ fn place(s: &crate::path::Segment) -> String {
     }
 }
 
+/// Percent-decoding of one query component (`+` is a space).
 fn decode(s: &str) -> Result<String, String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());

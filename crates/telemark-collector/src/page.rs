@@ -59,8 +59,10 @@ async function flowsPanel(){
 async function chartPanel(){
   if(!selected)return;
   document.getElementById("title").textContent="Loss over time: "+fkey(selected);
-  const [s,loc]=await Promise.all([getJSON("/api/v1/loss?bucket_ns=1000000000&"+fquery(selected)),getJSON("/api/v1/localise?"+fquery(selected))]);
+  const [s,loc]=await Promise.all([getJSON("/api/v1/loss?bucket_ns=1000000000&ints=string&"+fquery(selected)),getJSON("/api/v1/localise?"+fquery(selected))]);
   document.getElementById("verdict").textContent=loc.verdict?`${loc.lost} packets lost, ${loc.verdict.lost} of them ${loc.verdict.where}`:`${loc.lost} packets lost`;
+  // Times come as strings (exact); to Number for drawing, where 256 ns do not matter.
+  for(const p of s.series)p.t_ns=Number(p.t_ns);
   const series={};for(const p of s.series){(series[p.agent+" "+p.point]??=[]).push(p);}
   const pts=s.series;if(!pts.length){document.getElementById("chart").innerHTML="";return;}
   const t0=Math.min(...pts.map(p=>p.t_ns)),t1=Math.max(...pts.map(p=>p.t_ns))+1e9,ymax=Math.max(1,...pts.map(p=>p.lost));

@@ -10,13 +10,48 @@ use crate::link::Batch;
 use crate::path::PointRecords;
 use rusqlite::{params, Connection, OptionalExtension, ToSql};
 use serde::Serialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use telemark_core::records::{Flow, HealthRecord, PointHealth, Record, Scope};
 
-/// A storage failure (disk full, corrupt database): the request is not acknowledged.
+/// A storage failure: the request is not acknowledged.
 #[derive(Debug, thiserror::Error)]
-#[error("database: {0}")]
-pub struct StoreError(#[from] rusqlite::Error);
+pub enum StoreError {
+    /// SQLite failed (disk full, I/O error, …).
+    #[error("database: {0}")]
+    Sql(#[from] rusqlite::Error),
+    /// The file failed SQLite's integrity check at start.
+    #[error(
+        "database {path} is damaged ({detail}): restore it from a backup, or move it away to \
+         start with an empty one"
+    )]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What SQLite's check said first.
+        detail: String,
+    },
+    /// The file was removed or replaced while the collector had it open: what it would store
+    /// now would vanish at the next restart, so it stores nothing.
+    #[error(
+        "database file {0} was removed or replaced while the collector ran: nothing more is \
+         stored until the collector restarts"
+    )]
+    Gone(PathBuf),
+}
+
+impl StoreError {
+    /// Whether the store cannot take writes until an operator acts (as opposed to one
+    /// request's failure).
+    pub fn unavailable(&self) -> bool {
+        matches!(self, StoreError::Gone(_) | StoreError::Corrupt { .. })
+    }
+}
+
+/// Which file a path names: (device, inode).
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
 
 /// What one ingest stored.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -79,10 +114,14 @@ pub struct FlowSummary {
     pub flow: Flow,
     /// Lossy batches stored at the point that stored the most.
     pub lossy_batches: u64,
+    /// Packets sent into the flow's path (the most any point expected), in batches stored.
+    pub packets: u64,
     /// Packets lost on the flow's whole path, each once.
     pub lost: u64,
     /// Packets whose loss is uncertain, on the whole path.
     pub uncertain: u64,
+    /// `lost / packets` (0 without packets).
+    pub ratio: f64,
     /// First and last batch time.
     pub first_ns: u64,
     /// Last batch time.
@@ -92,6 +131,12 @@ pub struct FlowSummary {
 /// The database.
 pub struct Store {
     db: Connection,
+    path: PathBuf,
+    /// The file opened (device, inode), to notice it being removed or replaced; `None` for an
+    /// in-memory database.
+    file: Option<(u64, u64)>,
+    /// Rows in `loss` and `other` (kept here: counting 10 M rows takes a second).
+    rows: (u64, u64),
 }
 
 const SCHEMA: &str = "
@@ -123,7 +168,22 @@ CREATE TABLE IF NOT EXISTS other (
     PRIMARY KEY (agent, boot, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS other_time ON other (time_ns);
+CREATE TABLE IF NOT EXISTS flow_hours (
+    hour INTEGER NOT NULL,
+    src TEXT NOT NULL, dst TEXT NOT NULL, sport INTEGER NOT NULL, dport INTEGER NOT NULL,
+    proto INTEGER NOT NULL, spi INTEGER NOT NULL, si INTEGER NOT NULL,
+    agent TEXT NOT NULL, point TEXT NOT NULL, upstream TEXT NOT NULL, scope TEXT NOT NULL,
+    batches INTEGER NOT NULL, lossy_batches INTEGER NOT NULL, expected INTEGER NOT NULL,
+    lost INTEGER NOT NULL, uncertain INTEGER NOT NULL,
+    first_ns INTEGER NOT NULL, last_ns INTEGER NOT NULL,
+    PRIMARY KEY (hour, src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope)
+) WITHOUT ROWID;
 ";
+
+/// `flow_hours` sums each flow's batches per point and hour of `first_ns`: the flows list
+/// reads these few rows instead of every batch (one row stands for up to hours of batches).
+/// Absent NSH fields and upstreams are stored as -1 and '' there (key columns are not NULL).
+const HOUR_NS: u64 = 3_600_000_000_000;
 
 /// Columns of `loss` added after its first release, oldest first.
 const ADDED_COLUMNS: [(&str, &str); 3] = [
@@ -132,12 +192,33 @@ const ADDED_COLUMNS: [(&str, &str); 3] = [
     ("tail", "INTEGER NOT NULL DEFAULT 0"),
 ];
 
-/// One flow's loss records from `:since` on (see [`flow_args`]).
-const FLOW_SINCE: &str = "src = :src AND dst = :dst AND sport = :sport AND dport = :dport
-    AND proto = :proto AND spi IS :spi AND si IS :si AND first_ns >= :since";
+/// A time window: records whose time (a batch's first packet, a summary's end) is in
+/// `from_ns..to_ns`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Start, included (ns since the epoch).
+    pub from_ns: u64,
+    /// End, excluded.
+    pub to_ns: u64,
+}
 
-/// The arguments of [`FLOW_SINCE`].
-fn flow_args<'a>(f: &'a Flow, since: &'a i64) -> [(&'static str, &'a dyn ToSql); 8] {
+impl Window {
+    /// From `from_ns` on.
+    pub fn since(from_ns: u64) -> Window {
+        Window { from_ns, to_ns: u64::MAX }
+    }
+
+    fn args(&self) -> (i64, i64) {
+        (i(self.from_ns), i(self.to_ns))
+    }
+}
+
+/// One flow's loss records in a window (see [`flow_args`]).
+const FLOW_IN: &str = "src = :src AND dst = :dst AND sport = :sport AND dport = :dport
+    AND proto = :proto AND spi IS :spi AND si IS :si AND first_ns >= :from AND first_ns < :to";
+
+/// The arguments of [`FLOW_IN`].
+fn flow_args<'a>(f: &'a Flow, w: &'a (i64, i64)) -> [(&'static str, &'a dyn ToSql); 9] {
     [
         (":src", &f.src),
         (":dst", &f.dst),
@@ -146,7 +227,8 @@ fn flow_args<'a>(f: &'a Flow, since: &'a i64) -> [(&'static str, &'a dyn ToSql);
         (":proto", &f.proto),
         (":spi", &f.spi),
         (":si", &f.si),
-        (":since", since),
+        (":from", &w.0),
+        (":to", &w.1),
     ]
 }
 
@@ -162,6 +244,14 @@ impl Store {
     /// Opens (creating if needed) the database at `path`; `":memory:"` for a throw-away one.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         let db = Connection::open(path)?;
+        // A damaged file is refused at start, not discovered by the first query that touches
+        // the damage (quick_check: every page and record, not the index contents).
+        let check = db
+            .query_row("PRAGMA quick_check", [], |r| r.get::<_, String>(0))
+            .unwrap_or_else(|e| e.to_string());
+        if check != "ok" {
+            return Err(StoreError::Corrupt { path: path.to_path_buf(), detail: check });
+        }
         db.pragma_update(None, "journal_mode", "WAL")?;
         db.pragma_update(None, "synchronous", "FULL")?;
         db.busy_timeout(std::time::Duration::from_secs(5))?;
@@ -178,7 +268,55 @@ impl Store {
                 db.execute_batch(&format!("ALTER TABLE loss ADD COLUMN {column} {decl}"))?;
             }
         }
-        Ok(Store { db })
+        let in_memory = path.as_os_str() == ":memory:";
+        let mut store = Store { db, path: path.to_path_buf(), file: None, rows: (0, 0) };
+        if !in_memory {
+            store.file = identity(path);
+        }
+        store.backfill_flow_hours()?;
+        let count = |t: &str| -> Result<u64, StoreError> {
+            Ok(u(store.db.query_row(&format!("SELECT COUNT(*) FROM {t}"), [], |r| r.get(0))?))
+        };
+        store.rows = (count("loss")?, count("other")?);
+        Ok(store)
+    }
+
+    /// A database from before `flow_hours` gets it filled from its batches, once.
+    fn backfill_flow_hours(&mut self) -> Result<(), StoreError> {
+        let empty: bool =
+            self.db.query_row("SELECT NOT EXISTS (SELECT 1 FROM flow_hours)", [], |r| r.get(0))?;
+        let has_loss: bool =
+            self.db.query_row("SELECT EXISTS (SELECT 1 FROM loss)", [], |r| r.get(0))?;
+        if empty && has_loss {
+            self.db.execute(
+                &format!(
+                    "INSERT INTO flow_hours
+                     SELECT first_ns / {HOUR_NS}, src, dst, sport, dport, proto,
+                            COALESCE(spi, -1), COALESCE(si, -1), agent, point,
+                            COALESCE(upstream, ''), scope, COUNT(*), SUM(lost > 0),
+                            SUM(COALESCE(expected, 0)), SUM(lost), SUM(uncertain),
+                            MIN(first_ns), MAX(last_ns)
+                     FROM loss GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12"
+                ),
+                [],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Whether the file opened is still the one at the path (not removed or replaced).
+    pub fn check_file(&self) -> Result<(), StoreError> {
+        match self.file {
+            Some(f) if identity(&self.path) != Some(f) => Err(StoreError::Gone(self.path.clone())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the store can take writes and answer reads now.
+    pub fn ready(&self) -> Result<(), StoreError> {
+        self.check_file()?;
+        self.db.query_row("SELECT 1", [], |_| Ok(()))?;
+        Ok(())
     }
 
     /// Registers `agent` (or updates it on a new run).
@@ -189,6 +327,7 @@ impl Store {
         boot: u64,
         now: u64,
     ) -> Result<(), StoreError> {
+        self.check_file()?;
         self.db.execute(
             "INSERT INTO agents (agent, version, boot, first_seen_ns, last_seen_ns)
              VALUES (?1, ?2, ?3, ?4, ?4)
@@ -218,8 +357,10 @@ impl Store {
         export_dropped: u64,
         now: u64,
     ) -> Result<Stored, StoreError> {
+        self.check_file()?;
         let tx = self.db.transaction()?;
         let mut st = Stored::default();
+        let mut new_rows = (0, 0);
         {
             let mut loss = tx.prepare_cached(
                 "INSERT OR IGNORE INTO loss VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,
@@ -227,6 +368,16 @@ impl Store {
             )?;
             let mut other =
                 tx.prepare_cached("INSERT OR IGNORE INTO other VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?;
+            let mut hours = tx.prepare_cached(
+                "INSERT INTO flow_hours VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12,
+                 1, ?13, ?14, ?15, ?16, ?17, ?18)
+                 ON CONFLICT DO UPDATE SET batches = batches + 1,
+                    lossy_batches = lossy_batches + excluded.lossy_batches,
+                    expected = expected + excluded.expected,
+                    lost = lost + excluded.lost, uncertain = uncertain + excluded.uncertain,
+                    first_ns = MIN(first_ns, excluded.first_ns),
+                    last_ns = MAX(last_ns, excluded.last_ns)",
+            )?;
             for (n, r) in records.iter().enumerate() {
                 let s = i(seq.saturating_add(n as u64));
                 let added = match r {
@@ -270,6 +421,31 @@ impl Store {
                         other.execute(params![agent, i(boot), s, kind, i(t), json])?
                     }
                 };
+                if let (1, Record::Loss(l)) = (added, r) {
+                    hours.execute(params![
+                        i(l.first_ns / HOUR_NS),
+                        l.flow.src,
+                        l.flow.dst,
+                        l.flow.sport,
+                        l.flow.dport,
+                        l.flow.proto,
+                        l.flow.spi.map_or(-1, i64::from),
+                        l.flow.si.map_or(-1, i64::from),
+                        agent,
+                        l.point,
+                        l.upstream.as_deref().unwrap_or(""),
+                        l.scope.as_str(),
+                        i64::from(l.lost > 0),
+                        i(l.expected.unwrap_or(0)),
+                        i(l.lost),
+                        i(l.uncertain),
+                        i(l.first_ns),
+                        i(l.last_ns),
+                    ])?;
+                    new_rows.0 += 1;
+                } else if added == 1 {
+                    new_rows.1 += 1;
+                }
                 if added == 1 {
                     st.accepted += 1;
                 } else {
@@ -284,6 +460,7 @@ impl Store {
             )?;
         }
         tx.commit()?;
+        self.rows = (self.rows.0 + new_rows.0, self.rows.1 + new_rows.1);
         Ok(st)
     }
 
@@ -291,6 +468,9 @@ impl Store {
     pub fn expire(&mut self, before_ns: u64) -> Result<u64, StoreError> {
         let a = self.db.execute("DELETE FROM loss WHERE first_ns < ?1", [i(before_ns)])?;
         let b = self.db.execute("DELETE FROM other WHERE time_ns < ?1", [i(before_ns)])?;
+        // Hours wholly before the cut go; the hour it falls in stays until it is whole.
+        self.db.execute("DELETE FROM flow_hours WHERE hour < ?1", [i(before_ns / HOUR_NS)])?;
+        self.rows = (self.rows.0.saturating_sub(a as u64), self.rows.1.saturating_sub(b as u64));
         Ok((a + b) as u64)
     }
 
@@ -314,18 +494,31 @@ impl Store {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Flows with loss or uncertain loss since `since_ns`, most lost first, at most `limit`;
-    /// each flow's figures cover its whole path, each segment once: chosen by their path
-    /// loss ([`crate::path::path_loss`]), then summed over their segments.
-    pub fn flows(&self, since_ns: u64, limit: u32) -> Result<Vec<FlowSummary>, StoreError> {
+    /// Flows with batches in `w` (only those with loss or uncertain loss when `lossy_only`),
+    /// most lost first, `limit` of them after skipping `offset`; each flow's figures cover its
+    /// whole path, each segment once: ranked by their path loss
+    /// ([`crate::path::path_loss`]), then summed over their segments.
+    pub fn flows(
+        &self,
+        w: Window,
+        lossy_only: bool,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<FlowSummary>, StoreError> {
+        // The whole hours `w` touches: the ranking may count a little outside `w`; the figures
+        // of the flows listed are then read exactly, from their batches.
         let mut q = self.db.prepare_cached(
-            "SELECT src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope,
-                    SUM(lost > 0), SUM(lost), SUM(uncertain), MIN(first_ns), MAX(last_ns)
-             FROM loss WHERE first_ns >= ?1 AND (lost > 0 OR uncertain > 0)
+            "SELECT src, dst, sport, dport, proto, NULLIF(spi, -1), NULLIF(si, -1), agent, point,
+                    NULLIF(upstream, ''), scope, SUM(lossy_batches), SUM(lost), SUM(uncertain),
+                    MIN(first_ns), MAX(last_ns)
+                    , SUM(expected)
+             FROM flow_hours WHERE hour >= ?1 AND hour <= ?2
              GROUP BY src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope
+             HAVING ?3 = 0 OR SUM(lost) > 0 OR SUM(uncertain) > 0
              ORDER BY src, dst, sport, dport, proto, spi, si",
         )?;
-        let rows = q.query_map(params![i(since_ns)], |r| {
+        let hours = (i(w.from_ns / HOUR_NS), i(w.to_ns.saturating_sub(1) / HOUR_NS));
+        let rows = q.query_map(params![hours.0, hours.1, lossy_only], |r| {
             let p = PointRecords {
                 agent: r.get(7)?,
                 point: r.get(8)?,
@@ -336,13 +529,15 @@ impl Store {
                 uncertain: u(r.get(13)?),
                 ..PointRecords::default()
             };
-            Ok((flow_of(r)?, p, u(r.get(14)?), u(r.get(15)?)))
+            let expected = u(r.get(16)?);
+            Ok((flow_of(r)?, PointRecords { expected, ..p }, u(r.get(14)?), u(r.get(15)?)))
         })?;
         let mut out: Vec<FlowSummary> = Vec::new();
         let mut points: Vec<PointRecords> = Vec::new();
         let finish = |out: &mut Vec<FlowSummary>, points: &mut Vec<PointRecords>| {
             if let Some(f) = out.last_mut() {
                 (f.lost, f.uncertain) = crate::path::path_loss(points);
+                f.packets = points.iter().map(|p| p.expected).max().unwrap_or(0);
                 f.lossy_batches = points.iter().map(|p| p.lossy_batches).max().unwrap_or(0);
             }
             points.clear();
@@ -359,8 +554,10 @@ impl Store {
                     out.push(FlowSummary {
                         flow,
                         lossy_batches: 0,
+                        packets: 0,
                         lost: 0,
                         uncertain: 0,
+                        ratio: 0.0,
                         first_ns: first,
                         last_ns: last,
                     });
@@ -369,33 +566,47 @@ impl Store {
             points.push(p);
         }
         finish(&mut out, &mut points);
-        out.sort_by(|a, b| b.lost.cmp(&a.lost).then(b.uncertain.cmp(&a.uncertain)));
-        out.truncate(limit as usize);
+        let rank = |a: &FlowSummary, b: &FlowSummary| {
+            b.lost.cmp(&a.lost).then(b.uncertain.cmp(&a.uncertain)).then(b.packets.cmp(&a.packets))
+        };
+        out.sort_by(rank);
+        let out: Vec<FlowSummary> = out.into_iter().skip(offset).take(limit).collect();
         // The listed flows' figures from their segments, which line batches up where the
         // points report every batch (path figures against B miss a flow's last batch).
-        for f in &mut out {
-            let segs = crate::path::segments(&self.points(&f.flow, since_ns)?);
+        // A flow counted in the hours but with no batch in `w` itself (or none lossy, when
+        // only lossy ones are asked for) is left out: a page may then hold fewer than `limit`.
+        let mut exact = Vec::with_capacity(out.len());
+        for mut f in out {
+            let points = self.points_in(&f.flow, w)?;
+            if points.is_empty() {
+                continue;
+            }
+            let segs = crate::path::segments(&points);
             f.lost = segs.iter().map(|s| s.lost).sum();
             f.uncertain = segs.iter().map(|s| s.uncertain).sum();
+            f.packets = points.iter().map(|p| p.expected).max().unwrap_or(0);
+            f.ratio = if f.packets > 0 { f.lost as f64 / f.packets as f64 } else { 0.0 };
+            if !lossy_only || f.lost > 0 || f.uncertain > 0 {
+                exact.push(f);
+            }
         }
-        out.sort_by(|a, b| b.lost.cmp(&a.lost).then(b.uncertain.cmp(&a.uncertain)));
-        Ok(out)
+        Ok(exact)
     }
 
-    /// `flow`'s loss per agent and point in buckets of `bucket_ns`, from `since_ns` on.
+    /// `flow`'s loss per agent and point in buckets of `bucket_ns`, in `w`.
     pub fn series(
         &self,
         flow: &Flow,
-        since_ns: u64,
+        w: Window,
         bucket_ns: u64,
     ) -> Result<Vec<SeriesPoint>, StoreError> {
         let sql = format!(
             "SELECT agent, point, (first_ns / :bucket) * :bucket AS t, COUNT(*),
                     SUM(COALESCE(expected, 0)), SUM(lost), SUM(late), MAX(scope), SUM(uncertain)
-             FROM loss WHERE {FLOW_SINCE} GROUP BY agent, point, t ORDER BY t, agent, point"
+             FROM loss WHERE {FLOW_IN} GROUP BY agent, point, t ORDER BY t, agent, point"
         );
-        let (bucket, since) = (i(bucket_ns.max(1)), i(since_ns));
-        let mut args = flow_args(flow, &since).to_vec();
+        let (bucket, range) = (i(bucket_ns.max(1)), w.args());
+        let mut args = flow_args(flow, &range).to_vec();
         args.push((":bucket", &bucket));
         self.query(&sql, &args, |r| {
             Ok(SeriesPoint {
@@ -415,12 +626,18 @@ impl Store {
     /// `flow`'s loss records since `since_ns`, per point, each point's batches in order of
     /// first packet.
     pub fn points(&self, flow: &Flow, since_ns: u64) -> Result<Vec<PointRecords>, StoreError> {
+        self.points_in(flow, Window::since(since_ns))
+    }
+
+    /// `flow`'s loss records in `w`, per point, each point's batches in order of first packet.
+    pub fn points_in(&self, flow: &Flow, w: Window) -> Result<Vec<PointRecords>, StoreError> {
         let sql = format!(
             "SELECT agent, point, port, upstream, scope, color, first_ns, last_ns, observed,
                     late, COALESCE(expected, 0), lost, uncertain, tail
-             FROM loss WHERE {FLOW_SINCE} ORDER BY agent, point, first_ns, seq"
+             FROM loss WHERE {FLOW_IN} ORDER BY agent, point, first_ns, seq"
         );
-        let rows = self.query(&sql, &flow_args(flow, &i(since_ns)), |r| {
+        let range = w.args();
+        let rows = self.query(&sql, &flow_args(flow, &range), |r| {
             let head = (r.get::<_, String>(0)?, r.get::<_, String>(1)?);
             let batch = Batch {
                 color: r.get(5)?,
@@ -541,9 +758,7 @@ impl Store {
 
     /// Records stored, per table.
     pub fn counts(&self) -> Result<(u64, u64), StoreError> {
-        let l: i64 = self.db.query_row("SELECT COUNT(*) FROM loss", [], |r| r.get(0))?;
-        let o: i64 = self.db.query_row("SELECT COUNT(*) FROM other", [], |r| r.get(0))?;
-        Ok((u(l), u(o)))
+        Ok(self.rows)
     }
 }
 

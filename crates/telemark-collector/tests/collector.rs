@@ -392,3 +392,156 @@ fn loss_metrics_count_stored_records_once() {
         .sum();
     assert_eq!(stored, 970);
 }
+
+/// The database file removed or replaced under a running collector: writes are refused with
+/// 503 (the agent keeps its records and retries), /readyz and the metric say so; a damaged
+/// file is refused at start with a message that says what to do.
+#[test]
+fn storage_failures_are_seen_not_hidden() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("t.db");
+    let c = start(&db, "127.0.0.1:0".parse().unwrap());
+    let url = format!("http://{}", c.addr);
+    let mut ex = Exporter::new(&url, "sw-b", 1, 100);
+    ex.push(loss("sw-b", "ingress", None, 0, 1));
+    assert_eq!(ex.flush().unwrap(), 1);
+    assert_eq!(get(c.addr, "/readyz").0, 200);
+    assert_eq!(get(c.addr, "/healthz").0, 200);
+    for f in ["t.db", "t.db-wal", "t.db-shm"] {
+        let _ = std::fs::remove_file(dir.path().join(f));
+    }
+    ex.push(loss("sw-b", "ingress", None, 1, 1));
+    match ex.flush() {
+        Err(telemark_transport::exporter::ExportError::Rejected { status: 503, body }) => {
+            assert!(body.contains("removed or replaced"), "{body}")
+        }
+        other => panic!("a write to a removed database was answered {other:?}"),
+    }
+    assert_eq!(ex.pending(), 1, "the agent keeps the record");
+    let (s, body) = get(c.addr, "/readyz");
+    assert_eq!(s, 503, "{body}");
+    assert_eq!(get(c.addr, "/healthz").0, 200, "the process itself is alive");
+    assert_eq!(metric(c.addr, "telemark_collector_storage_ready"), 0);
+    assert_eq!(
+        metric(c.addr, "telemark_collector_errors_total{reason=\"database_unavailable\"}"),
+        1
+    );
+    drop(c);
+
+    // Replaced: another file moved over the path.
+    let db2 = dir.path().join("u.db");
+    let c = start(&db2, "127.0.0.1:0".parse().unwrap());
+    std::fs::write(dir.path().join("other"), b"x").unwrap();
+    std::fs::rename(dir.path().join("other"), &db2).unwrap();
+    let mut ex = Exporter::new(&format!("http://{}", c.addr), "sw-b", 1, 100);
+    ex.push(loss("sw-b", "ingress", None, 0, 1));
+    assert!(matches!(
+        ex.flush(),
+        Err(telemark_transport::exporter::ExportError::Rejected { status: 503, .. })
+    ));
+    drop(c);
+
+    // Damaged: a page of a real database overwritten; and a file that is no database at all.
+    let db3 = dir.path().join("v.db");
+    let c = start(&db3, "127.0.0.1:0".parse().unwrap());
+    let mut ex = Exporter::new(&format!("http://{}", c.addr), "sw-b", 1, 10_000);
+    for b in 0..3000 {
+        ex.push(loss("sw-b", "ingress", None, b, 1));
+    }
+    ex.flush().unwrap();
+    c.stop();
+    let mut bytes = std::fs::read(&db3).unwrap();
+    assert!(bytes.len() > 3 * 4096, "{} bytes", bytes.len());
+    bytes[2 * 4096..3 * 4096].iter_mut().enumerate().for_each(|(n, b)| *b = (n * 7) as u8);
+    std::fs::write(&db3, &bytes).unwrap();
+    let cfg = |db: &std::path::Path| Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        db: db.to_path_buf(),
+        ..Config::default()
+    };
+    let e = Collector::start(&cfg(&db3)).err().expect("a damaged database is refused").to_string();
+    assert!(e.contains("damaged") && e.contains("backup"), "{e}");
+    let junk = dir.path().join("junk.db");
+    std::fs::write(&junk, vec![0x42u8; 8192]).unwrap();
+    let e = Collector::start(&cfg(&junk))
+        .err()
+        .expect("a file that is no database is refused")
+        .to_string();
+    assert!(e.contains("damaged"), "{e}");
+}
+
+/// Queries for programs: time windows in ns or RFC 3339, unknown parameters refused,
+/// protocol names, 64-bit integers as strings on request, pages linked (RFC 8288).
+#[test]
+fn queries_take_windows_names_and_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = start(&dir.path().join("t.db"), "127.0.0.1:0".parse().unwrap());
+    let a = c.addr;
+    let mut ex = Exporter::new(&format!("http://{a}"), "sw-f", 1, 1000);
+    // Five flows, flow n losing n packets in each of its 4 batches (10 ms apart).
+    for sport in 40001..=40005u16 {
+        for b in 0..4 {
+            let mut r = loss("sw-f", "ingress", None, b, u64::from(sport - 40000));
+            if let Record::Loss(l) = &mut r {
+                l.flow = flow(sport);
+            }
+            ex.push(r);
+        }
+    }
+    ex.flush().unwrap();
+    let flows = |q: &str| {
+        let r = ureq::get(&format!("http://{a}/api/v1/flows{q}")).call().unwrap();
+        let link = r.header("Link").map(str::to_string);
+        (r.into_json::<serde_json::Value>().unwrap(), link)
+    };
+    let (all, link) = flows("");
+    assert_eq!(all.as_array().unwrap().len(), 5);
+    assert_eq!(all[0]["flow"]["sport"], 40005, "most lost first");
+    assert_eq!(all[0]["lost"], 20);
+    assert_eq!(all[0]["packets"], 400);
+    assert_eq!(all[0]["ratio"], 0.05);
+    assert!(link.is_none());
+    // Pages of two, each linking the next.
+    let (p1, link) = flows("?limit=2");
+    let sports = |v: &serde_json::Value| -> Vec<u64> {
+        v.as_array().unwrap().iter().map(|f| f["flow"]["sport"].as_u64().unwrap()).collect()
+    };
+    assert_eq!(sports(&p1), [40005, 40004]);
+    let next = link.expect("a Link to the next page");
+    let next = next.trim_start_matches('<').split('>').next().unwrap();
+    let (p2, _) = flows(&next["/api/v1/flows".len()..]);
+    assert_eq!(sports(&p2), [40003, 40002]);
+    // A window: RFC 3339 and ns agree; a window before the batches holds nothing.
+    let t0 = base_ns();
+    let rfc = |ns: u64| {
+        time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ns))
+            .unwrap()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    };
+    let (w, _) = flows(&format!("?from={}&to={}", rfc(t0), rfc(t0 + 15_000_000)));
+    assert_eq!(w[0]["packets"], 200, "two of four batches start in the window: {w}");
+    let (w, _) = flows(&format!("?from={t0}&to={}", t0 + 15_000_000));
+    assert_eq!(w[0]["packets"], 200);
+    let (w, _) = flows(&format!("?from={}&to={t0}", t0 - 1_000_000_000));
+    assert!(w.as_array().unwrap().is_empty());
+    // Protocol names, and integers beyond 2^53 as strings.
+    let q = "src=10.0.0.1&dst=10.0.0.7&sport=40005&dport=5201";
+    let (s, body) = get(a, &format!("/api/v1/loss?{q}&proto=udp&ints=string"));
+    assert_eq!(s, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let t = &v["series"][0]["t_ns"];
+    assert!(t.is_string() && t.as_str().unwrap().parse::<u64>().unwrap() >= t0, "{v}");
+    assert_eq!(v["series"][0]["lost"], 20, "small integers stay numbers");
+    // Refused, with the reason.
+    for (q, says) in [
+        ("/api/v1/flows?limt=5", "unknown parameter"),
+        ("/api/v1/flows?from=yesterday", "RFC 3339"),
+        ("/api/v1/flows?from=20&to=10", "must be before"),
+        (&format!("/api/v1/loss?{q}&proto=carrier-pigeon"), "bad protocol"),
+    ] {
+        let (s, body) = get(a, q);
+        assert_eq!(s, 400, "{q}: {body}");
+        assert!(body.contains(says), "{q}: {body}");
+    }
+}

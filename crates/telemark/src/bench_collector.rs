@@ -1,7 +1,8 @@
 //! `telemark bench-collector`: how many records per second one collector stores, acknowledged,
-//! with the collector pinned to one core and senders on the others (docs/collector.md,
-//! "Throughput"). With `--against OTHER_BINARY` the same load runs against another build's
-//! collector too, alternating, so two builds compare in one run.
+//! with the collector pinned to one core and senders on the others; with `--query-batches N`,
+//! how long the API's queries take over a database of N stored batches instead
+//! (docs/collector.md, "Performance"). With `--against OTHER_BINARY` the same load runs against
+//! another build's collector too, alternating, so two builds compare in one run.
 
 use anyhow::{bail, Context, Result};
 use clap::Args as ClapArgs;
@@ -35,6 +36,10 @@ pub struct Args {
     /// Another `telemark` binary whose collector runs the same load, alternating with this one.
     #[arg(long)]
     pub against: Option<PathBuf>,
+    /// Time queries instead, over a database of this many loss records (batches) spread over
+    /// the last 7 days, 1,000 per flow, one in ten lossy.
+    #[arg(long)]
+    pub query_batches: Option<u64>,
 }
 
 struct Proc(Child);
@@ -135,12 +140,88 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// A database of `n` loss records of `n / 1000` flows over the last 7 days, made with the store
+/// itself (an agent would take hours to send them).
+fn fill(db: &std::path::Path, n: u64) -> Result<()> {
+    let mut st = telemark_collector::store::Store::open(db)?;
+    let now = now_ns();
+    st.register("bench", "bench", 1, now)?;
+    let span = 7 * 24 * 3600 * 1_000_000_000u64;
+    let flows = (n / 1000).max(1);
+    let chunk = 20_000u64;
+    let mut seq = 0;
+    while seq < n {
+        let recs: Vec<Record> = (seq..(seq + chunk).min(n))
+            .map(|k| {
+                // Batch k belongs to flow k % flows, at a time spread evenly over the span.
+                let t = now - span + k * (span / n);
+                let mut r = record("bench", k / flows, t);
+                if let Record::Loss(l) = &mut r {
+                    let f = k % flows;
+                    l.flow.src = format!("10.{}.{}.1", f / 256 % 256, f % 256);
+                    l.flow.sport = 1024 + (f / 65536) as u16;
+                    l.lost = u64::from(k % 10 == 0);
+                    l.observed = 100 - l.lost;
+                }
+                r
+            })
+            .collect();
+        st.ingest("bench", 1, seq, &recs, 0, now)?;
+        seq += recs.len() as u64;
+    }
+    Ok(())
+}
+
+/// Median milliseconds of `rounds` GETs of `path`.
+fn time_get(url: &str, path: &str, rounds: usize) -> Result<f64> {
+    let http = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
+    let mut ms = Vec::new();
+    for _ in 0..rounds.max(1) {
+        let t = Instant::now();
+        let r = http.get(&format!("{url}{path}")).call().with_context(|| path.to_string())?;
+        let _ = r.into_string()?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(median(&mut ms))
+}
+
+/// Times the API's queries over a database of `n` batches, for each binary.
+fn queries(a: &Args, bins: &[(String, PathBuf)], n: u64) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("q.db");
+    let t = Instant::now();
+    fill(&db, n)?;
+    eprintln!("{n} batches stored in {:.0} s", t.elapsed().as_secs_f64());
+    let hour_ago = now_ns() - 3_600_000_000_000;
+    let week_ago = now_ns() - 7 * 24 * 3_600_000_000_000;
+    let paths = [
+        "/api/v1/flows".to_string(),
+        format!("/api/v1/flows?since_ns={hour_ago}"),
+        format!("/api/v1/flows?since_ns={week_ago}"),
+        "/api/v1/loss?src=10.0.7.1&dst=10.0.0.7&sport=1024&dport=5201&proto=17".to_string(),
+    ];
+    println!("query latency, {n} stored batches of {} flows over 7 days, collector pinned to cpu {}, median of {} rounds:", n / 1000, a.cpu, a.rounds.max(1));
+    for (name, exe) in bins {
+        // Each binary on its own copy: a newer build may add tables to the file.
+        let copy = dir.path().join("copy.db");
+        std::fs::copy(&db, &copy)?;
+        let (_proc, url) = start(exe, &copy, a.cpu)?;
+        for p in &paths {
+            println!("  {name}: GET {p}: {:.1} ms", time_get(&url, p, a.rounds)?);
+        }
+    }
+    Ok(())
+}
+
 /// Runs the rounds and prints one line per binary.
 pub fn run(a: Args) -> Result<()> {
     let this = std::env::current_exe()?;
     let mut bins = vec![("this build".to_string(), this)];
     if let Some(o) = &a.against {
         bins.push((o.display().to_string(), o.clone()));
+    }
+    if let Some(n) = a.query_batches {
+        return queries(&a, &bins, n);
     }
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); bins.len()];
     for round in 0..a.rounds.max(1) {

@@ -44,11 +44,14 @@ pub struct Args {
     pub loss: LossOpts,
 }
 
-/// The default flow-size file: shared/testdata beside the checkout.
+/// The default flow-size file, found at run time (no build path is compiled in): under
+/// `$TELEMARK_TESTDATA` if set, else `shared/testdata` beside the working directory (a
+/// checkout's root, with `../shared` next to it).
 pub fn default_sizes() -> Option<PathBuf> {
-    const REL: &str = "shared/testdata/flow-sizes/caida-2019-0117-dirA-tcp-flow-bytes.txt";
-    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../..").join(REL);
-    [PathBuf::from("..").join(REL), here].into_iter().find(|p| p.is_file())
+    const FILE: &str = "flow-sizes/caida-2019-0117-dirA-tcp-flow-bytes.txt";
+    let set = std::env::var_os("TELEMARK_TESTDATA").map(|d| PathBuf::from(d).join(FILE));
+    let beside = PathBuf::from("../shared/testdata").join(FILE);
+    set.into_iter().chain([beside]).find(|p| p.is_file())
 }
 
 /// Loads the size distribution the flags ask for.

@@ -9,8 +9,12 @@ use telemark_datapath::rng::Rng;
 use telemark_wire::flow::{extract, LinkType};
 use telemark_wire::FlowKey;
 
+/// The binary, run from the checkout's root as a user would (so `../shared/testdata`, beside
+/// the checkout, is where it looks for the flow-size distribution).
 fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_telemark"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_telemark"));
+    c.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+    c
 }
 
 fn tmpdir(name: &str) -> PathBuf {
