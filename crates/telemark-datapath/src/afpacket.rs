@@ -510,5 +510,28 @@ pub fn wait_readable(fds: &[RawFd], timeout_ms: i32) {
     }
     let n = fds.len().min(p.len());
     // SAFETY: `p` holds `n` valid pollfds.
-    unsafe { libc::poll(p.as_mut_ptr(), n as libc::nfds_t, timeout_ms) };
+    let ready = unsafe { libc::poll(p.as_mut_ptr(), n as libc::nfds_t, timeout_ms) };
+    // A port in error (its interface went down or away) makes poll return at once, forever:
+    // take the error (SO_ERROR clears it) and wait out the timeout, so the caller's loop naps
+    // instead of spinning.
+    let broken =
+        |f: &libc::pollfd| f.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0;
+    let readable = p[..n].iter().any(|f| f.revents & libc::POLLIN != 0);
+    if ready > 0 && !readable && p[..n].iter().any(broken) {
+        for f in p[..n].iter().filter(|f| broken(f)) {
+            let mut err: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: getsockopt writes at most `len` bytes into `err`.
+            unsafe {
+                libc::getsockopt(
+                    f.fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_ERROR,
+                    (&mut err as *mut libc::c_int).cast(),
+                    &mut len,
+                )
+            };
+        }
+        std::thread::sleep(std::time::Duration::from_millis(timeout_ms.max(0) as u64));
+    }
 }

@@ -578,3 +578,139 @@ fn prometheus_reads_the_loss_ratio_per_segment() {
     drop(agents);
     drop(chain);
 }
+
+/// A child process killed if the test fails before it exits.
+struct Killed(std::process::Child);
+
+impl Killed {
+    fn wait(mut self) -> std::process::Output {
+        let child = std::mem::replace(&mut self.0, Command::new("true").spawn().unwrap());
+        std::mem::forget(self);
+        child.wait_with_output().unwrap()
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// SIGHUP applies a changed configuration to a running agent: s1 starts watching nothing of
+/// flow 4051 and exporting to one collector; after its file is rewritten (watch the flow,
+/// export to a second collector) and SIGHUP, it marks and measures the flow and the second
+/// collector gets its records; a change it cannot take while running (the batch size) is
+/// refused, with the agent running on; SIGTERM then stops it with exit 0.
+#[test]
+fn sighup_reloads_watch_rules_and_export() {
+    let chain = Chain::up("r", &[4051]);
+    let prefix = chain.prefix.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let collector = |name: &str| {
+        let cfg = Config {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            db: dir.path().join(name),
+            ..Config::default()
+        };
+        Collector::start(&cfg).unwrap()
+    };
+    let (c1, c2) = (collector("c1.db"), collector("c2.db"));
+    let metrics_port = free_port();
+    let toml = dir.path().join("s1.toml");
+    let write = |dst: &str, url: &str, batch: u32| {
+        let text = format!(
+            "agent = \"s1\"\nnetns = \"{prefix}s1\"\n\
+             [[pair]]\na = \"s1a\"\nb = \"s1b\"\nmark = \"a\"\n\
+             [[watch]]\ndst = \"{dst}\"\n\
+             [loss]\nbatch = {batch}\n\
+             [export]\ncollector = \"http://{url}\"\ninterval = \"500ms\"\nreport_all = true\n\
+             [metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n"
+        );
+        std::fs::write(&toml, text).unwrap();
+    };
+    write("10.99.0.0/16", &c1.addr.to_string(), 100);
+    let mut s1 = Some(Killed(
+        Command::new(env!("CARGO_BIN_EXE_telemark"))
+            .args(["agent", "--config"])
+            .arg(&toml)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    let pid = s1.as_ref().unwrap().0.id() as i32;
+    let metric = |name: &str| -> u64 {
+        let url = format!("http://127.0.0.1:{metrics_port}/metrics");
+        let text = ureq::get(&url).call().unwrap().into_string().unwrap();
+        text.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    };
+    let send = || {
+        let spec = FlowSpec {
+            key: key(4051),
+            src_mac: [2, 0, 0, 0, 1, 1],
+            dst_mac: [2, 0, 0, 0, 1, 0xfe],
+            payload: 100,
+            pps: 1000,
+            catch_up: traffic::catch_up(1000),
+            churn: false,
+        };
+        let stop = AtomicBool::new(false);
+        traffic::send(Some(&format!("{prefix}a")), "a0", &spec, Duration::from_secs(2), &stop)
+            .unwrap()
+            .sent
+    };
+    let t = std::time::Instant::now();
+    while ureq::get(&format!("http://127.0.0.1:{metrics_port}/metrics")).call().is_err() {
+        assert!(t.elapsed() < Duration::from_secs(10), "the agent's /metrics never came up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // Not watched: forwarded untouched, every packet host A sent counted as unwatched.
+    let sent = send();
+    std::thread::sleep(Duration::from_millis(300));
+    let truth: serde_json::Value = serde_json::from_str(&chain.run(&["truth"])).unwrap();
+    let first = u(&truth["4051"]["in1"]);
+    assert!(first > 1500, "only {first} packets through s1");
+    // (The bridge beyond s1 may send a stray packet or two of its own: unwatched too.)
+    let unwatched = metric("telemark_agent_packets_unwatched_total");
+    assert!((sent..sent + 10).contains(&unwatched), "{unwatched} unwatched of {sent} sent");
+    assert_eq!(metric("telemark_agent_point_flows_admitted_total"), 0);
+
+    // Reload: watch it, export elsewhere.
+    write("10.9.2.0/24", &c2.addr.to_string(), 100);
+    // SAFETY: kill(2) on the child's pid.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    std::thread::sleep(Duration::from_millis(500));
+    send();
+    // A change that needs a restart is refused; the agent runs on.
+    write("10.9.2.0/24", &c2.addr.to_string(), 50);
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    std::thread::sleep(Duration::from_secs(3));
+    let more = metric("telemark_agent_packets_unwatched_total") - unwatched;
+    assert!(more < 10, "{more} more packets unwatched after the reload");
+    assert!(metric("telemark_agent_point_flows_admitted_total") > 0);
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let out = s1.take().unwrap().wait();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "s1 exited {:?}:\n{log}", out.status);
+    assert!(log.contains("reloaded: watch, export changed"), "{log}");
+    assert!(log.contains("reload refused") && log.contains("loss"), "{log}");
+
+    let truth: serde_json::Value = serde_json::from_str(&chain.run(&["truth"])).unwrap();
+    let second = u(&truth["4051"]["in1"]) - first;
+    drop(chain);
+    let flow = telemark_core::records::Flow::from(&key(4051));
+    let ingress = |c: &Collector| -> u64 {
+        let points = c.api.store().points(&flow, 0).unwrap();
+        points
+            .iter()
+            .filter(|p| p.agent == "s1" && p.point == "ingress")
+            .flat_map(|p| p.batches.iter().map(|b| b.observed + b.late))
+            .sum()
+    };
+    assert_eq!(ingress(&c1), 0, "the first collector got nothing of the unwatched flow");
+    assert_eq!(ingress(&c2), second, "the second collector got every packet s1 forwarded");
+}
