@@ -194,6 +194,25 @@ impl Api {
             );
         }
         let mut st = self.store();
+        // One name, one running agent: a run that started before the one registered (its boot
+        // is smaller) may not take the name back while that one is alive, so two agents given
+        // the same name do not both write (the newer keeps it; the older is told why).
+        match st.registered(&r.agent) {
+            Ok(Some((boot, seen))) if r.boot < boot && now.saturating_sub(seen) < self.stale_ns => {
+                self.metrics.count_error("name_in_use");
+                return Response::error(
+                    409,
+                    format!(
+                        "agent name {:?} is in use by a newer run (boot {boot}) heard from {} s \
+                         ago: two agents have this name; give each its own",
+                        r.agent,
+                        now.saturating_sub(seen) / 1_000_000_000
+                    ),
+                );
+            }
+            Ok(_) => {}
+            Err(e) => return self.db_error(e),
+        }
         match st.register(&r.agent, &r.version, r.boot, now) {
             Ok(()) => Response::json(200, &json!({ "agent": r.agent, "registered": true })),
             Err(e) => self.db_error(e),
@@ -224,9 +243,21 @@ impl Api {
             return Response::error(400, "seq out of range");
         }
         let mut st = self.store();
-        match st.known(&req.agent) {
-            Ok(true) => {}
-            Ok(false) => {
+        match st.registered(&req.agent) {
+            Ok(Some((boot, _))) if boot == req.boot => {}
+            Ok(Some((boot, _))) => {
+                // Another run registered since: register again (refused if that run is newer
+                // and alive).
+                self.metrics.count_error("not_registered_run");
+                return Response::error(
+                    409,
+                    format!(
+                        "agent {:?} is registered as run {boot}, not {}: register again",
+                        req.agent, req.boot
+                    ),
+                );
+            }
+            Ok(None) => {
                 self.metrics.count_error("unknown_agent");
                 return Response::error(
                     409,

@@ -337,13 +337,14 @@ impl Store {
         Ok(())
     }
 
-    /// Whether `agent` has registered.
-    pub fn known(&self, agent: &str) -> Result<bool, StoreError> {
+    /// The run `agent` registered last and when it was last heard from: (boot, last_seen_ns).
+    pub fn registered(&self, agent: &str) -> Result<Option<(u64, u64)>, StoreError> {
         Ok(self
             .db
-            .query_row("SELECT 1 FROM agents WHERE agent = ?1", [agent], |_| Ok(()))
-            .optional()?
-            .is_some())
+            .query_row("SELECT boot, last_seen_ns FROM agents WHERE agent = ?1", [agent], |r| {
+                Ok((u(r.get(0)?), u(r.get(1)?)))
+            })
+            .optional()?)
     }
 
     /// Stores `records` numbered `seq`, `seq + 1`, … of `agent`'s run `boot`, durably, in one

@@ -545,3 +545,35 @@ fn queries_take_windows_names_and_pages() {
         assert!(body.contains(says), "{q}: {body}");
     }
 }
+
+/// Two agents given one name: the newer run keeps the name, the older is refused and told why
+/// (before, both were stored under the name, their sequence numbers colliding); an agent that
+/// restarts (a newer run) is taken at once.
+#[test]
+fn two_agents_with_one_name_do_not_both_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = start(&dir.path().join("t.db"), "127.0.0.1:0".parse().unwrap());
+    let url = format!("http://{}", c.addr);
+    let mut older = Exporter::new(&url, "sw-x", 100, 10);
+    older.push(loss("sw-x", "ingress", None, 0, 1));
+    assert_eq!(older.flush().unwrap(), 1);
+    let mut newer = Exporter::new(&url, "sw-x", 200, 10);
+    newer.push(loss("sw-x", "ingress", None, 1, 1));
+    assert_eq!(newer.flush().unwrap(), 1);
+    older.push(loss("sw-x", "ingress", None, 2, 1));
+    match older.flush() {
+        Err(telemark_transport::exporter::ExportError::Rejected { status: 409, body }) => {
+            assert!(body.contains("in use by a newer run"), "{body}")
+        }
+        other => panic!("the older run wrote on: {other:?}"),
+    }
+    assert_eq!(older.pending(), 1, "its record is kept, not lost");
+    assert_eq!(c.api.store().counts().unwrap().0, 2);
+    assert_eq!(metric(c.addr, "telemark_collector_errors_total{reason=\"name_in_use\"}"), 1);
+    // A restart is a newer run: taken at once.
+    let mut restarted = Exporter::new(&url, "sw-x", 300, 10);
+    restarted.push(loss("sw-x", "ingress", None, 3, 1));
+    assert_eq!(restarted.flush().unwrap(), 1);
+    let (_, agents) = get(c.addr, "/api/v1/agents");
+    assert!(agents.contains("\"boot\":300"), "{agents}");
+}

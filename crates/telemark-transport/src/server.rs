@@ -262,6 +262,10 @@ async fn accept_loop<H: Handler>(
     let slots = Arc::new(Semaphore::new(cfg.limits.max_connections.max(1)));
     let tls = cfg.tls.clone().map(tokio_rustls::TlsAcceptor::from);
     let cfg = Arc::new(cfg);
+    // Accept failures come in storms (every 50 ms while descriptors are exhausted): logged once
+    // per 10 s with how many there were; all are counted.
+    let mut quiet_until = Instant::now();
+    let mut unlogged = 0u64;
     loop {
         let permit = tokio::select! {
             p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
@@ -273,7 +277,11 @@ async fn accept_loop<H: Handler>(
                 Err(e) => {
                     // EMFILE and friends: the socket stays in the backlog; try again shortly.
                     stats.refuse("accept");
-                    tracing::warn!("accept failed: {e}; retrying");
+                    unlogged += 1;
+                    if Instant::now() >= quiet_until {
+                        tracing::warn!("accept failed {unlogged} time(s): {e}; retrying");
+                        (quiet_until, unlogged) = (Instant::now() + Duration::from_secs(10), 0);
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }

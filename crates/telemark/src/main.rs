@@ -65,6 +65,9 @@ fn init_logging() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // A closed stderr (a journal gone, a reader that left) must not stop a service: by
+        // default the subscriber reports a failed write with eprintln!, which panics then.
+        .log_internal_errors(false)
         .init();
 }
 
