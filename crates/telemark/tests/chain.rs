@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 use std::time::Duration;
 use telemark_agent::traffic::{self, FlowSpec};
 use telemark_agent::{Agent, AgentStats, FileConfig};
@@ -110,6 +109,31 @@ fn key(sport: u16) -> FlowKey {
     }
 }
 
+/// Host A sends each flow of `sports` (UDP, 100-byte payloads, to the router's MAC) at `pps`
+/// for `secs`, all at once; returns how many packets each sent.
+fn send_flows(prefix: &str, sports: &[u16], pps: u64, secs: u64) -> Vec<u64> {
+    let senders: Vec<_> = sports
+        .iter()
+        .map(|&sport| {
+            let ns = format!("{prefix}a");
+            std::thread::spawn(move || {
+                let spec = FlowSpec {
+                    key: key(sport),
+                    src_mac: [2, 0, 0, 0, 1, 1],
+                    dst_mac: [2, 0, 0, 0, 1, 0xfe],
+                    payload: 100,
+                    pps,
+                    catch_up: traffic::catch_up(pps),
+                    churn: false,
+                };
+                let stop = AtomicBool::new(false);
+                traffic::send(Some(&ns), "a0", &spec, Duration::from_secs(secs), &stop).unwrap()
+            })
+        })
+        .collect();
+    senders.into_iter().map(|s| s.join().unwrap().sent).collect()
+}
+
 fn get(c: &Collector, url: &str) -> serde_json::Value {
     let r = c.api.handle(&Request::get(url), now_ns());
     assert_eq!(r.status, 200, "{url}: {}", String::from_utf8_lossy(&r.body));
@@ -136,26 +160,7 @@ fn a_chain_of_three_switches_splits_loss_per_segment() {
     let (c, agents) = start(&chain, dir.path(), "batch = 100", "report_all = true");
 
     // Nine flows at 500 packets/s for 8 s, from host A to the router's MAC.
-    let stop = Arc::new(AtomicBool::new(false));
-    let senders: Vec<_> = all
-        .iter()
-        .map(|&sport| {
-            let (stop, ns) = (stop.clone(), format!("{prefix}a"));
-            std::thread::spawn(move || {
-                let spec = FlowSpec {
-                    key: key(sport),
-                    src_mac: [2, 0, 0, 0, 1, 1],
-                    dst_mac: [2, 0, 0, 0, 1, 0xfe],
-                    payload: 100,
-                    pps: 500,
-                    catch_up: traffic::catch_up(500),
-                    churn: false,
-                };
-                traffic::send(Some(&ns), "a0", &spec, Duration::from_secs(8), &stop).unwrap()
-            })
-        })
-        .collect();
-    let sent: Vec<u64> = senders.into_iter().map(|s| s.join().unwrap().sent).collect();
+    let sent = send_flows(&prefix, &all, 500, 8);
     std::thread::sleep(Duration::from_millis(500));
     let stats: BTreeMap<&str, AgentStats> =
         agents.into_iter().map(|(n, a)| (n, a.stop())).collect();
@@ -359,28 +364,7 @@ fn sigterm_stops_an_agent_without_losing_a_record() {
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let senders: Vec<_> = FLOWS
-        .iter()
-        .map(|&sport| {
-            let (stop, ns) = (stop.clone(), format!("{prefix}a"));
-            std::thread::spawn(move || {
-                let spec = FlowSpec {
-                    key: key(sport),
-                    src_mac: [2, 0, 0, 0, 1, 1],
-                    dst_mac: [2, 0, 0, 0, 1, 0xfe],
-                    payload: 100,
-                    pps: 1000,
-                    catch_up: traffic::catch_up(1000),
-                    churn: false,
-                };
-                traffic::send(Some(&ns), "a0", &spec, Duration::from_secs(3), &stop).unwrap()
-            })
-        })
-        .collect();
-    for s in senders {
-        s.join().unwrap();
-    }
+    send_flows(&prefix, &FLOWS, 1000, 3);
     std::thread::sleep(Duration::from_millis(100));
     // SAFETY: kill(2) on the child's pid.
     assert_eq!(unsafe { libc::kill(s2.id() as i32, libc::SIGTERM) }, 0);
@@ -497,35 +481,11 @@ fn prometheus_reads_the_loss_ratio_per_segment() {
         agents.iter().map(|(_, a)| a.metrics_addr().unwrap().to_string()).collect();
     let prom = Prometheus::start(dir.path(), &c.addr.to_string(), &targets);
 
-    let send = |pps: u64, secs: u64| {
-        let senders: Vec<_> = FLOWS
-            .iter()
-            .map(|&sport| {
-                let ns = format!("{prefix}a");
-                std::thread::spawn(move || {
-                    let spec = FlowSpec {
-                        key: key(sport),
-                        src_mac: [2, 0, 0, 0, 1, 1],
-                        dst_mac: [2, 0, 0, 0, 1, 0xfe],
-                        payload: 100,
-                        pps,
-                        catch_up: traffic::catch_up(pps),
-                        churn: false,
-                    };
-                    let stop = AtomicBool::new(false);
-                    traffic::send(Some(&ns), "a0", &spec, Duration::from_secs(secs), &stop).unwrap()
-                })
-            })
-            .collect();
-        for s in senders {
-            s.join().unwrap();
-        }
-    };
     // A little traffic first, so every span's series exists before the measured minute's
     // loss starts (a counter's first sample is where its increase starts).
-    send(100, 1);
+    send_flows(&prefix, &FLOWS, 100, 1);
     std::thread::sleep(Duration::from_secs(4));
-    send(2000, 15);
+    send_flows(&prefix, &FLOWS, 2000, 15);
     // Past the idle timeout, so the last batches are closed, exported and scraped.
     std::thread::sleep(Duration::from_secs(6));
 
@@ -648,21 +608,7 @@ fn sighup_reloads_watch_rules_and_export() {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>() as u64
     };
-    let send = || {
-        let spec = FlowSpec {
-            key: key(4051),
-            src_mac: [2, 0, 0, 0, 1, 1],
-            dst_mac: [2, 0, 0, 0, 1, 0xfe],
-            payload: 100,
-            pps: 1000,
-            catch_up: traffic::catch_up(1000),
-            churn: false,
-        };
-        let stop = AtomicBool::new(false);
-        traffic::send(Some(&format!("{prefix}a")), "a0", &spec, Duration::from_secs(2), &stop)
-            .unwrap()
-            .sent
-    };
+    let send = || send_flows(&prefix, &[4051], 1000, 2)[0];
     let t = std::time::Instant::now();
     while ureq::get(&format!("http://127.0.0.1:{metrics_port}/metrics")).call().is_err() {
         assert!(t.elapsed() < Duration::from_secs(10), "the agent's /metrics never came up");
