@@ -9,6 +9,10 @@
 //!   Content-Length is refused before a byte of it is read) and [`Limits::body_timeout`];
 //! - handlers on at most `workers` threads, so slow sockets never hold one: a handler runs only
 //!   once its whole request has arrived;
+//! - at most `2 × workers × max_body` bytes of request bodies in memory at once (each body
+//!   takes its Content-Length, or `max_body` without one, from that budget before it is read;
+//!   the others wait, unread, in their sockets), so memory is bounded by the workers, not by
+//!   the connections;
 //! - accept failures (file descriptors exhausted) counted and retried, never fatal;
 //! - graceful shutdown: stop accepting, finish what is in progress, within a grace period.
 //!
@@ -260,6 +264,8 @@ async fn accept_loop<H: Handler>(
     mut stopped: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(cfg.limits.max_connections.max(1)));
+    let budget = 2 * cfg.workers.max(1) * cfg.limits.max_body.div_ceil(1024).max(1);
+    let bodies = Arc::new(Semaphore::new(budget.min(Semaphore::MAX_PERMITS)));
     let tls = cfg.tls.clone().map(tokio_rustls::TlsAcceptor::from);
     let cfg = Arc::new(cfg);
     // Accept failures come in storms (every 50 ms while descriptors are exhausted): logged once
@@ -291,16 +297,17 @@ async fn accept_loop<H: Handler>(
         let _ = tcp.set_nodelay(true);
         stats.connections.fetch_add(1, Ordering::Relaxed);
         stats.open.fetch_add(1, Ordering::Relaxed);
-        let (cfg, handler, stats, tls, stopped) =
-            (cfg.clone(), handler.clone(), stats.clone(), tls.clone(), stopped.clone());
+        let shared =
+            Shared { handler: handler.clone(), stats: stats.clone(), bodies: bodies.clone() };
+        let (cfg, stats, tls, stopped) = (cfg.clone(), stats.clone(), tls.clone(), stopped.clone());
         tokio::spawn(async move {
             match tls {
-                None => connection(tcp, &cfg, handler, &stats, stopped).await,
+                None => connection(tcp, &cfg, shared, stopped).await,
                 Some(acceptor) => {
                     let hs =
                         tokio::time::timeout(cfg.limits.handshake_timeout, acceptor.accept(tcp));
                     match hs.await {
-                        Ok(Ok(s)) => connection(s, &cfg, handler, &stats, stopped).await,
+                        Ok(Ok(s)) => connection(s, &cfg, shared, stopped).await,
                         Ok(Err(e)) => {
                             stats.refuse("tls_handshake");
                             tracing::debug!(%peer, "TLS handshake failed: {e}");
@@ -319,21 +326,39 @@ async fn accept_loop<H: Handler>(
     let _ = tokio::time::timeout(cfg.limits.shutdown_grace, slots.acquire_many(all)).await;
 }
 
+/// What every connection of a server shares.
+struct Shared<H> {
+    handler: Arc<H>,
+    stats: Arc<ServerStats>,
+    /// The KiB of request bodies that may be in memory.
+    bodies: Arc<Semaphore>,
+}
+
+impl<H> Clone for Shared<H> {
+    fn clone(&self) -> Self {
+        Shared {
+            handler: self.handler.clone(),
+            stats: self.stats.clone(),
+            bodies: self.bodies.clone(),
+        }
+    }
+}
+
 async fn connection<H, S>(
     io: S,
     cfg: &ServerConfig,
-    handler: Arc<H>,
-    stats: &Arc<ServerStats>,
+    shared: Shared<H>,
     mut stopped: watch::Receiver<bool>,
 ) where
     H: Handler,
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let stats = shared.stats.clone();
     let svc = {
-        let (limits, stats) = (cfg.limits.clone(), stats.clone());
+        let limits = cfg.limits.clone();
         hyper::service::service_fn(move |req| {
-            let (handler, stats, limits) = (handler.clone(), stats.clone(), limits.clone());
-            async move { Ok::<_, std::convert::Infallible>(answer(req, handler, &stats, &limits).await) }
+            let (shared, limits) = (shared.clone(), limits.clone());
+            async move { Ok::<_, std::convert::Infallible>(answer(req, shared, &limits).await) }
         })
     };
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -369,10 +394,11 @@ async fn connection<H, S>(
 /// Reads one request within the limits and runs the handler on it.
 async fn answer<H: Handler>(
     req: hyper::Request<Incoming>,
-    handler: Arc<H>,
-    stats: &ServerStats,
+    shared: Shared<H>,
     limits: &Limits,
 ) -> hyper::Response<Full<Bytes>> {
+    let Shared { handler, stats, bodies } = shared;
+    let stats = &*stats;
     let (parts, body) = req.into_parts();
     let url = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
     let route = handler.route(url.split_once('?').map_or(url.as_str(), |(p, _)| p));
@@ -389,6 +415,16 @@ async fn answer<H: Handler>(
         stats.refuse("body_too_large");
         return reply(Response::error(413, format!("request body over {} bytes", limits.max_body)));
     }
+    // A body is read only once its size is taken from the budget, and given back when its
+    // answer is made: bodies in memory are bounded by the workers, however many connections
+    // send them.
+    let _permit = if hyper::body::Body::is_end_stream(&body) {
+        None
+    } else {
+        let size = declared.map_or(limits.max_body as u64, |n| n.min(limits.max_body as u64));
+        let kib = u32::try_from(size.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
+        bodies.acquire_many_owned(kib).await.ok()
+    };
     let read =
         tokio::time::timeout(limits.body_timeout, Limited::new(body, limits.max_body).collect());
     let body = match read.await {
