@@ -116,9 +116,10 @@ impl Api {
             // Probes (for a load balancer, systemd or Kubernetes) need no token and say
             // nothing but whether the process runs and whether its storage works.
             ("GET", "/healthz", _) => Response::json(200, &json!({ "status": "ok" })),
+            // (Why, with the file's path, only to a writer, in the answer to its write.)
             ("GET", "/readyz", _) => match self.store().ready() {
                 Ok(()) => Response::json(200, &json!({ "status": "ready" })),
-                Err(e) => Response::error(503, e),
+                Err(_) => Response::error(503, "the database cannot take writes"),
             },
             (_, _, None) => {
                 self.metrics.count_error("unauthenticated");
