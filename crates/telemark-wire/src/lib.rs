@@ -11,15 +11,18 @@
 #![cfg_attr(not(test), deny(clippy::panic, clippy::unwrap_used))]
 
 pub mod checksum;
+pub mod dialect;
 mod error;
 pub mod ethernet;
 pub mod flow;
 pub mod geneve;
 pub mod gre;
+pub mod int;
 pub mod ipv4;
 pub mod ipv6;
 pub mod link;
 pub mod nsh;
+pub mod report;
 pub mod tcp;
 pub mod udp;
 pub mod vlan;
