@@ -25,8 +25,8 @@ pub enum Deviation {
     ShimLengthExcludesShim,
     /// The per-hop stack is not a whole number of hops of `Hop ML` words (INT v2.1 §5.8).
     StackNotWholeHops,
-    /// `Hop ML` is larger than the instruction bitmap asks for; the extra words are skipped
-    /// (INT v2.1 §5.8: Hop ML is the bitmap's metadata length).
+    /// `Hop ML` is larger than the instruction bitmap asks for although no domain-specific
+    /// instructions explain the extra words, which are skipped (INT v2.1 §5.8).
     HopLengthExceedsInstructions,
     /// A report group header says version 1 but is laid out as version 2.0 (bmv2):
     /// Telemetry Report v2.0 §3.1 says Ver = 2.
@@ -95,7 +95,7 @@ impl Deviation {
                 "INT v2.1 5.8: the stack is a whole number of hops of Hop ML words"
             }
             Deviation::HopLengthExceedsInstructions => {
-                "INT v2.1 5.8: Hop ML equals the metadata the instruction bitmap asks for"
+                "INT v2.1 5.8: Hop ML is the metadata the instructions and DS instructions ask for"
             }
             Deviation::GroupVersionOne => "Telemetry Report v2.0 3.1: group header Ver is 2",
             Deviation::ReportLengthZero => {

@@ -226,12 +226,14 @@ pub enum Field {
     BufferOccupancy,
     /// Bit 15: checksum complement, 4 bytes.
     ChecksumComplement,
+    /// Queue of a drop (Telemetry Report RepMdBits only: v2.0 bit 15, v1.0 bit 4), 1 byte.
+    DropQueueId,
     /// Drop reason (Telemetry Report RepMdBits only: v2.0 bit 15, v1.0 bit 4), 1 byte.
     DropReason,
 }
 
 /// Number of [`Field`] values.
-pub const FIELD_COUNT: usize = 15;
+pub const FIELD_COUNT: usize = 16;
 
 impl Field {
     /// Every field, in stack order within a hop.
@@ -250,6 +252,7 @@ impl Field {
         Field::BufferId,
         Field::BufferOccupancy,
         Field::ChecksumComplement,
+        Field::DropQueueId,
         Field::DropReason,
     ];
 
@@ -270,6 +273,7 @@ impl Field {
             Field::BufferId => "buffer_id",
             Field::BufferOccupancy => "buffer_occupancy",
             Field::ChecksumComplement => "checksum_complement",
+            Field::DropQueueId => "drop_queue_id",
             Field::DropReason => "drop_reason",
         }
     }
@@ -292,7 +296,7 @@ impl Field {
             Field::L2IngressIf | Field::L2EgressIf => 6,
             Field::TxUtilization => 7,
             Field::BufferId | Field::BufferOccupancy => 8,
-            Field::ChecksumComplement | Field::DropReason => 15,
+            Field::ChecksumComplement | Field::DropQueueId | Field::DropReason => 15,
         }
     }
 }
@@ -354,7 +358,7 @@ fn items_of(bit: u8, format: Format) -> &'static [(Slot, u8)] {
     const PORTS_L1: &[(Slot, u8)] = &[(F(L1IngressIf), 2), (F(L1EgressIf), 2)];
     const LATENCY: &[(Slot, u8)] = &[(F(HopLatency), 4)];
     const QUEUE: &[(Slot, u8)] = &[(F(QueueId), 1), (F(QueueOccupancy), 3)];
-    const DROP: &[(Slot, u8)] = &[(F(QueueId), 1), (F(DropReason), 1), (Slot::Padding, 2)];
+    const DROP: &[(Slot, u8)] = &[(F(DropQueueId), 1), (F(DropReason), 1), (Slot::Padding, 2)];
     const TX: &[(Slot, u8)] = &[(F(TxUtilization), 4)];
     match (format, bit) {
         // Telemetry Report v1.0 RepMdBits, 6 bits (§3.2), all 4 bytes.
@@ -435,10 +439,19 @@ impl Layout {
     }
     /// Reads one hop from the front of `bytes` (at least [`hop_len`](Self::hop_len) long).
     pub fn read(&self, bytes: &[u8]) -> Result<Hop> {
-        Error::check_len("int hop", self.hop_len(), bytes.len())?;
+        self.read_hop(bytes, self.hop_len())
+    }
+    /// Reads one hop of `stride` bytes: the baseline items, domain-specific words after them,
+    /// and the checksum complement always in the last word (INT v2.1 §5.8).
+    pub fn read_hop(&self, bytes: &[u8], stride: usize) -> Result<Hop> {
+        let stride = stride.max(self.hop_len());
+        Error::check_len("int hop", stride, bytes.len())?;
         let mut hop = Hop::default();
         for it in self.items() {
-            let start = usize::from(it.offset);
+            let start = match it.slot {
+                Slot::Field(Field::ChecksumComplement) => stride - 4,
+                _ => usize::from(it.offset),
+            };
             let mut v = 0u64;
             for &b in &bytes[start..start + usize::from(it.width)] {
                 v = (v << 8) | u64::from(b);
@@ -718,7 +731,10 @@ impl<'a> Int<'a> {
         };
         let stride = match (shim.header_type, header) {
             (HeaderType::Md, Some(h)) => usize::from(h.hop_ml) * 4,
-            (HeaderType::Mx, Some(h)) => Layout::new(h.instructions, shim.version).hop_len(),
+            (HeaderType::Mx, Some(h)) if h.ds_instructions == 0 => {
+                Layout::new(h.instructions, shim.version).hop_len()
+            }
+            (HeaderType::Mx, Some(_)) => 4,
             _ => 0,
         };
         // How well a reading of Length fits: the buffer, whole hops after the header and,
@@ -764,10 +780,15 @@ impl<'a> Int<'a> {
         let layout = Layout::new(instructions, shim.version);
         let mut int =
             Int { shim, header, len, stack: &[], layout, hop_stride: layout.hop_len(), deviations };
-        if let (HeaderType::Mx, true) = (shim.header_type, body.len() > header_len) {
-            let bad = Error::BadLength { layer: "int mx", field: "length", value: len };
-            tolerate(mode, &mut int.deviations, Deviation::MxCarriesMetadata, bad)?;
-            int.stack = &body[header_len..];
+        // After an INT-MX header only domain-specific source metadata may follow (v2.1 §5.9);
+        // without domain-specific instructions, bmv2 put its hop's metadata there.
+        let mx_extra = body.len() > header_len;
+        if let (HeaderType::Mx, true, Some(h)) = (shim.header_type, mx_extra, header) {
+            if h.ds_instructions == 0 {
+                let bad = Error::BadLength { layer: "int mx", field: "length", value: len };
+                tolerate(mode, &mut int.deviations, Deviation::MxCarriesMetadata, bad)?;
+                int.stack = &body[header_len..];
+            }
         }
         if let (HeaderType::Md, Some(h)) = (shim.header_type, header) {
             int.stack = &body[header_len..];
@@ -779,7 +800,9 @@ impl<'a> Int<'a> {
                     value: usize::from(h.hop_ml),
                 });
             }
-            if int.hop_stride > layout.hop_len() {
+            // Hop ML counts domain-specific metadata too (v2.1 §5.8); without domain-specific
+            // instructions the extra words are unexplained.
+            if int.hop_stride > layout.hop_len() && h.ds_instructions == 0 {
                 let bad =
                     Error::BadLength { layer: "int md", field: "hop ml", value: int.hop_stride };
                 tolerate(mode, &mut int.deviations, Deviation::HopLengthExceedsInstructions, bad)?;
@@ -802,7 +825,7 @@ impl<'a> Int<'a> {
     pub fn hop(&self, i: usize) -> Result<Hop> {
         let start = i.saturating_mul(self.hop_stride);
         match self.stack.get(start..) {
-            Some(rest) if i < self.hop_count() => self.layout.read(rest),
+            Some(rest) if i < self.hop_count() => self.layout.read_hop(rest, self.hop_stride),
             _ => Err(Error::BadLength { layer: "int md", field: "hop index", value: i }),
         }
     }
