@@ -1,9 +1,11 @@
 #![no_main]
 //! Fuzz target: the INT shim, INT-MD/MX headers and metadata stack never panic on any input,
-//! strict or tolerant, and every hop the parser counts can be read.
+//! strict or tolerant, every hop the parser counts can be read, and the sink and transit
+//! edits of a whole frame never panic either.
 use libfuzzer_sys::fuzz_target;
 use telemark_wire::dialect::Mode;
-use telemark_wire::int::{Field, Int};
+use telemark_wire::int::{Field, Hop, Int};
+use telemark_wire::int_frame::{self, Signal};
 
 fuzz_target!(|data: &[u8]| {
     for mode in [Mode::Strict, Mode::Tolerant] {
@@ -15,4 +17,9 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
+    let signal = Signal { dscp: Some(0x17), udp_port: Some(5000) };
+    let mut frame = data.to_vec();
+    let _ = int_frame::push(&mut frame, &signal, &Hop::default(), 9000);
+    let mut frame = data.to_vec();
+    let _ = int_frame::strip(&mut frame, &signal, Mode::Tolerant);
 });

@@ -17,6 +17,7 @@ macro_rules! each_width {
 }
 
 pub mod hash;
+pub mod int;
 pub mod loss;
 pub mod records;
 pub mod sketch;

@@ -17,10 +17,11 @@ use telemark_wire::int::{Field, HeaderType, Int, NextProtocol};
 use telemark_wire::report::{self, InType, RepType};
 
 /// Runs the generator into a fresh directory and returns (int_md.json, trpt_v2.json).
-fn generate() -> (Value, Value) {
+fn generate(tag: &str) -> (Value, Value) {
     let script =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata-gen/int_vectors.py");
-    let dir = std::env::temp_dir().join(format!("telemark-int-vectors-{}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("telemark-int-vectors-{tag}-{}", std::process::id()));
     let out = Command::new("python3")
         .arg(&script)
         .arg(&dir)
@@ -59,7 +60,7 @@ fn after_l4(frame: &[u8], l4: usize, proto: &str) -> usize {
 
 #[test]
 fn spec_built_int_and_reports_decode() {
-    let (int_md, trpt) = generate();
+    let (int_md, trpt) = generate("decode");
     let frames = int_md["frames"].as_array().unwrap();
     assert!(frames.len() >= 80, "generator wrote {} INT frames", frames.len());
     let mut hops_seen = 0;
@@ -198,4 +199,106 @@ fn spec_built_int_and_reports_decode() {
         }
     }
     assert!(reports_seen >= 50, "{reports_seen} individual reports checked");
+}
+
+/// The sink gives back, bit for bit, the packet the independent encoder's source received;
+/// and Telemark's own source, transit and sink round-trip those original packets, with IP and
+/// L4 checksums that tshark verifies on the INT packets in between.
+#[test]
+fn sink_restores_originals_and_roles_round_trip() {
+    use telemark_datapath::capture::CaptureWriter;
+    use telemark_wire::int::Instructions;
+    use telemark_wire::int_frame::{self, Edit, Signal, Source};
+
+    let (int_md, _) = generate("roles");
+    let signal = Signal {
+        dscp: Some(int_md["conventions"]["int_dscp"].as_u64().unwrap() as u8),
+        udp_port: Some(int_md["conventions"]["int_udp_port"].as_u64().unwrap() as u16),
+    };
+    let dir = std::env::temp_dir().join(format!("telemark-int-roles-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pcap = dir.join("roles.pcap");
+    let mut out = CaptureWriter::create(&pcap).unwrap();
+    let mut stripped = 0;
+    let mut round_trips = 0;
+    for f in int_md["frames"].as_array().unwrap() {
+        if f["kind"] != "int_md" {
+            continue;
+        }
+        let idx = num(f, "index");
+        let mut frame = unhex(f["frame_hex"].as_str().unwrap());
+        let original = unhex(f["stripped_frame_hex"].as_str().unwrap());
+        let s = int_frame::strip(&mut frame, &signal, Mode::Strict).unwrap().expect("INT found");
+        assert_eq!(s.hop_count as u64, num(f, "hop_count"), "frame {idx}");
+        assert_eq!(frame, original, "frame {idx}: sink output differs from the original");
+        stripped += 1;
+
+        // Telemark's roles on the original: source (by port for UDP when NPT 1 was used, by
+        // DSCP otherwise), two transits, then the sink.
+        let by_port = num(&f["shim"], "npt") == 1;
+        let src = Source {
+            signal: Signal { dscp: signal.dscp, udp_port: signal.udp_port.filter(|_| by_port) },
+            instructions: Instructions([0xff00, 0x9000, 0xb000, 0xff81, 0xa001][idx as usize % 5]),
+            max_hops: 4,
+            domain_id: 0,
+        };
+        let mut pkt = original.clone();
+        let hop = |node: u64| {
+            let mut h = telemark_wire::int::Hop::default();
+            for field in Field::ALL {
+                h.set(field, node * 1000 + field as u64);
+            }
+            h
+        };
+        assert_eq!(int_frame::insert(&mut pkt, &src, &hop(1), 9000).unwrap(), Edit::Added);
+        for node in [2, 3] {
+            assert_eq!(
+                int_frame::push(&mut pkt, &src.signal, &hop(node), 9000).unwrap(),
+                Edit::Added
+            );
+        }
+        out.write(idx * 1000, &pkt).unwrap();
+        let s = int_frame::strip(&mut pkt, &src.signal, Mode::Strict).unwrap().expect("INT found");
+        let nodes: Vec<u64> = s.hops().iter().filter_map(|h| h.get(Field::NodeId)).collect();
+        assert_eq!(nodes, [3000, 2000, 1000], "frame {idx}: newest hop first");
+        if src.instructions.has(2) {
+            let latency = s.hops()[1].get(Field::HopLatency);
+            assert_eq!(latency, Some(2000 + Field::HopLatency as u64), "frame {idx}");
+        }
+        assert_eq!(s.header.remaining_hop_cnt, 1);
+        assert_eq!(pkt, original, "frame {idx}: round trip changed the packet");
+        round_trips += 1;
+    }
+    out.finish().unwrap();
+    assert!(stripped >= 80 && round_trips == stripped);
+
+    // tshark checks the checksums of the INT packets Telemark's source and transits built.
+    let out = Command::new("tshark")
+        .args(["-n", "-r"])
+        .arg(&pcap)
+        .args(["-o", "ip.check_checksum:TRUE", "-o", "udp.check_checksum:TRUE"])
+        .args(["-o", "tcp.check_checksum:TRUE", "-T", "fields", "-e", "frame.number"])
+        .args([
+            "-e",
+            "ip.checksum.status",
+            "-e",
+            "udp.checksum.status",
+            "-e",
+            "tcp.checksum.status",
+        ])
+        .output()
+        .expect("tshark runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut checked = 0;
+    for line in text.lines() {
+        let cols: Vec<&str> = line.split('\t').collect();
+        for status in &cols[1..] {
+            // 0 = bad, 1 = good, 2 = unverified (a UDP checksum of 0).
+            assert!(!status.split(',').any(|s| s == "0"), "tshark: bad checksum in {line}");
+            checked += usize::from(status.split(',').any(|s| s == "1"));
+        }
+    }
+    assert!(checked >= round_trips, "tshark verified {checked} checksums");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -18,6 +18,7 @@ pub mod flow;
 pub mod geneve;
 pub mod gre;
 pub mod int;
+pub mod int_frame;
 pub mod ipv4;
 pub mod ipv6;
 pub mod link;

@@ -1,0 +1,13 @@
+//! In-band Network Telemetry event detection (Vestin et al., "Programmable Event Detection
+//! for In-Band Network Telemetry", §III-C): which detector each flow runs, the detectors
+//! themselves ([`detector`]: per-hop, per-flow, moving average, noop) and complex detection
+//! over CNF expressions ([`expr`]), and the per-flow state table ([`table`]).
+//!
+//! Sans-IO like the rest of the core: callers pass the hops of one packet (as
+//! `telemark_wire::int` reads them) and get back whether, and why, it is an event.
+
+pub mod detector;
+pub mod expr;
+
+pub use detector::{Detection, Detector, FlowState};
+pub use expr::{Expr, ExprError};

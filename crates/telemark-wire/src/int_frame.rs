@@ -1,0 +1,452 @@
+//! INT in a whole frame: finding it, and the three edits of the INT roles (INT v2.1 §3 "INT
+//! node roles", §5.7.2 "INT over TCP/UDP"):
+//!
+//! - [`insert`] (source): put a shim, an INT-MD header and this switch's metadata after the
+//!   TCP/UDP header, signal INT by DSCP (NPT 0, original DSCP kept in the shim) or by UDP
+//!   destination port (NPT 1, original port kept in the shim);
+//! - [`push`] (transit): add this switch's metadata on top of the stack, or set E when the
+//!   remaining hop count is spent, or M when the frame would outgrow the MTU;
+//! - [`strip`] (sink): remove INT and give the packet back as the source received it: DSCP,
+//!   port or protocol restored, lengths and checksums as they were.
+//!
+//! Lengths (IPv4 total length, IPv6 payload length, UDP length) move by the bytes added or
+//! removed; the IPv4 header checksum and the TCP/UDP checksum are recomputed (a UDP checksum
+//! of 0 over IPv4, "none", stays 0). Frames are Ethernet with up to two VLAN tags.
+
+use crate::checksum;
+use crate::dialect::Mode;
+use crate::int::{
+    HeaderType, Hop, Instructions, Int, Layout, MdHeader, NextProtocol, ShimRepr, Version,
+    MD_HEADER_LEN, SHIM_LEN,
+};
+use crate::{Error, FlowKey, Result};
+use core::net::IpAddr;
+
+/// How this INT domain signals that a packet carries INT (INT v2.1 §5.7.2 leaves the values
+/// to the deployment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Signal {
+    /// A DSCP value (NPT 0). The spec's examples use 0x17.
+    pub dscp: Option<u8>,
+    /// A UDP destination port (NPT 1 for UDP packets; NPT 2 packets carry it too).
+    pub udp_port: Option<u16>,
+}
+
+impl Default for Signal {
+    fn default() -> Self {
+        Signal { dscp: Some(0x17), udp_port: None }
+    }
+}
+
+/// Where the layers of a frame start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layers {
+    /// Offset of the IP header.
+    pub ip: usize,
+    /// IPv6 (else IPv4).
+    pub v6: bool,
+    /// Offset of the TCP/UDP header.
+    pub l4: usize,
+    /// IP protocol on the wire (17 or 6).
+    pub proto: u8,
+    /// Offset of the byte after the TCP/UDP header: where INT is, or would go.
+    pub after_l4: usize,
+    /// DSCP on the wire.
+    pub dscp: u8,
+}
+
+/// INT found in a frame.
+#[derive(Debug, Clone, Copy)]
+pub struct Found<'a> {
+    /// The layers.
+    pub layers: Layers,
+    /// The INT headers and stack.
+    pub int: Int<'a>,
+    /// The flow as the source saw it: original protocol and ports.
+    pub flow: FlowKey,
+}
+
+const UDP: u8 = 17;
+const TCP: u8 = 6;
+
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+/// Walks Ethernet, VLAN tags, IPv4/IPv6 to a TCP or UDP header. `None` for anything else
+/// (other protocols, IPv4 fragments, IPv6 extension headers).
+pub fn layers(frame: &[u8]) -> Option<Layers> {
+    let mut at = 12;
+    let mut ethertype = be16(frame.get(..14)?, 12);
+    for _ in 0..2 {
+        if ethertype == 0x8100 || ethertype == 0x88a8 {
+            at += 4;
+            ethertype = be16(frame.get(..at + 2)?, at);
+        }
+    }
+    let ip = at + 2;
+    let (v6, proto, l4, dscp) = match ethertype {
+        0x0800 => {
+            let h = frame.get(ip..ip + 20)?;
+            let ihl = usize::from(h[0] & 0x0f) * 4;
+            let fragment = be16(h, 6) & 0x3fff != 0;
+            if h[0] >> 4 != 4 || ihl < 20 || fragment {
+                return None;
+            }
+            (false, h[9], ip + ihl, h[1] >> 2)
+        }
+        0x86dd => {
+            let h = frame.get(ip..ip + 40)?;
+            if h[0] >> 4 != 6 {
+                return None;
+            }
+            (true, h[6], ip + 40, (be16(h, 0) >> 6) as u8 & 0x3f)
+        }
+        _ => return None,
+    };
+    let l4_len = match proto {
+        UDP => 8,
+        TCP => usize::from(frame.get(l4 + 12)? >> 4) * 4,
+        _ => return None,
+    };
+    if (proto == TCP && l4_len < 20) || frame.len() < l4 + l4_len {
+        return None;
+    }
+    Some(Layers { ip, v6, l4, proto, after_l4: l4 + l4_len, dscp })
+}
+
+fn addrs(frame: &[u8], l: &Layers) -> (IpAddr, IpAddr) {
+    if l.v6 {
+        let a = |o: usize| -> [u8; 16] {
+            let mut x = [0u8; 16];
+            x.copy_from_slice(&frame[l.ip + o..l.ip + o + 16]);
+            x
+        };
+        (IpAddr::from(a(8)), IpAddr::from(a(24)))
+    } else {
+        let a = |o: usize| {
+            [frame[l.ip + o], frame[l.ip + o + 1], frame[l.ip + o + 2], frame[l.ip + o + 3]]
+        };
+        (IpAddr::from(a(12)), IpAddr::from(a(16)))
+    }
+}
+
+/// Finds INT in `frame` as `signal` marks it. `Ok(None)`: the frame carries no INT.
+pub fn find<'a>(frame: &'a [u8], signal: &Signal, mode: Mode) -> Result<Option<Found<'a>>> {
+    let Some(l) = layers(frame) else { return Ok(None) };
+    let by_port = l.proto == UDP && signal.udp_port.is_some_and(|p| be16(frame, l.l4 + 2) == p);
+    let by_dscp = signal.dscp == Some(l.dscp);
+    if !by_port && !by_dscp {
+        return Ok(None);
+    }
+    let int = Int::parse(&frame[l.after_l4..], mode)?;
+    let (src, dst) = addrs(frame, &l);
+    let mut flow = FlowKey {
+        src,
+        dst,
+        sport: be16(frame, l.l4),
+        dport: be16(frame, l.l4 + 2),
+        proto: l.proto,
+        spi: None,
+        si: None,
+    };
+    match int.shim.next_protocol {
+        NextProtocol::UdpPort(p) => flow.dport = p,
+        NextProtocol::IpProtocol(p) => {
+            let orig = l.after_l4 + int.len;
+            flow.proto = p;
+            let ports = frame.get(orig..orig + 4).filter(|_| p == UDP || p == TCP);
+            (flow.sport, flow.dport) = ports.map_or((0, 0), |b| (be16(b, 0), be16(b, 2)));
+        }
+        _ => {}
+    }
+    Ok(Some(Found { layers: l, int, flow }))
+}
+
+/// Moves the IP and UDP length fields by `delta` bytes (the UDP one only when the edit is
+/// inside that UDP datagram) and recomputes the checksums.
+fn after_resize(frame: &mut [u8], l: &Layers, delta: isize, udp_len_too: bool) -> Result<()> {
+    let add = |v: u16| -> Result<u16> {
+        u16::try_from(v as isize + delta).map_err(|_| Error::BadLength {
+            layer: "int",
+            field: "length",
+            value: v.into(),
+        })
+    };
+    let at = if l.v6 { l.ip + 4 } else { l.ip + 2 };
+    let ip_len = add(be16(frame, at))?;
+    frame[at..at + 2].copy_from_slice(&ip_len.to_be_bytes());
+    if udp_len_too && l.proto == UDP {
+        let udp_len = add(be16(frame, l.l4 + 4))?;
+        frame[l.l4 + 4..l.l4 + 6].copy_from_slice(&udp_len.to_be_bytes());
+    }
+    fix_checksums(frame, l);
+    Ok(())
+}
+
+/// Recomputes the IPv4 header checksum and the checksum of the TCP/UDP segment at `l.l4`.
+fn fix_checksums(frame: &mut [u8], l: &Layers) {
+    let (seg_len, pseudo) = if l.v6 {
+        let len = usize::from(be16(frame, l.ip + 4)).saturating_sub(l.l4 - l.ip - 40);
+        let mut acc = u32::from(checksum::sum(&frame[l.ip + 8..l.ip + 40]));
+        acc += len as u32 + u32::from(l.proto);
+        (len, acc)
+    } else {
+        let ihl = l.l4 - l.ip;
+        frame[l.ip + 10..l.ip + 12].fill(0);
+        let c = checksum::checksum(&frame[l.ip..l.ip + ihl]);
+        frame[l.ip + 10..l.ip + 12].copy_from_slice(&c.to_be_bytes());
+        let len = usize::from(be16(frame, l.ip + 2)).saturating_sub(ihl);
+        let mut acc = u32::from(checksum::sum(&frame[l.ip + 12..l.ip + 20]));
+        acc += len as u32 + u32::from(l.proto);
+        (len, acc)
+    };
+    let csum_at = l.l4 + if l.proto == UDP { 6 } else { 16 };
+    if csum_at + 2 > frame.len() {
+        return;
+    }
+    if l.proto == UDP && !l.v6 && be16(frame, csum_at) == 0 {
+        return;
+    }
+    let end = (l.l4 + seg_len).min(frame.len());
+    frame[csum_at..csum_at + 2].fill(0);
+    let c = !checksum::fold(pseudo + u32::from(checksum::sum(&frame[l.l4..end])));
+    let c = if c == 0 && l.proto == UDP { 0xffff } else { c };
+    frame[csum_at..csum_at + 2].copy_from_slice(&c.to_be_bytes());
+}
+
+fn set_dscp(frame: &mut [u8], l: &Layers, dscp: u8) {
+    if l.v6 {
+        let w = be16(frame, l.ip);
+        let w = (w & !(0x3f << 6)) | (u16::from(dscp & 0x3f) << 6);
+        frame[l.ip..l.ip + 2].copy_from_slice(&w.to_be_bytes());
+    } else {
+        frame[l.ip + 1] = (dscp << 2) | (frame[l.ip + 1] & 0x03);
+    }
+}
+
+/// What a source inserts.
+#[derive(Debug, Clone, Copy)]
+pub struct Source {
+    /// How INT is signalled: by DSCP, or (for UDP packets) by destination port when set.
+    pub signal: Signal,
+    /// The metadata to collect.
+    pub instructions: Instructions,
+    /// Hops that may add metadata, the source included (RemainingHopCnt before the source).
+    pub max_hops: u8,
+    /// Domain-specific ID.
+    pub domain_id: u16,
+}
+
+/// What an edit did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Edit {
+    /// INT was added (source) or metadata pushed (transit).
+    Added,
+    /// Nothing to do: not TCP/UDP, or already carrying INT (source).
+    Skipped,
+    /// The frame would exceed the MTU: nothing added (source) or M set (transit).
+    MtuExceeded,
+    /// RemainingHopCnt was 0: E set, nothing added.
+    HopCountExceeded,
+}
+
+/// Source: inserts INT with this switch's metadata `own`.
+pub fn insert(frame: &mut Vec<u8>, src: &Source, own: &Hop, mtu: usize) -> Result<Edit> {
+    let Some(l) = layers(frame) else { return Ok(Edit::Skipped) };
+    if find(frame, &src.signal, Mode::Tolerant).ok().flatten().is_some() {
+        return Ok(Edit::Skipped);
+    }
+    let layout = Layout::new(src.instructions, Version::V2_1);
+    let add = SHIM_LEN + MD_HEADER_LEN + layout.hop_len();
+    if frame.len() - l.ip + add > mtu {
+        return Ok(Edit::MtuExceeded);
+    }
+    let by_port = src.signal.udp_port.filter(|_| l.proto == UDP);
+    let (next_protocol, dscp_to) = match (by_port, src.signal.dscp) {
+        (Some(_), _) => (NextProtocol::UdpPort(be16(frame, l.l4 + 2)), None),
+        (None, Some(d)) => (NextProtocol::Dscp(l.dscp), Some(d)),
+        (None, None) => return Ok(Edit::Skipped),
+    };
+    let mut bytes = [0u8; SHIM_LEN + MD_HEADER_LEN + 128];
+    let shim = ShimRepr {
+        version: Version::V2_1,
+        header_type: HeaderType::Md,
+        next_protocol,
+        length_words: ((MD_HEADER_LEN + layout.hop_len()) / 4) as u8,
+    };
+    shim.emit(&mut bytes)?;
+    let header = MdHeader {
+        version: 2,
+        discard: false,
+        hop_count_exceeded: src.max_hops == 0,
+        mtu_exceeded: false,
+        hop_ml: (layout.hop_len() / 4) as u8,
+        remaining_hop_cnt: src.max_hops.saturating_sub(1),
+        instructions: src.instructions,
+        domain_id: src.domain_id,
+        ds_instructions: 0,
+        ds_flags: 0,
+    };
+    header.emit(Version::V2_1, HeaderType::Md, &mut bytes[SHIM_LEN..])?;
+    let mut len = SHIM_LEN + MD_HEADER_LEN;
+    if src.max_hops > 0 {
+        layout.write(own, &mut bytes[len..])?;
+        len += layout.hop_len();
+    }
+    let shim = ShimRepr { length_words: ((len - SHIM_LEN) / 4) as u8, ..shim };
+    shim.emit(&mut bytes)?;
+    frame.splice(l.after_l4..l.after_l4, bytes[..len].iter().copied());
+    if let (Some(port), NextProtocol::UdpPort(_)) = (by_port, next_protocol) {
+        frame[l.l4 + 2..l.l4 + 4].copy_from_slice(&port.to_be_bytes());
+    }
+    if let Some(d) = dscp_to {
+        set_dscp(frame, &l, d);
+    }
+    after_resize(frame, &l, len as isize, true)?;
+    Ok(Edit::Added)
+}
+
+/// Transit: pushes this switch's metadata `own` onto the stack of the frame's INT.
+pub fn push(frame: &mut Vec<u8>, signal: &Signal, own: &Hop, mtu: usize) -> Result<Edit> {
+    let Some(found) = find(frame, signal, Mode::Strict)? else { return Ok(Edit::Skipped) };
+    let (l, int) = (found.layers, found.int);
+    let Some(h) = int.header.filter(|_| int.shim.header_type == HeaderType::Md) else {
+        return Ok(Edit::Skipped);
+    };
+    let header_at = l.after_l4 + SHIM_LEN;
+    let hop_len = usize::from(h.hop_ml) * 4;
+    let mtu_short = frame.len() - l.ip + hop_len > mtu;
+    if h.remaining_hop_cnt == 0 || mtu_short {
+        let mut h = h;
+        h.hop_count_exceeded |= h.remaining_hop_cnt == 0;
+        h.mtu_exceeded |= mtu_short;
+        h.emit(Version::V2_1, HeaderType::Md, &mut frame[header_at..])?;
+        fix_checksums(frame, &l);
+        return Ok(if mtu_short { Edit::MtuExceeded } else { Edit::HopCountExceeded });
+    }
+    let layout = int.layout;
+    let mut bytes = [0u8; 128];
+    layout.write(own, &mut bytes)?;
+    let stack_at = header_at + MD_HEADER_LEN;
+    frame.splice(stack_at..stack_at, bytes[..hop_len].iter().copied());
+    let h = MdHeader { remaining_hop_cnt: h.remaining_hop_cnt - 1, ..h };
+    h.emit(Version::V2_1, HeaderType::Md, &mut frame[header_at..])?;
+    frame[l.after_l4 + 1] += h.hop_ml;
+    // INT sits inside the UDP datagram at `l.l4` whatever the NPT (NPT 2's added header).
+    after_resize(frame, &l, hop_len as isize, true)?;
+    Ok(Edit::Added)
+}
+
+/// Most hops [`strip`] returns.
+pub const MAX_HOPS: usize = 8;
+
+/// What a sink took out of a packet.
+#[derive(Debug, Clone, Copy)]
+pub struct Stripped {
+    /// The flow as the source saw it.
+    pub flow: FlowKey,
+    /// The hops, newest first (at most [`MAX_HOPS`]).
+    pub hops: [Hop; MAX_HOPS],
+    /// How many of `hops` are filled.
+    pub hop_count: usize,
+    /// Hops the stack held beyond [`MAX_HOPS`].
+    pub hops_dropped: usize,
+    /// The INT-MD header.
+    pub header: MdHeader,
+}
+
+impl Stripped {
+    /// The hops read.
+    pub fn hops(&self) -> &[Hop] {
+        &self.hops[..self.hop_count]
+    }
+}
+
+/// Sink: reads and removes INT, restoring the packet the source received.
+pub fn strip(frame: &mut Vec<u8>, signal: &Signal, mode: Mode) -> Result<Option<Stripped>> {
+    let Some(found) = find(frame, signal, mode)? else { return Ok(None) };
+    let (l, int) = (found.layers, found.int);
+    let Some(header) = int.header else {
+        return Err(Error::Malformed { layer: "int shim", field: "type" });
+    };
+    let mut out = Stripped {
+        flow: found.flow,
+        hops: [Hop::default(); MAX_HOPS],
+        hop_count: 0,
+        hops_dropped: int.hop_count().saturating_sub(MAX_HOPS),
+        header,
+    };
+    for (slot, hop) in out.hops.iter_mut().zip(int.hops()) {
+        *slot = hop;
+        out.hop_count += 1;
+    }
+    let int_len = int.len;
+    let next = int.shim.next_protocol;
+    match next {
+        NextProtocol::IpProtocol(p) => {
+            // NPT 2: the source added a UDP header before INT; the original L4 header follows.
+            let removed = l.after_l4 + int_len - l.l4;
+            frame.drain(l.l4..l.after_l4 + int_len);
+            if l.v6 {
+                frame[l.ip + 6] = p;
+            } else {
+                frame[l.ip + 9] = p;
+            }
+            let orig = Layers { proto: p, ..l };
+            after_resize(frame, &orig, -(removed as isize), false)?;
+        }
+        _ => {
+            frame.drain(l.after_l4..l.after_l4 + int_len);
+            match next {
+                NextProtocol::UdpPort(p) => {
+                    frame[l.l4 + 2..l.l4 + 4].copy_from_slice(&p.to_be_bytes())
+                }
+                NextProtocol::Dscp(d) if signal.dscp == Some(l.dscp) => set_dscp(frame, &l, d),
+                _ => {}
+            }
+            after_resize(frame, &l, -(int_len as isize), true)?;
+        }
+    }
+    Ok(Some(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ethernet / IPv4 (DSCP 0x17) / UDP headers with lengths that claim `rest` follows.
+    fn frame_with(rest: &[u8], proto: u8) -> Vec<u8> {
+        let mut f = vec![0u8; 14];
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        let l4_len = if proto == TCP { 20 } else { 8 };
+        let total = (20 + l4_len + rest.len()) as u16;
+        f.extend_from_slice(&[0x45, 0x17 << 2]);
+        f.extend_from_slice(&total.to_be_bytes());
+        f.extend_from_slice(&[0, 0, 0, 0, 64, proto, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2]);
+        let mut l4 = vec![0u8; l4_len];
+        l4[..4].copy_from_slice(&[0x13, 0x88, 0x13, 0x88]);
+        if proto == TCP {
+            l4[12] = 0x50;
+        } else {
+            l4[4..6].copy_from_slice(&((8 + rest.len()) as u16).to_be_bytes());
+        }
+        f.extend_from_slice(&l4);
+        f.extend_from_slice(rest);
+        f
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn edits_never_panic(rest: Vec<u8>, tcp: bool, port: bool) {
+            let signal = Signal { dscp: Some(0x17), udp_port: port.then_some(5000) };
+            let frame = frame_with(&rest, if tcp { TCP } else { UDP });
+            let mut f = frame.clone();
+            let _ = push(&mut f, &signal, &Hop::default(), 9000);
+            let mut f = frame.clone();
+            let _ = strip(&mut f, &signal, Mode::Tolerant);
+            let mut f = frame;
+            let _ = strip(&mut f, &signal, Mode::Strict);
+        }
+    }
+}
