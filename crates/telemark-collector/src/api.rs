@@ -31,6 +31,7 @@ const ROUTES: &[&str] = &[
     "/api/v1/localise",
     "/api/v1/link",
     "/api/v1/health",
+    "/api/v1/events",
     "/metrics",
     "/healthz",
     "/readyz",
@@ -137,6 +138,7 @@ impl Api {
             ("GET", "/api/v1/localise", _) => self.localise(query),
             ("GET", "/api/v1/link", _) => self.link(query),
             ("GET", "/api/v1/health", _) => self.health(query),
+            ("GET", "/api/v1/events", _) => self.events(query, now),
             ("GET", "/metrics", _) => self.metrics_page(),
             _ => Response::error(405, format!("{} is not allowed on {path}", req.method)),
         };
@@ -454,6 +456,30 @@ impl Api {
         let h = self.store().health(w.from_ns);
         match h {
             Ok(h) => q.json(200, &h),
+            Err(e) => self.db_error(e),
+        }
+    }
+
+    /// INT events, newest first: of the last hour unless `from`/`to` say otherwise, of one
+    /// `detector` or one flow (all five flow keys) if given, at most `limit` (default 1000).
+    fn events(&self, query: &str, now: u64) -> Response {
+        const HOUR_NS: u64 = 3600 * 1_000_000_000;
+        const MAX_LIMIT: u64 = 10_000;
+        let takes = [FLOW_KEYS, &["from", "to", "since_ns", "detector", "limit", "ints"]].concat();
+        let parsed = Query::parse(query, &takes).and_then(|q| {
+            let flow = if q.get("src").is_some() { Some(q.flow()?) } else { None };
+            let w = q.window(now.saturating_sub(HOUR_NS))?;
+            match q.u64_or("limit", 1000)? {
+                l @ 1..=MAX_LIMIT => Ok((q, flow, w, l)),
+                l => Err(format!("limit {l} (1 to {MAX_LIMIT})")),
+            }
+        });
+        let (q, flow, w, limit) = match parsed {
+            Ok(x) => x,
+            Err(e) => return self.bad_query(e),
+        };
+        match self.store().events(w, q.get("detector"), flow.as_ref(), limit) {
+            Ok(ev) => q.json(200, &json!({ "events": ev })),
             Err(e) => self.db_error(e),
         }
     }

@@ -19,6 +19,8 @@ struct Inner {
     duplicates: u64,
     /// Per measured span (agent, point, where it is measured from), from stored records only.
     loss: BTreeMap<Span, LossCounts>,
+    /// INT events stored, per (agent, detector).
+    events: BTreeMap<(String, String), u64>,
     errors: BTreeMap<&'static str, u64>,
 }
 
@@ -95,6 +97,15 @@ impl Metrics {
                     Record::Cost(_) => "cost",
                     Record::Capture(_) => "capture",
                     Record::Health(_) => "health",
+                    Record::Event(e) => {
+                        if s.new.get(n).copied().unwrap_or(false) {
+                            let key = (e.agent.clone(), e.detector.clone());
+                            if m.events.len() < MAX_SPANS || m.events.contains_key(&key) {
+                                *m.events.entry(key).or_default() += 1;
+                            }
+                        }
+                        "event"
+                    }
                 };
                 *m.records.entry(kind).or_default() += 1;
             }
@@ -116,6 +127,10 @@ impl Metrics {
             }
             let _ = writeln!(o, "# HELP telemark_collector_duplicates_total Records received again after a retry and not stored twice.\n# TYPE telemark_collector_duplicates_total counter\ntelemark_collector_duplicates_total {}", m.duplicates);
             render_loss(&mut o, &m.loss);
+            let _ = writeln!(o, "# HELP telemark_int_events_total INT events stored, by the agent that detected them and detector.\n# TYPE telemark_int_events_total counter");
+            for ((agent, detector), n) in &m.events {
+                let _ = writeln!(o, "telemark_int_events_total{{agent=\"{agent}\",detector=\"{detector}\"}} {n}");
+            }
             let _ = writeln!(o, "# HELP telemark_collector_errors_total Rejected requests and failures, by reason.\n# TYPE telemark_collector_errors_total counter");
             for (k, n) in &m.errors {
                 let _ = writeln!(o, "telemark_collector_errors_total{{reason=\"{k}\"}} {n}");

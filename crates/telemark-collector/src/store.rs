@@ -11,7 +11,7 @@ use crate::path::PointRecords;
 use rusqlite::{params, Connection, OptionalExtension, ToSql};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use telemark_core::records::{Flow, HealthRecord, PointHealth, Record, Scope};
+use telemark_core::records::{EventRecord, Flow, HealthRecord, PointHealth, Record, Scope};
 
 /// A storage failure: the request is not acknowledged.
 #[derive(Debug, thiserror::Error)]
@@ -416,6 +416,7 @@ impl Store {
                             Record::Cost(_) => ("cost", now),
                             Record::Capture(_) => ("capture", now),
                             Record::Health(h) => ("health", h.interval_end_ns),
+                            Record::Event(e) => ("event", e.time_ns),
                             Record::Loss(_) => ("loss", now),
                         };
                         let json = serde_json::to_string(other_rec).unwrap_or_default();
@@ -730,6 +731,39 @@ impl Store {
                 q.packets_refused += p.packets_refused;
                 q.packets_unselected += p.packets_unselected;
                 (q.flows, q.capacity) = (p.flows, p.capacity);
+            }
+        }
+        Ok(out)
+    }
+
+    /// INT events in `w`, newest first, at most `limit`, optionally of one detector or flow.
+    pub fn events(
+        &self,
+        w: Window,
+        detector: Option<&str>,
+        flow: Option<&Flow>,
+        limit: u64,
+    ) -> Result<Vec<EventRecord>, StoreError> {
+        let rows = self.query(
+            "SELECT json FROM other WHERE kind = 'event' AND time_ns >= :from AND time_ns < :to
+             ORDER BY time_ns DESC, agent, seq LIMIT :scan",
+            &[
+                (":from", &i(w.from_ns)),
+                (":to", &i(w.to_ns)),
+                (":scan", &i(limit.saturating_mul(64))),
+            ],
+            |r| r.get::<_, String>(0),
+        )?;
+        let mut out = Vec::new();
+        for json in rows {
+            // Stored only after it parsed as a record: a row that does not is skipped.
+            let Ok(Record::Event(e)) = serde_json::from_str::<Record>(&json) else { continue };
+            if detector.is_some_and(|d| d != e.detector) || flow.is_some_and(|f| *f != e.flow) {
+                continue;
+            }
+            out.push(e);
+            if out.len() as u64 >= limit {
+                break;
             }
         }
         Ok(out)

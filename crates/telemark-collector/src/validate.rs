@@ -1,7 +1,7 @@
 //! What a record must be to be stored: checked at the boundary, so that nothing stored can
 //! break a query or the page later (docs/collector.md, "Bad input").
 
-use telemark_core::records::{Flow, LossRecord, Record};
+use telemark_core::records::{EventRecord, Flow, LossRecord, Record};
 
 /// Largest count one record may carry: a batch's counters are at most 32 bits wide, so sums
 /// over any number of records a store can hold stay far below 2^63.
@@ -37,8 +37,29 @@ pub fn record(r: &Record, now: u64) -> Result<(), String> {
             h.points.iter().try_for_each(|p| name("point", &p.point))
         }
         Record::Cost(c) => name("stage", &c.stage),
+        Record::Event(e) => event(e, now),
         Record::Capture(_) => Err("capture records come from replay, not from agents".into()),
     }
+}
+
+fn event(e: &EventRecord, now: u64) -> Result<(), String> {
+    const DETECTORS: [&str; 6] = ["per_hop", "per_flow", "ewma", "noop", "complex", "switch"];
+    if !DETECTORS.contains(&e.detector.as_str()) {
+        return Err(format!("detector {:?} (one of {})", e.detector, DETECTORS.join(", ")));
+    }
+    if let Some(m) = &e.metric {
+        if telemark_core::int::Field::from_name(m).is_none() {
+            return Err(format!("metric {m:?} is not an INT field"));
+        }
+    }
+    if e.expression.as_ref().is_some_and(|x| x.len() > 1024) {
+        return Err("expression longer than 1024 bytes".into());
+    }
+    if e.path.len() > 64 {
+        return Err(format!("path of {} hops (at most 64)", e.path.len()));
+    }
+    flow(&e.flow)?;
+    time_range(e.time_ns, e.time_ns, now)
 }
 
 fn loss(l: &LossRecord, now: u64) -> Result<(), String> {

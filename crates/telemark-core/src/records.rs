@@ -258,6 +258,83 @@ pub struct FlowRecord {
     pub truth_bytes: Option<u64>,
 }
 
+/// An INT event: a detector fired on one packet's (or one report's) telemetry
+/// (DESIGN.md "Records"; the detectors of the INT paper, `telemark_core::int`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRecord {
+    /// Who detected it: the sink agent, or the INT collector.
+    pub agent: String,
+    /// The flow, as the INT source saw it.
+    pub flow: Flow,
+    /// `per_hop`, `per_flow`, `ewma`, `noop`, `complex`, or `switch` (a report a switch
+    /// already filtered, passed on as it came).
+    pub detector: String,
+    /// The INT field watched (`None` for noop and complex detection).
+    pub metric: Option<String>,
+    /// Per-hop detection: the hop's position on the path, 0 = the last switch.
+    pub hop: Option<u8>,
+    /// Per-hop detection: that hop's switch (node) ID.
+    pub switch_id: Option<u32>,
+    /// The value that crossed: the hop's, the path's sum, or the average.
+    pub value: u64,
+    /// The threshold crossed.
+    pub threshold: Option<u64>,
+    /// When the packet (or report) was seen.
+    pub time_ns: u64,
+    /// The expression, for complex detection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expression: Option<String>,
+    /// The path's metadata on that packet, newest hop first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub path: Vec<EventHop>,
+}
+
+/// One hop's metadata in an event.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EventHop {
+    /// Switch (node) ID.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub switch_id: Option<u32>,
+    /// Hop latency, ns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hop_latency: Option<u64>,
+    /// Queue ID.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_id: Option<u32>,
+    /// Queue occupancy (bytes in Telemark's switch).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_occupancy: Option<u64>,
+    /// Ingress port.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ingress_port: Option<u32>,
+    /// Egress port.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_port: Option<u32>,
+    /// Egress timestamp, ns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_ts: Option<u64>,
+    /// Egress port TX utilisation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tx_utilization: Option<u64>,
+}
+
+impl From<&telemark_wire::int::Hop> for EventHop {
+    fn from(h: &telemark_wire::int::Hop) -> EventHop {
+        use telemark_wire::int::Field;
+        EventHop {
+            switch_id: h.get(Field::NodeId).map(|v| v as u32),
+            hop_latency: h.get(Field::HopLatency),
+            queue_id: h.get(Field::QueueId).map(|v| v as u32),
+            queue_occupancy: h.get(Field::QueueOccupancy),
+            ingress_port: h.get(Field::L1IngressIf).map(|v| v as u32),
+            egress_port: h.get(Field::L1EgressIf).map(|v| v as u32),
+            egress_ts: h.get(Field::EgressTs),
+            tx_utilization: h.get(Field::TxUtilization),
+        }
+    }
+}
+
 /// What one fast-path stage spent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CostRecord {
@@ -364,6 +441,8 @@ pub enum Record {
     Capture(CaptureRecord),
     /// An agent's own health.
     Health(HealthRecord),
+    /// An INT detector fired.
+    Event(EventRecord),
 }
 
 impl Record {
@@ -376,6 +455,7 @@ impl Record {
             Record::Flow(r) => Some(&r.agent),
             Record::Cost(r) => Some(&r.agent),
             Record::Health(r) => Some(&r.agent),
+            Record::Event(r) => Some(&r.agent),
             Record::Capture(_) => None,
         }
     }

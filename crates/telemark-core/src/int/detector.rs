@@ -146,6 +146,15 @@ pub struct FlowState {
 }
 
 impl FlowState {
+    /// A flow's state before its first packet.
+    pub const EMPTY: FlowState = FlowState {
+        hops: [(0, 0); MAX_HOPS],
+        hop_count: 0,
+        stored: 0,
+        avg: 0,
+        expr: ExprState::EMPTY,
+    };
+
     /// Whether `value` moved more than `threshold` from the stored value (storing it if so).
     fn changed(&mut self, value: u64, threshold: u64) -> bool {
         let moved = value.abs_diff(self.stored) > threshold;

@@ -97,6 +97,11 @@ pub struct ExprState {
     primed: bool,
 }
 
+impl ExprState {
+    /// A flow's state before its first packet.
+    pub const EMPTY: ExprState = ExprState { previous: [0; MAX_DELTAS], primed: false };
+}
+
 /// Why an expression did not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("expression {text:?}: {why}")]

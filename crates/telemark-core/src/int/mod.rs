@@ -8,6 +8,9 @@
 
 pub mod detector;
 pub mod expr;
+pub mod table;
 
 pub use detector::{Detection, Detector, FlowState};
 pub use expr::{Expr, ExprError};
+pub use table::{DetectRule, Detectors, Event, Outcome, TableCounts};
+pub use telemark_wire::int::{Field, Hop};
