@@ -73,18 +73,41 @@ fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
 }
 
+/// What the bytes start with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// An Ethernet header (a switch port, InType 3 reports).
+    Ethernet,
+    /// An IPv4 or IPv6 header (InType 4/5 reports).
+    Ip,
+}
+
 /// Walks Ethernet, VLAN tags, IPv4/IPv6 to a TCP or UDP header. `None` for anything else
 /// (other protocols, IPv4 fragments, IPv6 extension headers).
 pub fn layers(frame: &[u8]) -> Option<Layers> {
-    let mut at = 12;
-    let mut ethertype = be16(frame.get(..14)?, 12);
-    for _ in 0..2 {
-        if ethertype == 0x8100 || ethertype == 0x88a8 {
-            at += 4;
-            ethertype = be16(frame.get(..at + 2)?, at);
+    layers_from(frame, Start::Ethernet)
+}
+
+/// [`layers`] of bytes that start as `start` says.
+pub fn layers_from(frame: &[u8], start: Start) -> Option<Layers> {
+    let (ip, ethertype) = match start {
+        Start::Ethernet => {
+            let mut at = 12;
+            let mut ethertype = be16(frame.get(..14)?, 12);
+            for _ in 0..2 {
+                if ethertype == 0x8100 || ethertype == 0x88a8 {
+                    at += 4;
+                    ethertype = be16(frame.get(..at + 2)?, at);
+                }
+            }
+            (at + 2, ethertype)
         }
-    }
-    let ip = at + 2;
+        Start::Ip => match frame.first()? >> 4 {
+            4 => (0, 0x0800),
+            6 => (0, 0x86dd),
+            _ => return None,
+        },
+    };
     let (v6, proto, l4, dscp) = match ethertype {
         0x0800 => {
             let h = frame.get(ip..ip + 20)?;
@@ -140,7 +163,35 @@ pub fn find<'a>(frame: &'a [u8], signal: &Signal, mode: Mode) -> Result<Option<F
         return Ok(None);
     }
     let int = Int::parse(&frame[l.after_l4..], mode)?;
-    let (src, dst) = addrs(frame, &l);
+    Ok(Some(Found { layers: l, int, flow: original_flow(frame, &l, &int) }))
+}
+
+/// Reads INT after the TCP/UDP header of the packet inside a report, whatever marks it there
+/// (the report says INT follows). `Ok(None)`: no TCP/UDP, or no INT shim after it.
+pub fn find_reported<'a>(bytes: &'a [u8], start: Start, mode: Mode) -> Result<Option<Found<'a>>> {
+    let Some(l) = layers_from(bytes, start) else { return Ok(None) };
+    match Int::parse(&bytes[l.after_l4..], mode) {
+        Ok(int) => Ok(Some(Found { layers: l, int, flow: original_flow(bytes, &l, &int) })),
+        Err(_) if !looks_like_shim(&bytes[l.after_l4..]) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The flow of a packet without INT (a report's inner packet that carries none).
+pub fn plain_flow(bytes: &[u8], start: Start) -> Option<FlowKey> {
+    let l = layers_from(bytes, start)?;
+    let (src, dst) = addrs(bytes, &l);
+    let (sport, dport) = (be16(bytes, l.l4), be16(bytes, l.l4 + 2));
+    Some(FlowKey { src, dst, sport, dport, proto: l.proto, spi: None, si: None })
+}
+
+/// Whether `b` starts like an INT shim of either version (type 1–3, or v1.0 type 1–2).
+fn looks_like_shim(b: &[u8]) -> bool {
+    matches!(b.first(), Some(1 | 2) | Some(0x10..=0x3f))
+}
+
+fn original_flow(frame: &[u8], l: &Layers, int: &Int<'_>) -> FlowKey {
+    let (src, dst) = addrs(frame, l);
     let mut flow = FlowKey {
         src,
         dst,
@@ -160,7 +211,7 @@ pub fn find<'a>(frame: &'a [u8], signal: &Signal, mode: Mode) -> Result<Option<F
         }
         _ => {}
     }
-    Ok(Some(Found { layers: l, int, flow }))
+    flow
 }
 
 /// Moves the IP and UDP length fields by `delta` bytes (the UDP one only when the edit is

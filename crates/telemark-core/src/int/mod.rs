@@ -6,6 +6,7 @@
 //! Sans-IO like the rest of the core: callers pass the hops of one packet (as
 //! `telemark_wire::int` reads them) and get back whether, and why, it is an event.
 
+pub mod collect;
 pub mod detector;
 pub mod expr;
 pub mod table;

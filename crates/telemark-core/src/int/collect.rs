@@ -1,0 +1,318 @@
+//! The report collector's sans-IO half (the paper's INT monitor, §III-B): Telemetry Report
+//! datagrams in, [`Event`]s out.
+//!
+//! Per datagram: parse the reports (tolerantly: real switches send dialects, each counted by
+//! the rule it breaks); count reports lost from sequence-number gaps per reporting node and
+//! hardware ID; per individual report, gather the path's metadata (the reporting node's own,
+//! then the stack of the INT packet it carries, newest hop first), find the flow as the INT
+//! source saw it, and run the flow's detector. A flow no rule covers was filtered by the
+//! switch that reported it: its report is an event as it is (detector `switch`).
+
+use super::detector::{Detection, MAX_HOPS};
+use super::table::{Detectors, Event, Outcome};
+use std::collections::HashMap;
+use telemark_wire::dialect::{Deviation, Mode};
+use telemark_wire::int::{Field, Hop};
+use telemark_wire::int_frame::{self, Start};
+use telemark_wire::report::{self, InType, ReportVersion};
+
+/// Most (node, hardware ID) pairs whose sequence numbers are followed.
+pub const MAX_NODES: usize = 4096;
+
+/// Why a datagram or report was not used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Refusal {
+    /// Not a Telemetry Report at all (version, lengths).
+    Malformed,
+    /// An individual report inside a datagram did not parse (the ones before it are kept).
+    BadReport,
+    /// The INT in the reported packet did not parse.
+    BadInt,
+    /// The reported packet has no flow Telemark reads (not TCP/UDP over IP).
+    NoFlow,
+}
+
+impl Refusal {
+    /// Every refusal.
+    pub const ALL: [Refusal; 4] =
+        [Refusal::Malformed, Refusal::BadReport, Refusal::BadInt, Refusal::NoFlow];
+
+    /// Name for counters.
+    pub fn name(self) -> &'static str {
+        match self {
+            Refusal::Malformed => "malformed",
+            Refusal::BadReport => "bad_report",
+            Refusal::BadInt => "bad_int",
+            Refusal::NoFlow => "no_flow",
+        }
+    }
+}
+
+/// Counters of everything the collector saw.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Datagrams read.
+    pub datagrams: u64,
+    /// Individual reports used.
+    pub reports: u64,
+    /// Refused, by reason.
+    pub refused: [u64; 4],
+    /// Reports that broke a rule and were read anyway, by [`Deviation`].
+    pub deviations: [u64; Deviation::ALL.len()],
+    /// Events handed on.
+    pub events: u64,
+    /// Reports whose flow's detector did not fire.
+    pub quiet: u64,
+    /// Datagrams that arrived with a sequence number behind the one expected: late ones,
+    /// already counted lost and now taken off that count (or duplicates).
+    pub out_of_order: u64,
+    /// (node, hardware ID) pairs beyond [`MAX_NODES`], whose losses are not followed.
+    pub untracked: u64,
+}
+
+/// Sequence numbers of one reporting node and hardware ID.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeSeq {
+    /// The next sequence number expected.
+    next: u32,
+    /// Reports lost: sequence numbers skipped.
+    pub lost: u64,
+    /// Datagrams received.
+    pub received: u64,
+}
+
+/// The report collector's state.
+#[derive(Debug)]
+pub struct Collector {
+    detectors: Detectors,
+    mode: Mode,
+    nodes: HashMap<(u32, u8), NodeSeq>,
+    counts: Counts,
+}
+
+impl Collector {
+    /// A collector running `detectors` on flows their rules cover.
+    pub fn new(detectors: Detectors, mode: Mode) -> Collector {
+        Collector { detectors, mode, nodes: HashMap::new(), counts: Counts::default() }
+    }
+
+    /// The counters.
+    pub fn counts(&self) -> &Counts {
+        &self.counts
+    }
+
+    /// The detectors (for their rules and table counters).
+    pub fn detectors(&self) -> &Detectors {
+        &self.detectors
+    }
+
+    /// Mutable detectors (to change the rules).
+    pub fn detectors_mut(&mut self) -> &mut Detectors {
+        &mut self.detectors
+    }
+
+    /// Sequence state per (node ID, hardware ID).
+    pub fn nodes(&self) -> impl Iterator<Item = (&(u32, u8), &NodeSeq)> {
+        self.nodes.iter()
+    }
+
+    /// Reports lost in total, from sequence gaps.
+    pub fn lost(&self) -> u64 {
+        self.nodes.values().map(|n| n.lost).sum()
+    }
+
+    /// Processes one datagram received at `now`, handing each event to `emit`.
+    pub fn datagram(&mut self, bytes: &[u8], now: u64, mut emit: impl FnMut(Event)) {
+        self.counts.datagrams += 1;
+        let reports = match report::parse(bytes, self.mode) {
+            Ok(r) => r,
+            Err(_) => {
+                self.refuse(Refusal::Malformed);
+                return;
+            }
+        };
+        let g = reports.group();
+        self.sequence(g.node_id.unwrap_or(0), g.hw_id, g.seq, g.version);
+        for r in reports {
+            let r = match r {
+                Ok(r) => r,
+                Err(_) => {
+                    self.refuse(Refusal::BadReport);
+                    break;
+                }
+            };
+            for d in r.deviations.iter() {
+                self.counts.deviations[d as usize] += 1;
+            }
+            // The reporting node's own metadata first (newest), with its node ID.
+            let mut hops = [Hop::default(); MAX_HOPS];
+            let mut n = 0;
+            let mut own = r.metadata;
+            if own.get(Field::NodeId).is_none() {
+                if let Some(id) = r.node_id {
+                    own.set(Field::NodeId, u64::from(id));
+                }
+            }
+            let start = match r.in_type {
+                InType::Ethernet => Start::Ethernet,
+                InType::Ipv4 | InType::Ipv6 => Start::Ip,
+                _ => {
+                    self.refuse(Refusal::NoFlow);
+                    continue;
+                }
+            };
+            let found = match int_frame::find_reported(r.inner, start, self.mode) {
+                Ok(f) => f,
+                Err(_) => {
+                    self.refuse(Refusal::BadInt);
+                    continue;
+                }
+            };
+            let has_own = own.get(Field::NodeId).is_some() && r.md_bits.0 != 0;
+            if has_own || found.is_none() {
+                hops[0] = own;
+                n = 1;
+            }
+            let flow = match found {
+                Some(f) => {
+                    for d in f.int.deviations.iter() {
+                        self.counts.deviations[d as usize] += 1;
+                    }
+                    for h in f.int.hops() {
+                        if n == MAX_HOPS {
+                            break;
+                        }
+                        hops[n] = h;
+                        n += 1;
+                    }
+                    f.flow
+                }
+                None => match int_frame::plain_flow(r.inner, start) {
+                    Some(f) => f,
+                    None => {
+                        self.refuse(Refusal::NoFlow);
+                        continue;
+                    }
+                },
+            };
+            self.counts.reports += 1;
+            let hops = &hops[..n];
+            match self.detectors.detect(&flow, hops, now) {
+                Outcome::Event(rule, d) => {
+                    self.counts.events += 1;
+                    emit(Event::new(now, flow, Some(rule as u16), d, hops));
+                }
+                Outcome::Quiet => self.counts.quiet += 1,
+                Outcome::Unwatched => {
+                    self.counts.events += 1;
+                    let d = Detection { value: 0, hop: None };
+                    emit(Event::new(now, flow, None, d, hops));
+                }
+            }
+        }
+    }
+
+    fn refuse(&mut self, why: Refusal) {
+        self.counts.refused[why as usize] += 1;
+    }
+
+    /// Follows one datagram's sequence number: a jump forward counts the skipped numbers lost
+    /// (modulo the field's width: 22 bits in v2.0, 32 before); a step back is a late arrival
+    /// of one of them, taken off the lost count.
+    fn sequence(&mut self, node: u32, hw_id: u8, seq: u32, version: ReportVersion) {
+        let bits = match version {
+            ReportVersion::V2_0 => 22,
+            _ => 32,
+        };
+        let modulus = 1u64 << bits;
+        let len = self.nodes.len();
+        let entry = match self.nodes.get_mut(&(node, hw_id)) {
+            Some(e) => e,
+            None if len < MAX_NODES => {
+                self.nodes.insert((node, hw_id), NodeSeq { next: seq, lost: 0, received: 0 });
+                match self.nodes.get_mut(&(node, hw_id)) {
+                    Some(e) => e,
+                    None => return,
+                }
+            }
+            None => {
+                self.counts.untracked += 1;
+                return;
+            }
+        };
+        entry.received += 1;
+        let gap = (u64::from(seq) + modulus - u64::from(entry.next)) % modulus;
+        if gap < modulus / 2 {
+            entry.lost += gap;
+            entry.next = ((u64::from(seq) + 1) % modulus) as u32;
+        } else {
+            self.counts.out_of_order += 1;
+            entry.lost = entry.lost.saturating_sub(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::int::table::DetectRule;
+    use telemark_wire::int::Instructions;
+    use telemark_wire::report::{Flags, Writer};
+
+    /// A v2.0 datagram with one report whose inner IPv4/UDP packet has no INT.
+    fn datagram(seq: u32, latency: u64) -> Vec<u8> {
+        let mut inner = vec![0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2];
+        inner.extend_from_slice(&[0x13, 0x88, 0x14, 0x51, 0, 8, 0, 0]);
+        let mut md = Hop::default();
+        md.set(Field::HopLatency, latency);
+        let mut buf = [0u8; 256];
+        let mut w = Writer::new(&mut buf, 1, seq, 42).unwrap();
+        let bits = Instructions::of(&[Field::HopLatency]);
+        w.push(InType::Ipv4, Flags::default(), bits, &md, &inner).unwrap();
+        let n = w.len();
+        buf[..n].to_vec()
+    }
+
+    #[test]
+    fn gaps_are_lost_reports_and_detectors_run() {
+        let rule =
+            DetectRule::from_config("*", "per_hop", Some("hop_latency"), Some("100"), None, None)
+                .unwrap();
+        let mut c = Collector::new(Detectors::new(vec![rule], 64), Mode::Tolerant);
+        let mut events = Vec::new();
+        for (seq, latency) in [(10, 50), (11, 500), (14, 520), (13, 900), (15, 0)] {
+            c.datagram(&datagram(seq, latency), 0, |e| events.push(e));
+        }
+        // 12 and 13 skipped, then 13 came late: one lost.
+        assert_eq!(c.counts().out_of_order, 1);
+        let node = c.nodes().next().map(|(k, v)| (*k, *v)).unwrap();
+        assert_eq!(node.0, (42, 1));
+        assert_eq!(node.1.received, 5);
+        assert_eq!(c.lost(), 1);
+        // The 22-bit sequence number wraps: 4194302, 4194303, then 1 (0 lost).
+        let mut w = Collector::new(Detectors::new(vec![], 8), Mode::Strict);
+        for seq in [(1 << 22) - 2, (1 << 22) - 1, 1] {
+            w.datagram(&datagram(seq, 0), 0, |_| {});
+        }
+        assert_eq!((w.lost(), w.counts().out_of_order), (1, 0));
+        // per_hop at 100: 500 fires (from 0), 520 does not, 900 does, 0 does.
+        let values: Vec<u64> = events.iter().map(|e| e.detection.value).collect();
+        assert_eq!(values, [500, 900, 0]);
+        assert_eq!(events[0].flow.dport, 5201);
+        assert_eq!(events[0].detection.hop, Some((0, 42)));
+    }
+
+    #[test]
+    fn garbage_is_counted_not_fatal() {
+        let mut c = Collector::new(Detectors::new(vec![], 8), Mode::Tolerant);
+        c.datagram(&[0xff; 40], 0, |_| panic!("no event from garbage"));
+        c.datagram(&[], 0, |_| panic!("no event from nothing"));
+        assert_eq!(c.counts().refused[Refusal::Malformed as usize], 2);
+        let mut n = 0;
+        c.datagram(&datagram(1, 5), 0, |e| {
+            assert!(e.rule.is_none(), "no rule: the switch's report passes as it is");
+            n += 1;
+        });
+        assert_eq!(n, 1);
+    }
+}
