@@ -14,6 +14,7 @@ pub mod pipeline;
 pub mod reorder;
 pub mod rng;
 pub mod switch;
+pub mod udp_rx;
 
 /// One packet in flight, with the bookkeeping the evaluation needs.
 #[derive(Debug, Clone, Default)]

@@ -99,3 +99,9 @@ mod tests {
         assert_eq!(bearer("Bearer"), None);
     }
 }
+
+/// Whether a bearer token `got` equals `want`, in time that does not depend on where they
+/// differ (so a scraper cannot guess a token byte by byte).
+pub fn token_eq(want: &str, got: &str) -> bool {
+    want.len() == got.len() && want.bytes().zip(got.bytes()).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0
+}

@@ -12,6 +12,7 @@ mod eval_hh;
 mod eval_sketch;
 mod gen;
 mod input;
+mod int_collector;
 mod opts;
 mod replay;
 
@@ -51,6 +52,9 @@ enum Cmd {
     /// Sketch update rates, vanilla against NitroSketch, and the heavy-hitter pipeline against
     /// an exact table as active flows grow (one core).
     BenchSketch(bench_sketch::Args),
+    /// The INT report collector: Telemetry Reports over UDP, per-flow event detection where
+    /// the switches did not filter, events to the collector, /metrics.
+    IntCollector(int_collector::Args),
     /// Records per second one collector stores, acknowledged, pinned to one core (optionally
     /// against another build's collector, alternating).
     BenchCollector(bench_collector::Args),
@@ -85,6 +89,7 @@ fn main() {
         Cmd::Collector(a) => collector::run(a),
         Cmd::Agent(a) => agent::run(a),
         Cmd::Demo(a) => demo::run(a),
+        Cmd::IntCollector(a) => int_collector::run(a),
     };
     if let Err(e) = r {
         // The reader went away (`telemark replay … | head`): not an error.

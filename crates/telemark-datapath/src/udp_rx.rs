@@ -1,0 +1,270 @@
+//! Receiving telemetry datagrams fast: one UDP socket per worker on a shared port
+//! (`SO_REUSEPORT`: the kernel spreads senders over the workers by their address), batches of
+//! datagrams per system call (`recvmmsg`), and the kernel's own count of datagrams it dropped
+//! because the socket's buffer was full (`SO_RXQ_OVFL`), so a collector can tell loss in the
+//! network (sequence gaps) from its own.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Duration;
+
+/// Largest datagram kept whole (a jumbo frame's payload); longer ones are cut and counted.
+pub const MAX_DATAGRAM: usize = 9216;
+
+/// Space for one `SO_RXQ_OVFL` control message.
+const CONTROL_LEN: usize = 64;
+
+/// A receiving socket with its batch buffers.
+pub struct UdpRx {
+    fd: OwnedFd,
+    bufs: Vec<u8>,
+    lens: Vec<usize>,
+    truncated: Vec<bool>,
+    control: Vec<u8>,
+    /// The kernel's drop counter as last read (cumulative for the socket).
+    kernel_drops: u32,
+    batch: usize,
+}
+
+/// Socket options.
+#[derive(Debug, Clone, Copy)]
+pub struct RxOptions {
+    /// Datagrams read per system call.
+    pub batch: usize,
+    /// Receive buffer asked for, in bytes (root may exceed `net.core.rmem_max`).
+    pub rcvbuf: usize,
+    /// How long a read waits before returning nothing (so a worker can see it should stop).
+    pub timeout: Duration,
+}
+
+impl Default for RxOptions {
+    fn default() -> Self {
+        RxOptions { batch: 64, rcvbuf: 8 << 20, timeout: Duration::from_millis(100) }
+    }
+}
+
+fn check(r: libc::c_int, what: &str) -> io::Result<()> {
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
+    }
+    Ok(())
+}
+
+fn set_opt<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, v: &T) -> libc::c_int {
+    // SAFETY: `v` points to a live value of the size passed.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (v as *const T).cast(),
+            core::mem::size_of::<T>() as libc::socklen_t,
+        )
+    }
+}
+
+impl UdpRx {
+    /// Binds `addr` with `SO_REUSEPORT` (so several workers can bind it) and the options.
+    pub fn bind(addr: SocketAddr, opts: RxOptions) -> io::Result<UdpRx> {
+        let family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+        // SAFETY: plain socket(2); the result is checked before use.
+        let raw = unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        check(raw, "socket")?;
+        // SAFETY: `raw` is a new descriptor this function owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let one: libc::c_int = 1;
+        check(set_opt(&fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, &one), "SO_REUSEPORT")?;
+        check(set_opt(&fd, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, &one), "SO_RXQ_OVFL")?;
+        let size = libc::c_int::try_from(opts.rcvbuf).unwrap_or(libc::c_int::MAX);
+        // Root may go past rmem_max; anyone else gets what the limit allows.
+        if set_opt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &size) < 0 {
+            let _ = set_opt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &size);
+        }
+        let tv = libc::timeval {
+            tv_sec: opts.timeout.as_secs() as libc::time_t,
+            tv_usec: opts.timeout.subsec_micros() as libc::suseconds_t,
+        };
+        check(set_opt(&fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv), "SO_RCVTIMEO")?;
+        let (storage, len) = sockaddr(addr);
+        // SAFETY: `storage` holds a sockaddr of `len` bytes for this family.
+        let r = unsafe {
+            libc::bind(fd.as_raw_fd(), (&storage as *const libc::sockaddr_storage).cast(), len)
+        };
+        check(r, &format!("bind {addr}"))?;
+        let batch = opts.batch.clamp(1, 1024);
+        Ok(UdpRx {
+            fd,
+            bufs: vec![0; batch * MAX_DATAGRAM],
+            lens: vec![0; batch],
+            truncated: vec![false; batch],
+            control: vec![0; batch * CONTROL_LEN],
+            kernel_drops: 0,
+            batch,
+        })
+    }
+
+    /// The address bound (with the port the kernel chose for port 0).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        let dup = self.fd.try_clone()?;
+        std::net::UdpSocket::from(dup).local_addr()
+    }
+
+    /// The receive buffer the kernel granted, in bytes.
+    pub fn rcvbuf(&self) -> usize {
+        let mut v: libc::c_int = 0;
+        let mut len = core::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `v` and `len` are live and sized for SO_RCVBUF.
+        let r = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        if r < 0 {
+            0
+        } else {
+            v as usize
+        }
+    }
+
+    /// Datagrams the kernel dropped for this socket (its buffer full), as of the last read.
+    pub fn kernel_drops(&self) -> u64 {
+        u64::from(self.kernel_drops)
+    }
+
+    /// Reads a batch: waits up to the timeout for the first datagram, then takes what is
+    /// queued, up to the batch size. Returns how many (0 on timeout); read them with
+    /// [`datagram`](Self::datagram).
+    pub fn recv(&mut self) -> io::Result<usize> {
+        let batch = self.batch;
+        let mut iov: Vec<libc::iovec> = (0..batch)
+            .map(|i| libc::iovec {
+                iov_base: self.bufs[i * MAX_DATAGRAM..].as_mut_ptr().cast(),
+                iov_len: MAX_DATAGRAM,
+            })
+            .collect();
+        let control = self.control.as_mut_ptr();
+        let mut msgs: Vec<libc::mmsghdr> = (0..batch)
+            .map(|i| {
+                // SAFETY: an all-zero msghdr is valid; the fields used are set below.
+                let mut h: libc::msghdr = unsafe { core::mem::zeroed() };
+                h.msg_iov = &mut iov[i];
+                h.msg_iovlen = 1;
+                // SAFETY: the control buffer holds `batch` slots of CONTROL_LEN bytes.
+                h.msg_control = unsafe { control.add(i * CONTROL_LEN) }.cast();
+                h.msg_controllen = CONTROL_LEN as _;
+                libc::mmsghdr { msg_hdr: h, msg_len: 0 }
+            })
+            .collect();
+        // SAFETY: `msgs` has `batch` entries whose buffers live across the call.
+        let n = unsafe {
+            libc::recvmmsg(
+                self.fd.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                batch as libc::c_uint,
+                libc::MSG_WAITFORONE,
+                core::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock
+                | io::ErrorKind::TimedOut
+                | io::ErrorKind::Interrupted => Ok(0),
+                _ => Err(e),
+            };
+        }
+        let n = n as usize;
+        for (i, m) in msgs.iter().take(n).enumerate() {
+            self.lens[i] = (m.msg_len as usize).min(MAX_DATAGRAM);
+            self.truncated[i] = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+            // SAFETY: the kernel filled `msg_controllen` bytes of this slot's control buffer.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&m.msg_hdr);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SO_RXQ_OVFL {
+                        self.kernel_drops =
+                            core::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<u32>());
+                    }
+                    c = libc::CMSG_NXTHDR(&m.msg_hdr, c);
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Datagram `i` of the last batch, and whether it was longer than [`MAX_DATAGRAM`].
+    pub fn datagram(&self, i: usize) -> (&[u8], bool) {
+        let start = i * MAX_DATAGRAM;
+        (&self.bufs[start..start + self.lens[i]], self.truncated[i])
+    }
+}
+
+fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: an all-zero sockaddr_storage is valid.
+    let mut s: libc::sockaddr_storage = unsafe { core::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in and suitably aligned.
+            unsafe { core::ptr::write((&mut s as *mut libc::sockaddr_storage).cast(), sin) };
+            core::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in6 and suitably aligned.
+            unsafe { core::ptr::write((&mut s as *mut libc::sockaddr_storage).cast(), sin6) };
+            core::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (s, len as libc::socklen_t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_from_a_shared_port() {
+        let opts = RxOptions { timeout: Duration::from_millis(50), ..RxOptions::default() };
+        let mut a = UdpRx::bind("127.0.0.1:0".parse().unwrap(), opts).unwrap();
+        let addr = a.local_addr().unwrap();
+        // A second socket can bind the same port.
+        let b = UdpRx::bind(addr, opts).unwrap();
+        drop(b);
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for i in 0..10u8 {
+            tx.send_to(&[i; 100], addr).unwrap();
+        }
+        let mut got = Vec::new();
+        while got.len() < 10 {
+            let n = a.recv().unwrap();
+            assert!(n > 0, "timed out with {} datagrams", got.len());
+            for i in 0..n {
+                let (d, cut) = a.datagram(i);
+                assert!(!cut);
+                got.push(d.to_vec());
+            }
+        }
+        assert_eq!(got[3], vec![3u8; 100]);
+        assert_eq!(a.recv().unwrap(), 0, "nothing more: a timeout");
+        assert!(a.rcvbuf() > 0);
+    }
+}

@@ -1,0 +1,574 @@
+//! `telemark int-collector`: the INT report collector (docs/int.md). Telemetry Reports in over
+//! UDP (one worker per core on a shared port, batches per system call), events out to the
+//! collector's store over the agents' acknowledged transport, behind a bounded queue whose
+//! drops are counted; Prometheus `/metrics` of everything it saw.
+
+use anyhow::{bail, Context, Result};
+use clap::Args as ClapArgs;
+use serde::Deserialize;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use telemark_core::int::collect::{Collector, Counts, Refusal};
+use telemark_core::int::{DetectRule, Detectors, Event};
+use telemark_core::records::Record;
+use telemark_core::spsc;
+use telemark_datapath::udp_rx::{RxOptions, UdpRx};
+use telemark_transport::exporter::Exporter;
+use telemark_transport::http::{Handler, Request, Response};
+use telemark_transport::server::{Limits, Server, ServerConfig, ServerStats};
+use telemark_wire::dialect::{Deviation, Mode};
+
+/// `telemark int-collector` flags (each overrides the config file's value).
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Config file (TOML; see docs/int.md): detector rules, export, metrics.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Address to receive Telemetry Reports on.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Name events are stored under.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Collector to send events to (http://host:port).
+    #[arg(long)]
+    pub collector: Option<String>,
+    /// Receive workers (one socket and one core each).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Address to serve /metrics on.
+    #[arg(long)]
+    pub metrics: Option<SocketAddr>,
+    /// Refuse reports that break the specifications instead of reading known dialects.
+    #[arg(long)]
+    pub strict: bool,
+}
+
+/// The config file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    name: Option<String>,
+    listen: Option<SocketAddr>,
+    workers: Option<usize>,
+    /// `tolerant` (default) or `strict`.
+    mode: Option<String>,
+    /// Flows each worker keeps detector state for.
+    flows: Option<usize>,
+    /// Events waiting for export, at most.
+    queue: Option<usize>,
+    /// Receive buffer per socket, bytes.
+    rcvbuf: Option<usize>,
+    export: Option<ExportSection>,
+    metrics: Option<MetricsSection>,
+    #[serde(default)]
+    detect: Vec<DetectSection>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExportSection {
+    collector: String,
+    token_file: Option<PathBuf>,
+    ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MetricsSection {
+    listen: SocketAddr,
+    token_file: Option<PathBuf>,
+}
+
+/// One `[[detect]]` rule.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DetectSection {
+    /// Flows (a watch rule; `*` or absent: every flow).
+    #[serde(default)]
+    pub flows: String,
+    /// Detector name.
+    pub detector: String,
+    /// INT field.
+    pub metric: Option<String>,
+    /// Threshold (`100us`, `1500`, `64KB`).
+    pub threshold: Option<String>,
+    /// EWMA weight.
+    pub alpha: Option<f64>,
+    /// CNF expression.
+    pub expression: Option<String>,
+}
+
+impl DetectSection {
+    /// The rule.
+    pub fn rule(&self) -> Result<DetectRule, String> {
+        DetectRule::from_config(
+            &self.flows,
+            &self.detector,
+            self.metric.as_deref(),
+            self.threshold.as_deref(),
+            self.alpha,
+            self.expression.as_deref(),
+        )
+    }
+}
+
+/// Everything resolved.
+struct Config {
+    name: String,
+    listen: SocketAddr,
+    workers: usize,
+    mode: Mode,
+    flows: usize,
+    queue: usize,
+    rcvbuf: usize,
+    rules: Vec<DetectRule>,
+    collector: Option<String>,
+    token: Option<String>,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    metrics: Option<(SocketAddr, Option<String>)>,
+}
+
+fn read_token(p: &Path) -> Result<String> {
+    let t = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+    Ok(t.trim().to_string())
+}
+
+fn resolve(a: Args) -> Result<Config> {
+    let file: FileConfig = match &a.config {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            toml::from_str(&text).with_context(|| format!("{}", p.display()))?
+        }
+        None => FileConfig::default(),
+    };
+    let mut rules = Vec::new();
+    for (n, d) in file.detect.iter().enumerate() {
+        rules.push(d.rule().map_err(|e| anyhow::anyhow!("[[detect]] rule {}: {e}", n + 1))?);
+    }
+    let mode = match (a.strict, file.mode.as_deref()) {
+        (true, _) | (_, Some("strict")) => Mode::Strict,
+        (_, None | Some("tolerant")) => Mode::Tolerant,
+        (_, Some(m)) => bail!("mode {m:?}: tolerant or strict"),
+    };
+    let export = file.export;
+    let token =
+        export.as_ref().and_then(|e| e.token_file.as_deref()).map(read_token).transpose()?;
+    let tls = match export.as_ref().and_then(|e| e.ca_file.as_deref()) {
+        Some(ca) => Some(telemark_transport::tls::client_config(ca)?),
+        None => None,
+    };
+    let metrics = match (a.metrics, file.metrics) {
+        (Some(l), m) => {
+            Some((l, m.and_then(|m| m.token_file).map(|p| read_token(&p)).transpose()?))
+        }
+        (None, Some(m)) => Some((m.listen, m.token_file.map(|p| read_token(&p)).transpose()?)),
+        (None, None) => None,
+    };
+    if let Some((addr, None)) = &metrics {
+        if !addr.ip().is_loopback() {
+            bail!("/metrics on {addr} needs a token_file in [metrics] (only loopback is open)");
+        }
+    }
+    Ok(Config {
+        name: a.name.or(file.name).unwrap_or_else(|| "int-collector".into()),
+        listen: a.listen.or(file.listen).unwrap_or_else(|| "0.0.0.0:32766".parse().expect("addr")),
+        workers: a.workers.or(file.workers).unwrap_or(1).clamp(1, 64),
+        mode,
+        flows: file.flows.unwrap_or(65_536),
+        queue: file.queue.unwrap_or(65_536).max(1),
+        rcvbuf: file.rcvbuf.unwrap_or(8 << 20),
+        rules,
+        collector: a.collector.or(export.map(|e| e.collector)),
+        token,
+        tls,
+        metrics,
+    })
+}
+
+/// What the workers publish for /metrics and the exporter.
+#[derive(Default)]
+struct Shared {
+    /// Per worker: its collector's counters, lost per (node, hw_id), kernel drops.
+    workers: Mutex<Vec<WorkerStats>>,
+    ring_dropped: AtomicU64,
+    exported: AtomicU64,
+    export_dropped: AtomicU64,
+    export_failures: AtomicU64,
+    export_pending: AtomicU64,
+}
+
+#[derive(Default, Clone)]
+struct WorkerStats {
+    counts: Counts,
+    nodes: Vec<((u32, u8), u64, u64)>,
+    kernel_drops: u64,
+    truncated: u64,
+    flows: u64,
+    evicted: u64,
+}
+
+/// Runs until SIGINT/SIGTERM.
+pub fn run(a: Args) -> Result<()> {
+    let cfg = resolve(a)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [SIGINT, SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    let shared = Arc::new(Shared::default());
+    shared
+        .workers
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .resize(cfg.workers, WorkerStats::default());
+    let opts = RxOptions { rcvbuf: cfg.rcvbuf, ..RxOptions::default() };
+    // Bind every socket before starting (a bad address fails at once).
+    let mut sockets = Vec::new();
+    for _ in 0..cfg.workers {
+        let rx = UdpRx::bind(cfg.listen, opts)
+            .with_context(|| format!("listening on {}", cfg.listen))?;
+        sockets.push(rx);
+    }
+    let bound = sockets[0].local_addr()?;
+    let mut consumers = Vec::new();
+    let mut threads = Vec::new();
+    for (w, rx) in sockets.into_iter().enumerate() {
+        let (tx, rx_events) = spsc::channel::<Event>(cfg.queue.div_ceil(cfg.workers).max(64));
+        consumers.push(rx_events);
+        let detectors = Detectors::new(cfg.rules.clone(), cfg.flows);
+        let (stop, shared, mode) = (stop.clone(), shared.clone(), cfg.mode);
+        threads.push(
+            std::thread::Builder::new().name(format!("int-rx-{w}")).spawn(move || {
+                worker(w, rx, Collector::new(detectors, mode), tx, &stop, &shared)
+            })?,
+        );
+    }
+    let server = match &cfg.metrics {
+        Some((listen, token)) => {
+            let transport = Arc::new(ServerStats::default());
+            let handler = Arc::new(Metrics {
+                name: cfg.name.clone(),
+                shared: shared.clone(),
+                token: token.clone(),
+            });
+            let scfg = ServerConfig {
+                listen: *listen,
+                tls: None,
+                limits: Limits { max_body: 0, max_connections: 64, ..Limits::default() },
+                workers: 1,
+            };
+            Some(Server::start(scfg, handler, transport)?)
+        }
+        None => None,
+    };
+    tracing::info!(
+        "telemark int-collector {}: reports on udp {bound} ({} worker(s), {:?} mode, {} rule(s)), events to {}",
+        cfg.name,
+        cfg.workers,
+        cfg.mode,
+        cfg.rules.len(),
+        cfg.collector.as_deref().unwrap_or("nowhere (no collector)")
+    );
+    export(&cfg, &consumers, &stop, &shared);
+    for t in threads {
+        let _ = t.join();
+    }
+    if let Some(s) = server {
+        s.stop();
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn worker(
+    w: usize,
+    mut rx: UdpRx,
+    mut c: Collector,
+    tx: spsc::Producer<Event>,
+    stop: &AtomicBool,
+    shared: &Shared,
+) {
+    let mut truncated = 0u64;
+    let mut ring_dropped = 0u64;
+    let mut last_publish = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        let n = match rx.recv() {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!("worker {w}: receive failed: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+                0
+            }
+        };
+        let now = telemark_transport::now_ns();
+        for i in 0..n {
+            let (d, cut) = rx.datagram(i);
+            truncated += u64::from(cut);
+            c.datagram(d, now, |e| {
+                if tx.push(e).is_err() {
+                    ring_dropped += 1;
+                }
+            });
+        }
+        if last_publish.elapsed() >= Duration::from_millis(100) || stop.load(Ordering::Relaxed) {
+            last_publish = Instant::now();
+            shared.ring_dropped.fetch_add(std::mem::take(&mut ring_dropped), Ordering::Relaxed);
+            let t = c.detectors().counts();
+            let stats = WorkerStats {
+                counts: c.counts().clone(),
+                nodes: c.nodes().map(|(k, v)| (*k, v.lost, v.received)).collect(),
+                kernel_drops: rx.kernel_drops(),
+                truncated,
+                flows: t.flows,
+                evicted: t.evicted,
+            };
+            if let Ok(mut ws) = shared.workers.lock() {
+                ws[w] = stats;
+            }
+        }
+    }
+}
+
+/// Drains the workers' rings into the exporter, flushing every 200 ms, until stopped; then
+/// flushes what is left for up to 5 s.
+fn export(cfg: &Config, rings: &[spsc::Consumer<Event>], stop: &AtomicBool, shared: &Shared) {
+    let boot = telemark_transport::now_ns();
+    let mut ex = cfg.collector.as_ref().map(|url| {
+        let e = Exporter::new(url, &cfg.name, boot, cfg.queue).with_token(cfg.token.as_deref());
+        match &cfg.tls {
+            Some(t) => e.with_tls(t.clone()),
+            None => e,
+        }
+    });
+    let mut last_flush = Instant::now();
+    let mut warned = false;
+    loop {
+        let stopping = stop.load(Ordering::Relaxed);
+        let mut got = 0;
+        for r in rings {
+            got += r.drain(|e| {
+                if let Some(ex) = ex.as_mut() {
+                    ex.push(Record::Event(e.record(&cfg.name, &cfg.rules)));
+                }
+            });
+        }
+        if let Some(ex) = ex.as_mut() {
+            if last_flush.elapsed() >= Duration::from_millis(200) || stopping {
+                last_flush = Instant::now();
+                match ex.flush() {
+                    Ok(_) => warned = false,
+                    Err(e) if !warned => {
+                        tracing::warn!("events not exported yet (kept, retried): {e}");
+                        warned = true;
+                    }
+                    Err(_) => {}
+                }
+            }
+            shared.exported.store(ex.acked, Ordering::Relaxed);
+            shared.export_dropped.store(ex.dropped, Ordering::Relaxed);
+            shared.export_failures.store(ex.failures, Ordering::Relaxed);
+            shared.export_pending.store(ex.pending() as u64, Ordering::Relaxed);
+        }
+        if stopping {
+            break;
+        }
+        if got == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    // Last words: what the rings still hold, then a few tries to deliver it.
+    for r in rings {
+        r.drain(|e| {
+            if let Some(ex) = ex.as_mut() {
+                ex.push(Record::Event(e.record(&cfg.name, &cfg.rules)));
+            }
+        });
+    }
+    if let Some(ex) = ex.as_mut() {
+        let until = Instant::now() + Duration::from_secs(5);
+        while ex.pending() > 0 && Instant::now() < until {
+            if ex.flush().is_err() {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        if ex.pending() > 0 {
+            tracing::warn!("{} events not delivered at exit", ex.pending());
+        }
+    }
+}
+
+/// `/metrics`.
+struct Metrics {
+    name: String,
+    shared: Arc<Shared>,
+    token: Option<String>,
+}
+
+impl Handler for Metrics {
+    fn handle(&self, req: &Request<'_>, _now: u64) -> Response {
+        let allowed = match (&self.token, req.token) {
+            (None, _) => true,
+            (Some(t), Some(g)) => telemark_transport::http::token_eq(t, g),
+            (Some(_), None) => false,
+        };
+        match (req.method, req.path()) {
+            (_, "/metrics") if !allowed => Response::unauthenticated(),
+            ("GET", "/metrics") => Response::text("text/plain; version=0.0.4", self.render()),
+            (_, "/metrics") => Response::error(405, "only GET is allowed on /metrics"),
+            (_, p) => Response::error(404, format!("no such endpoint: {p} (this serves /metrics)")),
+        }
+    }
+
+    fn route(&self, path: &str) -> &'static str {
+        if path == "/metrics" {
+            "/metrics"
+        } else {
+            "other"
+        }
+    }
+}
+
+impl Metrics {
+    fn render(&self) -> String {
+        let ws = self.shared.workers.lock().map(|w| w.clone()).unwrap_or_default();
+        let mut o = String::new();
+        let c = |f: &dyn Fn(&WorkerStats) -> u64| ws.iter().map(f).sum::<u64>();
+        let l = format!("collector=\"{}\"", self.name);
+        let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, v) in samples {
+                let _ = writeln!(o, "{name}{{{l}{labels}}} {v}");
+            }
+        };
+        let one = |v: u64| vec![(String::new(), v)];
+        family(
+            "telemark_int_datagrams_total",
+            "counter",
+            "Report datagrams received.",
+            one(c(&|w| w.counts.datagrams)),
+        );
+        family(
+            "telemark_int_reports_total",
+            "counter",
+            "Individual reports read.",
+            one(c(&|w| w.counts.reports)),
+        );
+        family(
+            "telemark_int_refused_total",
+            "counter",
+            "Datagrams or reports not read, by reason.",
+            Refusal::ALL
+                .iter()
+                .map(|r| {
+                    (format!(",reason=\"{}\"", r.name()), c(&|w| w.counts.refused[*r as usize]))
+                })
+                .collect(),
+        );
+        family(
+            "telemark_int_deviations_total",
+            "counter",
+            "Reports read although they break a rule of the specifications, by rule.",
+            Deviation::ALL
+                .iter()
+                .map(|d| {
+                    (format!(",rule=\"{}\"", d.name()), c(&|w| w.counts.deviations[*d as usize]))
+                })
+                .collect(),
+        );
+        family(
+            "telemark_int_events_total",
+            "counter",
+            "Events handed to the export queue.",
+            one(c(&|w| w.counts.events)),
+        );
+        family(
+            "telemark_int_quiet_total",
+            "counter",
+            "Reports whose flow's detector did not fire.",
+            one(c(&|w| w.counts.quiet)),
+        );
+        let mut lost: Vec<(String, u64)> = Vec::new();
+        let mut received: Vec<(String, u64)> = Vec::new();
+        for w in &ws {
+            for ((node, hw), l, r) in &w.nodes {
+                lost.push((format!(",node=\"{node}\",hw_id=\"{hw}\""), *l));
+                received.push((format!(",node=\"{node}\",hw_id=\"{hw}\""), *r));
+            }
+        }
+        family(
+            "telemark_int_reports_lost_total",
+            "counter",
+            "Report datagrams lost between a node and this collector, from sequence-number gaps.",
+            lost,
+        );
+        family(
+            "telemark_int_node_datagrams_total",
+            "counter",
+            "Report datagrams received per reporting node.",
+            received,
+        );
+        family(
+            "telemark_int_out_of_order_total",
+            "counter",
+            "Datagrams that came after a later one (taken back off the lost count).",
+            one(c(&|w| w.counts.out_of_order)),
+        );
+        family(
+            "telemark_int_socket_drops_total",
+            "counter",
+            "Datagrams the kernel dropped for a full socket buffer (SO_RXQ_OVFL).",
+            one(c(&|w| w.kernel_drops)),
+        );
+        family(
+            "telemark_int_truncated_total",
+            "counter",
+            "Datagrams longer than 9216 bytes, cut.",
+            one(c(&|w| w.truncated)),
+        );
+        family("telemark_int_flows", "gauge", "Flows with detector state.", one(c(&|w| w.flows)));
+        family(
+            "telemark_int_flows_evicted_total",
+            "counter",
+            "Flows pushed out of a full detector table.",
+            one(c(&|w| w.evicted)),
+        );
+        let s = &self.shared;
+        family(
+            "telemark_int_queue_dropped_total",
+            "counter",
+            "Events dropped because a worker's export ring was full.",
+            one(s.ring_dropped.load(Ordering::Relaxed)),
+        );
+        family(
+            "telemark_int_exported_total",
+            "counter",
+            "Events the collector acknowledged.",
+            one(s.exported.load(Ordering::Relaxed)),
+        );
+        family(
+            "telemark_int_export_dropped_total",
+            "counter",
+            "Events dropped because the export buffer was full (collector away).",
+            one(s.export_dropped.load(Ordering::Relaxed)),
+        );
+        family(
+            "telemark_int_export_failures_total",
+            "counter",
+            "Failed deliveries to the collector (retried).",
+            one(s.export_failures.load(Ordering::Relaxed)),
+        );
+        family(
+            "telemark_int_export_pending",
+            "gauge",
+            "Events waiting for the collector.",
+            one(s.export_pending.load(Ordering::Relaxed)),
+        );
+        o
+    }
+}

@@ -1,0 +1,215 @@
+//! `telemark int-collector` as a process: Telemetry Reports in over UDP, events stored by a
+//! collector, reports lost counted from sequence gaps. Ground truth: the test's own reference
+//! evaluation of the values it sends, and an nftables rule's counter for the datagrams it drops
+//! (needs root and nftables; CI has both).
+
+use std::collections::BTreeMap;
+use std::net::UdpSocket;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use telemark_collector::{Collector, Config};
+use telemark_wire::int::{Field, Hop, Instructions};
+use telemark_wire::report::{Flags, InType, Writer};
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A v2.0 report datagram from node `node` with sequence `seq`: the node's hop latency in its
+/// baseline metadata, and an IPv4/UDP inner packet of flow 10.9.0.1:5000 → 10.9.1.1:dport.
+fn report(node: u32, seq: u32, latency: u64, dport: u16) -> Vec<u8> {
+    let mut inner = vec![0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0, 0, 10, 9, 0, 1, 10, 9, 1, 1];
+    inner.extend_from_slice(&5000u16.to_be_bytes());
+    inner.extend_from_slice(&dport.to_be_bytes());
+    inner.extend_from_slice(&[0, 8, 0, 0]);
+    let mut md = Hop::default();
+    md.set(Field::HopLatency, latency);
+    let mut buf = [0u8; 128];
+    let mut w = Writer::new(&mut buf, 0, seq, node).unwrap();
+    let bits = Instructions::of(&[Field::HopLatency]);
+    let flags = Flags { tracked_flow: true, ..Flags::default() };
+    w.push(InType::Ipv4, flags, bits, &md, &inner).unwrap();
+    let n = w.len();
+    buf[..n].to_vec()
+}
+
+fn metrics(url: &str) -> BTreeMap<String, u64> {
+    let body = ureq::get(url).call().unwrap().into_string().unwrap();
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter_map(|(k, v)| v.parse().ok().map(|v| (k.to_string(), v)))
+        .collect()
+}
+
+fn sum(m: &BTreeMap<String, u64>, name: &str) -> u64 {
+    m.iter().filter(|(k, _)| k.starts_with(name)).map(|(_, v)| v).sum()
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn nft(args: &str) -> String {
+    let out = Command::new("nft").args(args.split(' ')).output().expect("nft runs");
+    assert!(out.status.success(), "nft {args}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn events_match_a_reference_evaluation_and_lost_reports_match_nftables() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Collector::start(&Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        db: dir.path().join("c.db"),
+        ..Config::default()
+    })
+    .unwrap();
+    let port = free_port();
+    let mport = tcp_port();
+    const THRESHOLD: u64 = 10_000;
+    let config = dir.path().join("int.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "name = \"intc\"\nlisten = \"127.0.0.1:{port}\"\nworkers = 2\n\
+             [export]\ncollector = \"http://{}\"\n\
+             [metrics]\nlisten = \"127.0.0.1:{mport}\"\n\
+             [[detect]]\nflows = \"dport=7001\"\ndetector = \"per_hop\"\n\
+             metric = \"hop_latency\"\nthreshold = \"10us\"\n",
+            c.addr
+        ),
+    )
+    .unwrap();
+    let _p = Killed(
+        Command::new(env!("CARGO_BIN_EXE_telemark"))
+            .args(["int-collector", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let murl = format!("http://127.0.0.1:{mport}/metrics");
+    wait_for("int-collector metrics", || ureq::get(&murl).call().is_ok());
+    let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let to = format!("127.0.0.1:{port}");
+
+    // Phase 1, nothing dropped: flow dport 7001 runs per-hop detection at the collector;
+    // dport 7002 has no rule (its switch filtered) and every report of it is an event.
+    let mut state = 0u64;
+    let mut expected = Vec::new();
+    let mut seq = 0u32;
+    for i in 0..400u64 {
+        // A latency that wanders, with jumps: unique values so events can be told apart.
+        let latency = 1_000 + (i * 7919) % 30_000 + i;
+        if latency.abs_diff(state) > THRESHOLD {
+            state = latency;
+            expected.push(latency);
+        }
+        tx.send_to(&report(5, seq, latency, 7001), &to).unwrap();
+        seq += 1;
+        if i % 40 == 0 {
+            tx.send_to(&report(5, seq, 77_000 + i, 7002), &to).unwrap();
+            seq += 1;
+        }
+        if i % 50 == 0 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    let switch_events = 10;
+    let events_url = format!("http://{}/api/v1/events?limit=10000", c.addr);
+    let mut got: Vec<serde_json::Value> = Vec::new();
+    wait_for("events stored", || {
+        let v: serde_json::Value = ureq::get(&events_url).call().unwrap().into_json().unwrap();
+        got = v["events"].as_array().unwrap().clone();
+        got.len() >= expected.len() + switch_events
+    });
+    let mut fired: Vec<u64> = got
+        .iter()
+        .filter(|e| e["detector"] == "per_hop")
+        .map(|e| {
+            assert_eq!(e["metric"], "hop_latency");
+            assert_eq!(e["switch_id"], 5);
+            assert_eq!(e["flow"]["dport"], 7001);
+            e["value"].as_u64().unwrap()
+        })
+        .collect();
+    fired.sort_unstable();
+    let mut want = expected.clone();
+    want.sort_unstable();
+    assert_eq!(fired, want, "per-hop events differ from the reference evaluation");
+    assert_eq!(got.iter().filter(|e| e["detector"] == "switch").count(), switch_events);
+    let m = metrics(&murl);
+    assert_eq!(sum(&m, "telemark_int_reports_lost_total"), 0);
+
+    // Phase 2: nftables drops about 5 % of the datagrams to the collector's port, and
+    // counts them; the collector must count exactly as many lost.
+    let table = format!("tmint{}", std::process::id());
+    nft(&format!("add table inet {table}"));
+    let _cleanup = Cleanup(table.clone());
+    nft(&format!("add chain inet {table} input {{ type filter hook input priority -10 ; }}"));
+    nft(&format!(
+        "add rule inet {table} input udp dport {port} numgen random mod 100 < 5 counter drop"
+    ));
+    for i in 0..20_000u64 {
+        tx.send_to(&report(5, seq, 1_000 + i % 100, 7001), &to).unwrap();
+        seq += 1;
+        if i % 200 == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let listing = nft(&format!("list chain inet {table} input"));
+    let dropped: u64 = listing
+        .split("packets ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .expect("the rule's counter");
+    nft(&format!("delete table inet {table}"));
+    // A tail that arrives, so a drop at the very end shows as a gap too.
+    for _ in 0..5 {
+        tx.send_to(&report(5, seq, 1_000, 7001), &to).unwrap();
+        seq += 1;
+    }
+    let total = u64::from(seq);
+    let mut m = BTreeMap::new();
+    wait_for("every datagram accounted for", || {
+        m = metrics(&murl);
+        sum(&m, "telemark_int_node_datagrams_total") + sum(&m, "telemark_int_reports_lost_total")
+            >= total
+    });
+    let socket_drops = sum(&m, "telemark_int_socket_drops_total");
+    assert!(dropped > 500, "nftables dropped only {dropped}");
+    assert_eq!(
+        sum(&m, "telemark_int_reports_lost_total"),
+        dropped + socket_drops,
+        "lost reports differ from nftables' count {dropped} (+ {socket_drops} socket drops)"
+    );
+    assert_eq!(sum(&m, "telemark_int_node_datagrams_total"), total - dropped - socket_drops);
+}
+
+struct Cleanup(String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = Command::new("nft").args(["delete", "table", "inet", &self.0]).output();
+    }
+}
