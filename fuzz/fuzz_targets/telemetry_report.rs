@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(reports) = report::parse(data, mode) {
             for r in reports.take(data.len() + 1).flatten() {
                 assert!(r.inner.len() <= data.len());
-                let _ = r.metadata.get(Field::QueueOccupancy);
+                let _ = r.metadata().get(Field::QueueOccupancy);
             }
         }
     }

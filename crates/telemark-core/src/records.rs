@@ -319,22 +319,6 @@ pub struct EventHop {
     pub tx_utilization: Option<u64>,
 }
 
-impl From<&telemark_wire::int::Hop> for EventHop {
-    fn from(h: &telemark_wire::int::Hop) -> EventHop {
-        use telemark_wire::int::Field;
-        EventHop {
-            switch_id: h.get(Field::NodeId).map(|v| v as u32),
-            hop_latency: h.get(Field::HopLatency),
-            queue_id: h.get(Field::QueueId).map(|v| v as u32),
-            queue_occupancy: h.get(Field::QueueOccupancy),
-            ingress_port: h.get(Field::L1IngressIf).map(|v| v as u32),
-            egress_port: h.get(Field::L1EgressIf).map(|v| v as u32),
-            egress_ts: h.get(Field::EgressTs),
-            tx_utilization: h.get(Field::TxUtilization),
-        }
-    }
-}
-
 /// What one fast-path stage spent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CostRecord {

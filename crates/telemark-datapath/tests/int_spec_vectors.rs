@@ -185,7 +185,7 @@ fn spec_built_int_and_reports_decode() {
                     continue;
                 }
                 let field = Field::from_name(name).unwrap_or_else(|| panic!("field {name}"));
-                assert_eq!(r.metadata.get(field), v.as_u64(), "report frame {idx}: {name}");
+                assert_eq!(r.metadata().get(field), v.as_u64(), "report frame {idx}: {name}");
             }
             let inner_at = r.inner.as_ptr() as usize - datagram.as_ptr() as usize;
             assert_eq!(inner_at as u64, num(w, "inner_offset_in_udp_payload"), "frame {idx}");

@@ -416,10 +416,11 @@ impl Layout {
     pub fn new(bits: Instructions, format: impl Into<Format>) -> Layout {
         let format = format.into();
         let mut l = Layout { items: [NO_ITEM; MAX_ITEMS], count: 0, hop_len: 0 };
-        for bit in 0..16u8 {
-            if !bits.has(bit) {
-                continue;
-            }
+        // The set bits only, most significant (bit 0) first.
+        let mut rest = bits.0;
+        while rest != 0 {
+            let bit = rest.leading_zeros() as u8;
+            rest &= !(0x8000 >> bit);
             for &(slot, width) in items_of(bit, format) {
                 if let Some(item) = l.items.get_mut(usize::from(l.count)) {
                     *item = Item { offset: l.hop_len, width, slot };
@@ -444,22 +445,39 @@ impl Layout {
     /// Reads one hop of `stride` bytes: the baseline items, domain-specific words after them,
     /// and the checksum complement always in the last word (INT v2.1 §5.8).
     pub fn read_hop(&self, bytes: &[u8], stride: usize) -> Result<Hop> {
+        let mut hop = Hop::default();
+        self.read_into(bytes, stride, &mut hop)?;
+        Ok(hop)
+    }
+
+    /// [`read_hop`](Self::read_hop) into `hop` (what was in it is forgotten), for callers that
+    /// keep a buffer of hops instead of copying one out per read.
+    pub fn read_into(&self, bytes: &[u8], stride: usize, hop: &mut Hop) -> Result<()> {
         let stride = stride.max(self.hop_len());
         Error::check_len("int hop", stride, bytes.len())?;
-        let mut hop = Hop::default();
+        hop.present = 0;
         for it in self.items() {
             let start = match it.slot {
                 Slot::Field(Field::ChecksumComplement) => stride - 4,
                 _ => usize::from(it.offset),
             };
-            let mut v = 0u64;
-            for &b in &bytes[start..start + usize::from(it.width)] {
-                v = (v << 8) | u64::from(b);
-            }
+            let width = usize::from(it.width);
+            // One 8-byte big-endian load and a shift where the bytes allow, else byte by byte.
+            let v = match bytes.get(start..start + 8) {
+                Some(w) => {
+                    let mut word = [0u8; 8];
+                    word.copy_from_slice(w);
+                    u64::from_be_bytes(word) >> (64 - 8 * width as u32)
+                }
+                None => {
+                    bytes[start..start + width].iter().fold(0u64, |v, &x| (v << 8) | u64::from(x))
+                }
+            };
             hop.put(it.slot, v);
         }
-        Ok(hop)
+        Ok(())
     }
+
     /// Writes `hop`'s values for this layout into the front of `buf`; missing values are 0,
     /// values wider than their field are truncated to it.
     pub fn write(&self, hop: &Hop, buf: &mut [u8]) -> Result<()> {
@@ -833,6 +851,19 @@ impl<'a> Int<'a> {
     /// The hops, newest first.
     pub fn hops(&self) -> impl Iterator<Item = Hop> + '_ {
         (0..self.hop_count()).filter_map(|i| self.hop(i).ok())
+    }
+
+    /// Reads the hops, newest first, into `out` (as many as fit); returns how many.
+    pub fn read_hops(&self, out: &mut [Hop]) -> usize {
+        let mut n = 0;
+        for (i, slot) in out.iter_mut().take(self.hop_count()).enumerate() {
+            let at = i * self.hop_stride;
+            match self.stack.get(at..) {
+                Some(b) if self.layout.read_into(b, self.hop_stride, slot).is_ok() => n += 1,
+                _ => break,
+            }
+        }
+        n
     }
 }
 

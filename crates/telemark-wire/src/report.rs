@@ -145,9 +145,10 @@ pub struct Report<'a> {
     pub ds_md_bits: u16,
     /// DSMdStatus (v2.0).
     pub ds_md_status: u16,
-    /// The reporting node's own metadata: v2.0's variable optional baseline metadata, or the
-    /// fields of a v0.5/v1.0 drop or switch-local header.
-    pub metadata: Hop,
+    /// The reporting node's own metadata as on the wire (read it with
+    /// [`metadata`](Self::metadata)): v2.0's variable optional baseline metadata, v1.0's
+    /// optional metadata, or a v0.5 drop or switch-local header.
+    pub md: &'a [u8],
     /// Drop details when the report is about a drop.
     pub drop: Option<Drop>,
     /// The inner contents (a frame or packet per `in_type`).
@@ -157,6 +158,38 @@ pub struct Report<'a> {
 }
 
 impl<'a> Report<'a> {
+    /// The reporting node's own metadata (empty when the report carries none).
+    pub fn metadata(&self) -> Hop {
+        let mut h = Hop::default();
+        match self.version {
+            ReportVersion::V2_0 => {
+                let _ = Layout::new(self.md_bits, Format::ReportV2_0).read_into(self.md, 0, &mut h);
+            }
+            ReportVersion::V1_0 => {
+                let _ = Layout::new(self.md_bits, Format::ReportV1_0).read_into(self.md, 0, &mut h);
+            }
+            // v0.5 drop (§3.2.2) and switch-local (§3.2.3) headers share their first 9 bytes.
+            ReportVersion::V0_5 if self.md.len() >= DROP_HEADER_LEN => {
+                let b = self.md;
+                h.set(Field::NodeId, u64::from(be32(b, 0)));
+                h.set(Field::L1IngressIf, u64::from(be16(b, 4)));
+                h.set(Field::L1EgressIf, u64::from(be16(b, 6)));
+                h.set(Field::QueueId, u64::from(b[8]));
+                if b.len() == DROP_HEADER_LEN {
+                    h.set(Field::DropReason, u64::from(b[9]));
+                } else if b.len() >= LOCAL_HEADER_LEN {
+                    h.set(
+                        Field::QueueOccupancy,
+                        u64::from(u32::from_be_bytes([0, b[9], b[10], b[11]])),
+                    );
+                    h.set(Field::EgressTs, u64::from(be32(b, 12)));
+                }
+            }
+            ReportVersion::V0_5 => {}
+        }
+        h
+    }
+
     fn new(version: ReportVersion) -> Report<'a> {
         Report {
             version,
@@ -171,7 +204,7 @@ impl<'a> Report<'a> {
             domain_id: 0,
             ds_md_bits: 0,
             ds_md_status: 0,
-            metadata: Hop::default(),
+            md: &[],
             drop: None,
             inner: &[],
             deviations: Deviations::NONE,
@@ -310,7 +343,7 @@ impl<'a> Reports<'a> {
                 value: md_len,
             });
         };
-        r.metadata = layout.read(md)?;
+        r.md = md;
         r.inner = &body[main_len..];
         inner_type_check(&mut r, self.mode)?;
         Ok(r)
@@ -406,8 +439,8 @@ fn parse_legacy(b: &[u8], version: ReportVersion, _mode: Mode) -> Result<Report<
                 value: len,
             });
         };
-        r.metadata = layout.read(md)?;
-        if let Some(reason) = r.metadata.get(Field::DropReason) {
+        r.md = md;
+        if let Some(reason) = r.metadata().get(Field::DropReason) {
             r.drop = Some(Drop { reason: reason as u8, ..Drop::default() });
         }
         r.in_type = match (w0 >> 21) & 0x7 {
@@ -441,18 +474,10 @@ fn parse_legacy(b: &[u8], version: ReportVersion, _mode: Mode) -> Result<Report<
     if local_len > 0 {
         Error::check_len("telemetry report v0.5", local_len, rest.len())?;
         r.node_id = Some(be32(rest, 0));
-        r.metadata.set(Field::NodeId, u64::from(be32(rest, 0)));
-        r.metadata.set(Field::L1IngressIf, u64::from(be16(rest, 4)));
-        r.metadata.set(Field::L1EgressIf, u64::from(be16(rest, 6)));
-        r.metadata.set(Field::QueueId, u64::from(rest[8]));
+        r.md = &rest[..local_len];
         if local_len == DROP_HEADER_LEN {
-            r.metadata.set(Field::DropReason, u64::from(rest[9]));
             r.drop = Some(Drop { reason: rest[9], ..Drop::default() });
             r.flags.dropped = true;
-        } else {
-            let occ = u32::from_be_bytes([0, rest[9], rest[10], rest[11]]);
-            r.metadata.set(Field::QueueOccupancy, u64::from(occ));
-            r.metadata.set(Field::EgressTs, u64::from(be32(rest, 12)));
         }
     }
     r.in_type = InType::Ethernet;
@@ -590,8 +615,8 @@ mod tests {
         let r = reports[0].unwrap();
         assert_eq!((r.hw_id, r.seq, r.node_id), (5, 0x3f_fffe, Some(9)));
         assert_eq!(r.flags, flags);
-        assert_eq!(r.metadata.get(Field::HopLatency), Some(123_456));
-        assert_eq!(r.metadata.get(Field::QueueOccupancy), Some(77));
+        assert_eq!(r.metadata().get(Field::HopLatency), Some(123_456));
+        assert_eq!(r.metadata().get(Field::QueueOccupancy), Some(77));
         assert_eq!(&r.inner[..7], &inner);
         assert!(r.deviations.is_empty());
         assert_eq!(reports[1].unwrap().in_type, InType::None);
@@ -606,9 +631,9 @@ mod tests {
         assert_eq!(r.version, ReportVersion::V0_5);
         assert_eq!((r.seq, r.ingress_ts, r.node_id, r.hw_id), (7, Some(256), Some(42), 5));
         assert!(r.flags.congested);
-        assert_eq!(r.metadata.get(Field::QueueOccupancy), Some(256));
-        assert_eq!(r.metadata.get(Field::L1EgressIf), Some(2));
-        assert_eq!(r.metadata.get(Field::EgressTs), Some(9));
+        assert_eq!(r.metadata().get(Field::QueueOccupancy), Some(256));
+        assert_eq!(r.metadata().get(Field::L1EgressIf), Some(2));
+        assert_eq!(r.metadata().get(Field::EgressTs), Some(9));
         assert_eq!(r.inner.len(), 14);
     }
 
@@ -618,7 +643,7 @@ mod tests {
             for mode in [Mode::Strict, Mode::Tolerant] {
                 if let Ok(rs) = parse(&data, mode) {
                     for r in rs.take(64) {
-                        let _ = r.map(|r| r.metadata.get(Field::NodeId));
+                        let _ = r.map(|r| r.metadata().get(Field::NodeId));
                     }
                 }
             }

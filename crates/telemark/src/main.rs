@@ -3,6 +3,7 @@
 mod agent;
 mod bench;
 mod bench_collector;
+mod bench_int;
 mod bench_live;
 mod bench_sketch;
 mod collector;
@@ -52,6 +53,9 @@ enum Cmd {
     /// Sketch update rates, vanilla against NitroSketch, and the heavy-hitter pipeline against
     /// an exact table as active flows grow (one core).
     BenchSketch(bench_sketch::Args),
+    /// INT report collector capacity on one core against hops x items (INT paper Fig. 3), in
+    /// memory and (root) over veth; the cost of each detector per report.
+    BenchInt(bench_int::Args),
     /// The INT report collector: Telemetry Reports over UDP, per-flow event detection where
     /// the switches did not filter, events to the collector, /metrics.
     IntCollector(int_collector::Args),
@@ -90,6 +94,7 @@ fn main() {
         Cmd::Agent(a) => agent::run(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::IntCollector(a) => int_collector::run(a),
+        Cmd::BenchInt(a) => bench_int::run(a),
     };
     if let Err(e) = r {
         // The reader went away (`telemark replay … | head`): not an error.

@@ -85,6 +85,8 @@ pub struct NodeSeq {
 #[derive(Debug)]
 pub struct Collector {
     detectors: Detectors,
+    /// The current report's path, reused from report to report.
+    hops: [Hop; MAX_HOPS],
     mode: Mode,
     nodes: HashMap<(u32, u8), NodeSeq>,
     counts: Counts,
@@ -93,7 +95,13 @@ pub struct Collector {
 impl Collector {
     /// A collector running `detectors` on flows their rules cover.
     pub fn new(detectors: Detectors, mode: Mode) -> Collector {
-        Collector { detectors, mode, nodes: HashMap::new(), counts: Counts::default() }
+        Collector {
+            detectors,
+            hops: [Hop::default(); MAX_HOPS],
+            mode,
+            nodes: HashMap::new(),
+            counts: Counts::default(),
+        }
     }
 
     /// The counters.
@@ -145,9 +153,12 @@ impl Collector {
                 self.counts.deviations[d as usize] += 1;
             }
             // The reporting node's own metadata first (newest), with its node ID.
-            let mut hops = [Hop::default(); MAX_HOPS];
+            let hops = &mut self.hops;
             let mut n = 0;
-            let mut own = r.metadata;
+            let mut own = Hop::default();
+            if !r.md.is_empty() {
+                own = r.metadata();
+            }
             if own.get(Field::NodeId).is_none() {
                 if let Some(id) = r.node_id {
                     own.set(Field::NodeId, u64::from(id));
@@ -168,7 +179,7 @@ impl Collector {
                     continue;
                 }
             };
-            let has_own = own.get(Field::NodeId).is_some() && r.md_bits.0 != 0;
+            let has_own = !r.md.is_empty();
             if has_own || found.is_none() {
                 hops[0] = own;
                 n = 1;
@@ -178,13 +189,7 @@ impl Collector {
                     for d in f.int.deviations.iter() {
                         self.counts.deviations[d as usize] += 1;
                     }
-                    for h in f.int.hops() {
-                        if n == MAX_HOPS {
-                            break;
-                        }
-                        hops[n] = h;
-                        n += 1;
-                    }
+                    n += f.int.read_hops(&mut hops[n..]);
                     f.flow
                 }
                 None => match int_frame::plain_flow(r.inner, start) {
@@ -196,7 +201,7 @@ impl Collector {
                 },
             };
             self.counts.reports += 1;
-            let hops = &hops[..n];
+            let hops = &self.hops[..n];
             match self.detectors.detect(&flow, hops, now) {
                 Outcome::Event(rule, d) => {
                     self.counts.events += 1;

@@ -215,6 +215,68 @@ impl Detectors {
     }
 }
 
+/// One hop of an event's path: the metadata an operator reads in an event, compact. A value
+/// the hop did not carry is all ones, as INT writes an unavailable value (INT v2.1 §5.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathHop {
+    /// Node ID.
+    pub switch_id: u32,
+    /// Hop latency, saturated at 2^32 - 2.
+    pub hop_latency: u32,
+    /// Queue occupancy.
+    pub queue_occupancy: u32,
+    /// Level-1 ingress and egress interface.
+    pub ports: (u16, u16),
+    /// Egress TX utilisation.
+    pub tx_utilization: u32,
+    /// Queue ID.
+    pub queue_id: u8,
+    /// Egress timestamp.
+    pub egress_ts: u64,
+}
+
+const NONE32: u32 = u32::MAX;
+
+impl PathHop {
+    const EMPTY: PathHop = PathHop {
+        switch_id: NONE32,
+        hop_latency: NONE32,
+        queue_occupancy: NONE32,
+        ports: (u16::MAX, u16::MAX),
+        tx_utilization: NONE32,
+        queue_id: u8::MAX,
+        egress_ts: u64::MAX,
+    };
+
+    fn of(h: &Hop) -> PathHop {
+        let n32 = |f: Field| h.get(f).map_or(NONE32, |v| v.min(u64::from(NONE32 - 1)) as u32);
+        let n16 = |f: Field| h.get(f).map_or(u16::MAX, |v| v as u16);
+        PathHop {
+            switch_id: n32(Field::NodeId),
+            hop_latency: n32(Field::HopLatency),
+            queue_occupancy: n32(Field::QueueOccupancy),
+            ports: (n16(Field::L1IngressIf), n16(Field::L1EgressIf)),
+            tx_utilization: n32(Field::TxUtilization),
+            queue_id: h.get(Field::QueueId).map_or(u8::MAX, |v| v as u8),
+            egress_ts: h.get(Field::EgressTs).unwrap_or(u64::MAX),
+        }
+    }
+
+    fn record(&self) -> EventHop {
+        let o32 = |v: u32| (v != NONE32).then_some(v);
+        EventHop {
+            switch_id: o32(self.switch_id),
+            hop_latency: o32(self.hop_latency).map(u64::from),
+            queue_id: (self.queue_id != u8::MAX).then_some(u32::from(self.queue_id)),
+            queue_occupancy: o32(self.queue_occupancy).map(u64::from),
+            ingress_port: (self.ports.0 != u16::MAX).then_some(u32::from(self.ports.0)),
+            egress_port: (self.ports.1 != u16::MAX).then_some(u32::from(self.ports.1)),
+            egress_ts: (self.egress_ts != u64::MAX).then_some(self.egress_ts),
+            tx_utilization: o32(self.tx_utilization).map(u64::from),
+        }
+    }
+}
+
 /// An event as the fast path hands it on: fixed size, no allocation; the exporter turns it
 /// into an [`EventRecord`].
 #[derive(Debug, Clone, Copy)]
@@ -228,7 +290,7 @@ pub struct Event {
     /// What fired.
     pub detection: Detection,
     /// The path's metadata, newest first.
-    pub hops: [Hop; MAX_HOPS],
+    pub hops: [PathHop; MAX_HOPS],
     /// How many of `hops` are filled.
     pub hop_count: u8,
 }
@@ -247,11 +309,11 @@ impl Event {
             flow,
             rule,
             detection,
-            hops: [Hop::default(); MAX_HOPS],
+            hops: [PathHop::EMPTY; MAX_HOPS],
             hop_count: 0,
         };
         for (slot, h) in e.hops.iter_mut().zip(hops) {
-            *slot = *h;
+            *slot = PathHop::of(h);
             e.hop_count += 1;
         }
         e
@@ -274,7 +336,7 @@ impl Event {
                 Some(Detector::Complex(e)) => Some(e.text().to_string()),
                 _ => None,
             },
-            path: self.hops[..usize::from(self.hop_count)].iter().map(EventHop::from).collect(),
+            path: self.hops[..usize::from(self.hop_count)].iter().map(PathHop::record).collect(),
         }
     }
 }

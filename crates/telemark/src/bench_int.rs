@@ -1,0 +1,381 @@
+//! `telemark bench-int`: the INT report collector's capacity on one core (the INT paper's
+//! Fig. 3): Telemetry Reports per second against hops × metadata items per hop, in memory
+//! (parse + find the flow + per-hop detection + the fixed-size event the export ring
+//! carries) and, as root, end to end over a veth pair into the UDP socket path; and the cost
+//! of complex (CNF) detection against the fast detectors per report.
+
+use anyhow::{bail, Context, Result};
+use clap::Args as ClapArgs;
+use std::hint::black_box;
+use std::io::Write as _;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use telemark_core::int::collect::Collector;
+use telemark_core::int::{DetectRule, Detectors};
+use telemark_datapath::bench::median;
+use telemark_datapath::udp_rx::{RxOptions, UdpRx};
+use telemark_wire::dialect::Mode;
+use telemark_wire::int::{
+    Field, HeaderType, Hop, Instructions, Layout, MdHeader, NextProtocol, ShimRepr, Version,
+};
+use telemark_wire::report::{Flags, InType, Writer};
+
+/// `telemark bench-int` flags.
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Hop counts.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 3, 4, 6])]
+    pub hops: Vec<usize>,
+    /// Metadata items per hop (instruction bits set).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 6, 8])]
+    pub items: Vec<usize>,
+    /// Reports per timed pass (in memory).
+    #[arg(long, default_value_t = 2_000_000)]
+    pub reports: usize,
+    /// Passes per cell; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    /// Also measure end to end over a veth pair (root): seconds per cell.
+    #[arg(long)]
+    pub udp_seconds: Option<u64>,
+    /// Write the table as CSV here too.
+    #[arg(long)]
+    pub csv: Option<std::path::PathBuf>,
+}
+
+/// Instruction bits in the order items are added: hop latency first (what the detectors
+/// watch), node ID second, then the rest.
+const ITEM_ORDER: [Field; 8] = [
+    Field::HopLatency,
+    Field::NodeId,
+    Field::QueueOccupancy,
+    Field::L1IngressIf,
+    Field::TxUtilization,
+    Field::IngressTs,
+    Field::EgressTs,
+    Field::L2IngressIf,
+];
+
+/// `n` different report datagrams: a sink's v2.0 report carrying an Ethernet/IPv4/UDP packet
+/// with an INT-MD stack of `hops` hops of `items` items, over 1,000 flows.
+pub fn reports(hops: usize, items: usize, n: usize) -> Vec<Vec<u8>> {
+    let ins = Instructions::of(&ITEM_ORDER[..items.clamp(1, 8)]);
+    let layout = Layout::new(ins, Version::V2_1);
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    (0..n)
+        .map(|i| {
+            let int_len = 4 + 12 + hops * layout.hop_len();
+            let mut pkt = vec![0u8; 14 + 20 + 8 + int_len + 16];
+            pkt[12..14].copy_from_slice(&[0x08, 0x00]);
+            let ip_len = (pkt.len() - 14) as u16;
+            pkt[14..34].copy_from_slice(&[
+                0x45,
+                0x17 << 2,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                64,
+                17,
+                0,
+                0,
+                10,
+                1,
+                0,
+                1,
+                10,
+                2,
+                0,
+                1,
+            ]);
+            pkt[16..18].copy_from_slice(&ip_len.to_be_bytes());
+            pkt[34..36].copy_from_slice(&40000u16.to_be_bytes());
+            pkt[36..38].copy_from_slice(&(5000 + (i % 1000) as u16).to_be_bytes());
+            pkt[38..40].copy_from_slice(&(ip_len - 20).to_be_bytes());
+            let shim = ShimRepr {
+                version: Version::V2_1,
+                header_type: HeaderType::Md,
+                next_protocol: NextProtocol::Dscp(0),
+                length_words: ((int_len - 4) / 4) as u8,
+            };
+            let _ = shim.emit(&mut pkt[42..]);
+            let h = MdHeader {
+                version: 2,
+                discard: false,
+                hop_count_exceeded: false,
+                mtu_exceeded: false,
+                hop_ml: (layout.hop_len() / 4) as u8,
+                remaining_hop_cnt: 8,
+                instructions: ins,
+                domain_id: 0,
+                ds_instructions: 0,
+                ds_flags: 0,
+            };
+            let _ = h.emit(Version::V2_1, HeaderType::Md, &mut pkt[46..]);
+            for k in 0..hops {
+                let mut hop = Hop::default();
+                for f in Field::ALL {
+                    hop.set(f, next() % 1000);
+                }
+                hop.set(Field::NodeId, k as u64 + 1);
+                hop.set(Field::HopLatency, 1_000 + next() % 50_000);
+                let _ = layout.write(&hop, &mut pkt[58 + k * layout.hop_len()..]);
+            }
+            let mut buf = vec![0u8; pkt.len() + 64];
+            let Ok(mut w) = Writer::new(&mut buf, 0, i as u32, 99) else { return Vec::new() };
+            let own = Hop::default();
+            let flags = Flags { tracked_flow: true, ..Flags::default() };
+            let _ = w.push(InType::Ethernet, flags, Instructions(0), &own, &pkt);
+            let len = w.len();
+            buf.truncate(len);
+            buf
+        })
+        .collect()
+}
+
+fn collector(rule: DetectRule) -> Collector {
+    Collector::new(Detectors::new(vec![rule], 65_536), Mode::Tolerant)
+}
+
+fn per_hop() -> DetectRule {
+    DetectRule::from_config("*", "per_hop", Some("hop_latency"), Some("20us"), None, None)
+        .expect("rule")
+}
+
+/// Reports per second through `c` over `pool`, median of `rounds` passes of `n` reports.
+fn in_memory(c: &mut Collector, pool: &[Vec<u8>], n: usize, rounds: usize) -> (f64, f64) {
+    let mut rates = Vec::new();
+    let mut events = 0u64;
+    for _ in 0..rounds.max(1) {
+        let t = Instant::now();
+        for i in 0..n {
+            c.datagram(&pool[i % pool.len()], i as u64, |e| {
+                events += 1;
+                black_box(e);
+            });
+        }
+        rates.push(n as f64 / t.elapsed().as_secs_f64());
+    }
+    let fired = events as f64 / (n * rounds.max(1)) as f64;
+    (median(&mut rates), fired)
+}
+
+/// Runs `telemark bench-int`.
+pub fn run(a: Args) -> Result<()> {
+    let mut csv = String::from("path,hops,items,report_bytes,reports_per_s,events_per_report\n");
+    println!("INT report collector, one core: reports/s (paper, Fig. 3: 3,593 k at 1 hop x 1 item, 1,204 k at 4 hops x 8 items)");
+    println!(
+        "monitor: every report an event (its switch filtered); per-hop: the collector detects"
+    );
+    println!(
+        "{:>6} {:>6} {:>8} {:>12} {:>12} {:>8}",
+        "hops", "items", "bytes", "monitor", "per-hop", "events"
+    );
+    for &hops in &a.hops {
+        for &items in &a.items {
+            let pool = reports(hops, items, 4096);
+            let mut m = Collector::new(Detectors::new(Vec::new(), 65_536), Mode::Tolerant);
+            let (monitor, _) = in_memory(&mut m, &pool, a.reports, a.rounds);
+            let mut c = collector(per_hop());
+            let (rate, fired) = in_memory(&mut c, &pool, a.reports, a.rounds);
+            let bytes = pool[0].len();
+            println!(
+                "{hops:>6} {items:>6} {bytes:>8} {:>10.0} k {:>10.0} k {:>7.1}%",
+                monitor / 1e3,
+                rate / 1e3,
+                fired * 100.0
+            );
+            csv.push_str(&format!("memory_monitor,{hops},{items},{bytes},{monitor:.0},1\n"));
+            csv.push_str(&format!("memory_per_hop,{hops},{items},{bytes},{rate:.0},{fired:.4}\n"));
+        }
+    }
+    // Complex detection against the fast detectors, per report (4 hops x 8 items).
+    println!("\ndetector cost, 4 hops x 8 items, in memory:");
+    let pool = reports(4, 8, 4096);
+    let rules = [
+        ("noop", DetectRule::from_config("*", "noop", None, None, None, None)),
+        ("per_hop", Ok(per_hop())),
+        ("per_flow", DetectRule::from_config("*", "per_flow", Some("hop_latency"), Some("50us"), None, None)),
+        ("ewma", DetectRule::from_config("*", "ewma", Some("hop_latency"), Some("20us"), Some(0.25), None)),
+        (
+            "complex",
+            DetectRule::from_config(
+                "*",
+                "complex",
+                None,
+                None,
+                None,
+                Some("(hop_latency > 40us or delta(queue_occupancy) > 500) and sum(hop_latency) > 100us"),
+            ),
+        ),
+    ];
+    let mut base = 0.0;
+    for (name, rule) in rules {
+        let mut c = collector(rule.map_err(anyhow::Error::msg)?);
+        let (rate, fired) = in_memory(&mut c, &pool, a.reports, a.rounds);
+        let ns = 1e9 / rate;
+        if name == "noop" {
+            base = ns;
+        }
+        println!(
+            "{name:>10} {:>10.0} k/s {ns:>7.1} ns/report ({:+.1} ns vs noop) {:>6.1}% events",
+            rate / 1e3,
+            ns - base,
+            fired * 100.0
+        );
+        csv.push_str(&format!("detector_{name},4,8,{},{rate:.0},{fired:.4}\n", pool[0].len()));
+    }
+    if let Some(secs) = a.udp_seconds {
+        println!(
+            "\nend to end over veth, UDP socket path (recvmmsg), one receiving core, monitor:"
+        );
+        let _ns = Veth::up()?;
+        for &hops in &a.hops {
+            for &items in &a.items {
+                let pool = reports(hops, items, 4096);
+                let (rate, sent) = udp(&_ns.0, &pool, Duration::from_secs(secs))?;
+                println!(
+                    "{hops:>6} {items:>6} {:>8} {:>12.0} k  (sender {:.0} k/s)",
+                    pool[0].len(),
+                    rate / 1e3,
+                    sent / 1e3
+                );
+                csv.push_str(&format!("udp,{hops},{items},{},{rate:.0},\n", pool[0].len()));
+            }
+        }
+    }
+    if let Some(p) = &a.csv {
+        std::fs::File::create(p)?.write_all(csv.as_bytes())?;
+    }
+    Ok(())
+}
+
+fn sh(args: &[&str]) -> Result<()> {
+    let s = Command::new(args[0]).args(&args[1..]).status().with_context(|| args[0].to_string())?;
+    if !s.success() {
+        bail!("{} failed", args.join(" "));
+    }
+    Ok(())
+}
+
+/// A namespace joined to this one by a veth pair (10.233.0.1 here, .2 there), removed when
+/// dropped.
+struct Veth(String);
+
+impl Veth {
+    fn up() -> Result<Veth> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            bail!("--udp-seconds needs root (a network namespace and a veth pair)");
+        }
+        let ns = format!("tmbint{}", std::process::id() % 100_000);
+        let (host, peer) = (format!("{ns}h"), format!("{ns}p"));
+        let v = Veth(ns.clone());
+        sh(&["ip", "netns", "add", &ns])?;
+        sh(&["ip", "link", "add", &host, "type", "veth", "peer", "name", &peer, "netns", &ns])?;
+        sh(&["ip", "addr", "add", "10.233.0.1/30", "dev", &host])?;
+        sh(&["ip", "link", "set", &host, "up"])?;
+        sh(&["ip", "-n", &ns, "addr", "add", "10.233.0.2/30", "dev", &peer])?;
+        sh(&["ip", "-n", &ns, "link", "set", &peer, "up"])?;
+        sh(&["ip", "-n", &ns, "link", "set", "lo", "up"])?;
+        Ok(v)
+    }
+}
+
+impl Drop for Veth {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// Reports per second one receiving worker processed, with a sender in namespace `ns`
+/// blasting `pool` over the veth pair for `d`; and what the sender sent per second.
+fn udp(ns: &str, pool: &[Vec<u8>], d: Duration) -> Result<(f64, f64)> {
+    let mut rx = UdpRx::bind("10.233.0.1:32766".parse()?, RxOptions::default())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let pool2: Vec<Vec<u8>> = pool.to_vec();
+    let (stop2, sent2, ns2) = (stop.clone(), sent.clone(), ns.to_string());
+    let sender = std::thread::spawn(move || -> Result<()> {
+        enter_netns(&ns2)?;
+        let s = std::net::UdpSocket::bind("10.233.0.2:0")?;
+        s.connect("10.233.0.1:32766")?;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&s);
+        const BATCH: usize = 64;
+        let mut i = 0usize;
+        while !stop2.load(Ordering::Relaxed) {
+            let mut iov: Vec<libc::iovec> = (0..BATCH)
+                .map(|k| {
+                    let d = &pool2[(i + k) % pool2.len()];
+                    libc::iovec { iov_base: d.as_ptr() as *mut libc::c_void, iov_len: d.len() }
+                })
+                .collect();
+            let mut msgs: Vec<libc::mmsghdr> = iov
+                .iter_mut()
+                .map(|v| {
+                    // SAFETY: an all-zero msghdr is valid; the iovec is set below.
+                    let mut h: libc::msghdr = unsafe { core::mem::zeroed() };
+                    h.msg_iov = v;
+                    h.msg_iovlen = 1;
+                    libc::mmsghdr { msg_hdr: h, msg_len: 0 }
+                })
+                .collect();
+            // SAFETY: `msgs` and the buffers they point to live across the call.
+            let n = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), BATCH as libc::c_uint, 0) };
+            if n > 0 {
+                sent2.fetch_add(n as u64, Ordering::Relaxed);
+                i += n as usize;
+            }
+        }
+        Ok(())
+    });
+    let mut c = Collector::new(Detectors::new(Vec::new(), 65_536), Mode::Tolerant);
+    let mut got = 0u64;
+    let warm = Instant::now() + Duration::from_millis(300);
+    let mut t0 = None;
+    let mut sent0 = 0;
+    loop {
+        let now = Instant::now();
+        if t0.is_none() && now >= warm {
+            t0 = Some(now);
+            got = 0;
+            sent0 = sent.load(Ordering::Relaxed);
+        }
+        if t0.is_some_and(|t| now.duration_since(t) >= d) {
+            break;
+        }
+        let n = rx.recv()?;
+        for k in 0..n {
+            c.datagram(rx.datagram(k).0, 0, |e| {
+                black_box(e);
+            });
+        }
+        got += n as u64;
+    }
+    let secs = t0.map_or(1.0, |t| t.elapsed().as_secs_f64());
+    let sent_n = sent.load(Ordering::Relaxed) - sent0;
+    stop.store(true, Ordering::Relaxed);
+    let _ = sender.join();
+    Ok((got as f64 / secs, sent_n as f64 / secs))
+}
+
+/// Moves the calling thread into network namespace `ns`.
+fn enter_netns(ns: &str) -> Result<()> {
+    let f = std::fs::File::open(format!("/var/run/netns/{ns}"))?;
+    // SAFETY: setns on an open namespace file; affects this thread only.
+    let r = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) };
+    if r != 0 {
+        bail!("setns {ns}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
