@@ -87,6 +87,12 @@ pub trait Handler: Send + Sync + 'static {
     fn route(&self, path: &str) -> &'static str;
 }
 
+/// Whether a bearer token `got` equals `want`, in time that does not depend on where they
+/// differ (so a scraper cannot guess a token byte by byte).
+pub fn token_eq(want: &str, got: &str) -> bool {
+    want.len() == got.len() && want.bytes().zip(got.bytes()).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,10 +104,4 @@ mod tests {
         assert_eq!(bearer("Basic abc"), None);
         assert_eq!(bearer("Bearer"), None);
     }
-}
-
-/// Whether a bearer token `got` equals `want`, in time that does not depend on where they
-/// differ (so a scraper cannot guess a token byte by byte).
-pub fn token_eq(want: &str, got: &str) -> bool {
-    want.len() == got.len() && want.bytes().zip(got.bytes()).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0
 }
