@@ -15,6 +15,7 @@ pub mod reorder;
 pub mod rng;
 pub mod switch;
 pub mod udp_rx;
+pub mod xdp;
 
 /// One packet in flight, with the bookkeeping the evaluation needs.
 #[derive(Debug, Clone, Default)]
