@@ -18,6 +18,7 @@ use telemark_core::int::{DetectRule, Detectors, Event};
 use telemark_core::records::Record;
 use telemark_core::spsc;
 use telemark_datapath::udp_rx::{RxOptions, UdpRx};
+use telemark_datapath::xdp::{udp_payload, XdpMode, XdpProgram, XskRx};
 use telemark_transport::exporter::Exporter;
 use telemark_transport::http::{Handler, Request, Response};
 use telemark_transport::server::{Limits, Server, ServerConfig, ServerStats};
@@ -47,6 +48,10 @@ pub struct Args {
     /// Refuse reports that break the specifications instead of reading known dialects.
     #[arg(long)]
     pub strict: bool,
+    /// Receive through AF_XDP on this interface (one socket per worker, on queues 0..workers);
+    /// what XDP does not take (IPv6, IPv4 with options) still arrives on the UDP socket.
+    #[arg(long)]
+    pub xdp: Option<String>,
 }
 
 /// The config file.
@@ -64,6 +69,10 @@ struct FileConfig {
     queue: Option<usize>,
     /// Receive buffer per socket, bytes.
     rcvbuf: Option<usize>,
+    /// AF_XDP interface.
+    xdp: Option<String>,
+    /// `generic` (default), `native` or `zerocopy`.
+    xdp_mode: Option<String>,
     export: Option<ExportSection>,
     metrics: Option<MetricsSection>,
     #[serde(default)]
@@ -127,6 +136,7 @@ struct Config {
     flows: usize,
     queue: usize,
     rcvbuf: usize,
+    xdp: Option<(String, XdpMode)>,
     rules: Vec<DetectRule>,
     collector: Option<String>,
     token: Option<String>,
@@ -176,7 +186,14 @@ fn resolve(a: Args) -> Result<Config> {
             bail!("/metrics on {addr} needs a token_file in [metrics] (only loopback is open)");
         }
     }
+    let xdp_mode = match file.xdp_mode.as_deref() {
+        None | Some("generic") => XdpMode::Generic,
+        Some("native") => XdpMode::Native,
+        Some("zerocopy") => XdpMode::ZeroCopy,
+        Some(m) => bail!("xdp_mode {m:?}: generic, native or zerocopy"),
+    };
     Ok(Config {
+        xdp: a.xdp.or(file.xdp).map(|i| (i, xdp_mode)),
         name: a.name.or(file.name).unwrap_or_else(|| "int-collector".into()),
         listen: a.listen.or(file.listen).unwrap_or_else(|| "0.0.0.0:32766".parse().expect("addr")),
         workers: a.workers.or(file.workers).unwrap_or(1).clamp(1, 64),
@@ -206,6 +223,8 @@ struct Shared {
 
 #[derive(Default, Clone)]
 struct WorkerStats {
+    /// `udp` or `xdp`.
+    path: &'static str,
     counts: Counts,
     nodes: Vec<((u32, u8), u64, u64)>,
     kernel_drops: u64,
@@ -228,18 +247,43 @@ pub fn run(a: Args) -> Result<()> {
         .map_err(|_| anyhow::anyhow!("poisoned"))?
         .resize(cfg.workers, WorkerStats::default());
     let opts = RxOptions { rcvbuf: cfg.rcvbuf, ..RxOptions::default() };
-    // Bind every socket before starting (a bad address fails at once).
-    let mut sockets = Vec::new();
-    for _ in 0..cfg.workers {
+    // Bind every socket before starting (a bad address or interface fails at once). With
+    // AF_XDP, one XDP socket per worker and one UDP socket for what XDP passes on.
+    let mut sources = Vec::new();
+    let udp_workers = if cfg.xdp.is_some() { 1 } else { cfg.workers };
+    for _ in 0..udp_workers {
         let rx = UdpRx::bind(cfg.listen, opts)
             .with_context(|| format!("listening on {}", cfg.listen))?;
-        sockets.push(rx);
+        sources.push(Source::Udp(rx));
     }
-    let bound = sockets[0].local_addr()?;
+    let bound = match &sources[0] {
+        Source::Udp(rx) => rx.local_addr()?,
+        Source::Xdp(_) => cfg.listen,
+    };
+    let program = match &cfg.xdp {
+        Some((iface, mode)) => {
+            let p = XdpProgram::attach(iface, bound.port(), *mode)
+                .with_context(|| format!("AF_XDP on {iface}"))?;
+            for q in 0..cfg.workers {
+                let x = p.socket(q as u32).with_context(|| {
+                    format!("AF_XDP socket on {iface} queue {q} (one per worker; fewer --workers?)")
+                })?;
+                sources.push(Source::Xdp(x));
+            }
+            Some(p)
+        }
+        None => None,
+    };
+    shared
+        .workers
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .resize(sources.len(), WorkerStats::default());
     let mut consumers = Vec::new();
     let mut threads = Vec::new();
-    for (w, rx) in sockets.into_iter().enumerate() {
-        let (tx, rx_events) = spsc::channel::<Event>(cfg.queue.div_ceil(cfg.workers).max(64));
+    let n_sources = sources.len();
+    for (w, rx) in sources.into_iter().enumerate() {
+        let (tx, rx_events) = spsc::channel::<Event>(cfg.queue.div_ceil(n_sources).max(64));
         consumers.push(rx_events);
         let detectors = Detectors::new(cfg.rules.clone(), cfg.flows);
         let (stop, shared, mode) = (stop.clone(), shared.clone(), cfg.mode);
@@ -268,8 +312,9 @@ pub fn run(a: Args) -> Result<()> {
         None => None,
     };
     tracing::info!(
-        "telemark int-collector {}: reports on udp {bound} ({} worker(s), {:?} mode, {} rule(s)), events to {}",
+        "telemark int-collector {}: reports on udp {bound}{} ({} worker(s), {:?} mode, {} rule(s)), events to {}",
         cfg.name,
+        cfg.xdp.as_ref().map_or(String::new(), |(i, m)| format!(" and AF_XDP on {i} ({m:?})")),
         cfg.workers,
         cfg.mode,
         cfg.rules.len(),
@@ -279,6 +324,7 @@ pub fn run(a: Args) -> Result<()> {
     for t in threads {
         let _ = t.join();
     }
+    drop(program);
     if let Some(s) = server {
         s.stop();
     }
@@ -286,9 +332,55 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
+/// Where a worker's datagrams come from.
+enum Source {
+    /// A UDP socket (recvmmsg).
+    Udp(UdpRx),
+    /// An AF_XDP socket (whole frames; the UDP payload is taken out).
+    Xdp(XskRx),
+}
+
+impl Source {
+    /// Reads a batch, hands each datagram and whether it was cut to `f`; returns how many.
+    fn batch(&mut self, mut f: impl FnMut(&[u8], bool)) -> std::io::Result<usize> {
+        match self {
+            Source::Udp(rx) => {
+                let n = rx.recv()?;
+                for i in 0..n {
+                    let (d, cut) = rx.datagram(i);
+                    f(d, cut);
+                }
+                Ok(n)
+            }
+            Source::Xdp(x) => {
+                let n = x.recv(100)?;
+                for i in 0..n {
+                    match udp_payload(x.frame(i)) {
+                        Some(d) => f(d, false),
+                        None => f(&[], true),
+                    }
+                }
+                x.release();
+                Ok(n)
+            }
+        }
+    }
+
+    /// Datagrams the kernel dropped before this worker saw them.
+    fn drops(&self) -> u64 {
+        match self {
+            Source::Udp(rx) => rx.kernel_drops(),
+            Source::Xdp(x) => {
+                let s = x.stats();
+                s.rx_dropped + s.rx_ring_full
+            }
+        }
+    }
+}
+
 fn worker(
     w: usize,
-    mut rx: UdpRx,
+    mut rx: Source,
     mut c: Collector,
     tx: spsc::Producer<Event>,
     stop: &AtomicBool,
@@ -298,32 +390,31 @@ fn worker(
     let mut ring_dropped = 0u64;
     let mut last_publish = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        let n = match rx.recv() {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::warn!("worker {w}: receive failed: {e}");
-                std::thread::sleep(Duration::from_millis(100));
-                0
-            }
-        };
         let now = telemark_transport::now_ns();
-        for i in 0..n {
-            let (d, cut) = rx.datagram(i);
+        let r = rx.batch(|d, cut| {
             truncated += u64::from(cut);
             c.datagram(d, now, |e| {
                 if tx.push(e).is_err() {
                     ring_dropped += 1;
                 }
             });
+        });
+        if let Err(e) = r {
+            tracing::warn!("worker {w}: receive failed: {e}");
+            std::thread::sleep(Duration::from_millis(100));
         }
         if last_publish.elapsed() >= Duration::from_millis(100) || stop.load(Ordering::Relaxed) {
             last_publish = Instant::now();
             shared.ring_dropped.fetch_add(std::mem::take(&mut ring_dropped), Ordering::Relaxed);
             let t = c.detectors().counts();
             let stats = WorkerStats {
+                path: match rx {
+                    Source::Udp(_) => "udp",
+                    Source::Xdp(_) => "xdp",
+                },
                 counts: c.counts().clone(),
                 nodes: c.nodes().map(|(k, v)| (*k, v.lost, v.received)).collect(),
-                kernel_drops: rx.kernel_drops(),
+                kernel_drops: rx.drops(),
                 truncated,
                 flows: t.flows,
                 evicted: t.evicted,
@@ -447,11 +538,15 @@ impl Metrics {
             }
         };
         let one = |v: u64| vec![(String::new(), v)];
+        let by_path = |p: &str| ws.iter().filter(|w| w.path == p).map(|w| w.counts.datagrams).sum();
         family(
             "telemark_int_datagrams_total",
             "counter",
-            "Report datagrams received.",
-            one(c(&|w| w.counts.datagrams)),
+            "Report datagrams received, by receive path (udp socket or AF_XDP).",
+            vec![
+                (",path=\"udp\"".into(), by_path("udp")),
+                (",path=\"xdp\"".into(), by_path("xdp")),
+            ],
         );
         family(
             "telemark_int_reports_total",
