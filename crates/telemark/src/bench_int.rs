@@ -1,7 +1,8 @@
 //! `telemark bench-int`: the INT report collector's capacity on one core (the INT paper's
 //! Fig. 3): Telemetry Reports per second against hops × metadata items per hop, in memory
 //! (parse + find the flow + per-hop detection + the fixed-size event the export ring
-//! carries) and, as root, end to end over a veth pair into the UDP socket path; and the cost
+//! carries) and, as root, end to end over a veth pair through a UDP socket and through
+//! AF_XDP; and the cost
 //! of complex (CNF) detection against the fast detectors per report.
 
 use anyhow::{bail, Context, Result};
@@ -16,6 +17,7 @@ use telemark_core::int::collect::Collector;
 use telemark_core::int::{DetectRule, Detectors};
 use telemark_datapath::bench::median;
 use telemark_datapath::udp_rx::{RxOptions, UdpRx};
+use telemark_datapath::xdp::{udp_payload, XdpMode, XdpProgram};
 use telemark_wire::dialect::Mode;
 use telemark_wire::int::{
     Field, HeaderType, Hop, Instructions, Layout, MdHeader, NextProtocol, ShimRepr, Version,
@@ -236,21 +238,28 @@ pub fn run(a: Args) -> Result<()> {
         csv.push_str(&format!("detector_{name},4,8,{},{rate:.0},{fired:.4}\n", pool[0].len()));
     }
     if let Some(secs) = a.udp_seconds {
+        println!("\nend to end over veth, one receiving core, monitor (sender: sendmmsg in a namespace):");
         println!(
-            "\nend to end over veth, UDP socket path (recvmmsg), one receiving core, monitor:"
+            "{:>6} {:>6} {:>8} {:>12} {:>12} {:>14}",
+            "hops", "items", "bytes", "UDP socket", "AF_XDP", "sent (k/s)"
         );
-        let _ns = Veth::up()?;
+        let ns = Veth::up()?;
         for &hops in &a.hops {
             for &items in &a.items {
                 let pool = reports(hops, items, 4096);
-                let (rate, sent) = udp(&_ns.0, &pool, Duration::from_secs(secs))?;
+                let d = Duration::from_secs(secs);
+                let (udp_rate, sent_udp) = udp(&ns.0, &pool, d, false)?;
+                let (xdp_rate, sent_xdp) = udp(&ns.0, &pool, d, true)?;
+                let bytes = pool[0].len();
                 println!(
-                    "{hops:>6} {items:>6} {:>8} {:>12.0} k  (sender {:.0} k/s)",
-                    pool[0].len(),
-                    rate / 1e3,
-                    sent / 1e3
+                    "{hops:>6} {items:>6} {bytes:>8} {:>10.0} k {:>10.0} k {:>7.0} / {:.0}",
+                    udp_rate / 1e3,
+                    xdp_rate / 1e3,
+                    sent_udp / 1e3,
+                    sent_xdp / 1e3
                 );
-                csv.push_str(&format!("udp,{hops},{items},{},{rate:.0},\n", pool[0].len()));
+                csv.push_str(&format!("veth_udp,{hops},{items},{bytes},{udp_rate:.0},\n"));
+                csv.push_str(&format!("veth_af_xdp,{hops},{items},{bytes},{xdp_rate:.0},\n"));
             }
         }
     }
@@ -298,10 +307,19 @@ impl Drop for Veth {
     }
 }
 
-/// Reports per second one receiving worker processed, with a sender in namespace `ns`
-/// blasting `pool` over the veth pair for `d`; and what the sender sent per second.
-fn udp(ns: &str, pool: &[Vec<u8>], d: Duration) -> Result<(f64, f64)> {
+/// Reports per second one receiving worker processed (through a UDP socket, or AF_XDP when
+/// `xdp`), with a sender in namespace `ns` blasting `pool` over the veth pair for `d`; and
+/// what the sender sent per second.
+fn udp(ns: &str, pool: &[Vec<u8>], d: Duration, xdp: bool) -> Result<(f64, f64)> {
     let mut rx = UdpRx::bind("10.233.0.1:32766".parse()?, RxOptions::default())?;
+    let program = match xdp {
+        true => Some(XdpProgram::attach(&format!("{ns}h"), 32766, XdpMode::Generic)?),
+        false => None,
+    };
+    let mut xsk = match &program {
+        Some(p) => Some(p.socket(0)?),
+        None => None,
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
     let pool2: Vec<Vec<u8>> = pool.to_vec();
@@ -354,18 +372,37 @@ fn udp(ns: &str, pool: &[Vec<u8>], d: Duration) -> Result<(f64, f64)> {
         if t0.is_some_and(|t| now.duration_since(t) >= d) {
             break;
         }
-        let n = rx.recv()?;
-        for k in 0..n {
-            c.datagram(rx.datagram(k).0, 0, |e| {
-                black_box(e);
-            });
-        }
+        let n = match xsk.as_mut() {
+            Some(x) => {
+                let n = x.recv(100)?;
+                for k in 0..n {
+                    if let Some(d) = udp_payload(x.frame(k)) {
+                        c.datagram(d, 0, |e| {
+                            black_box(e);
+                        });
+                    }
+                }
+                x.release();
+                n
+            }
+            None => {
+                let n = rx.recv()?;
+                for k in 0..n {
+                    c.datagram(rx.datagram(k).0, 0, |e| {
+                        black_box(e);
+                    });
+                }
+                n
+            }
+        };
         got += n as u64;
     }
     let secs = t0.map_or(1.0, |t| t.elapsed().as_secs_f64());
     let sent_n = sent.load(Ordering::Relaxed) - sent0;
     stop.store(true, Ordering::Relaxed);
     let _ = sender.join();
+    drop(xsk);
+    drop(program);
     Ok((got as f64 / secs, sent_n as f64 / secs))
 }
 
