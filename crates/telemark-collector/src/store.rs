@@ -744,13 +744,29 @@ impl Store {
         flow: Option<&Flow>,
         limit: u64,
     ) -> Result<Vec<EventRecord>, StoreError> {
+        // The filters in SQL, so the limit counts matching events only.
+        let src = flow.map(|f| f.src.as_str());
+        let dst = flow.map(|f| f.dst.as_str());
+        let ports = flow.map(|f| (i64::from(f.sport), i64::from(f.dport), i64::from(f.proto)));
         let rows = self.query(
             "SELECT json FROM other WHERE kind = 'event' AND time_ns >= :from AND time_ns < :to
-             ORDER BY time_ns DESC, agent, seq LIMIT :scan",
+               AND (:det IS NULL OR json_extract(json, '$.detector') = :det)
+               AND (:src IS NULL OR (json_extract(json, '$.flow.src') = :src
+                    AND json_extract(json, '$.flow.dst') = :dst
+                    AND json_extract(json, '$.flow.sport') = :sport
+                    AND json_extract(json, '$.flow.dport') = :dport
+                    AND json_extract(json, '$.flow.proto') = :proto))
+             ORDER BY time_ns DESC, agent, seq LIMIT :limit",
             &[
                 (":from", &i(w.from_ns)),
                 (":to", &i(w.to_ns)),
-                (":scan", &i(limit.saturating_mul(64))),
+                (":det", &detector),
+                (":src", &src),
+                (":dst", &dst),
+                (":sport", &ports.map(|p| p.0)),
+                (":dport", &ports.map(|p| p.1)),
+                (":proto", &ports.map(|p| p.2)),
+                (":limit", &i(limit)),
             ],
             |r| r.get::<_, String>(0),
         )?;
@@ -758,13 +774,7 @@ impl Store {
         for json in rows {
             // Stored only after it parsed as a record: a row that does not is skipped.
             let Ok(Record::Event(e)) = serde_json::from_str::<Record>(&json) else { continue };
-            if detector.is_some_and(|d| d != e.detector) || flow.is_some_and(|f| *f != e.flow) {
-                continue;
-            }
             out.push(e);
-            if out.len() as u64 >= limit {
-                break;
-            }
         }
         Ok(out)
     }

@@ -21,7 +21,8 @@ pub struct UdpRx {
     bufs: Vec<u8>,
     lens: Vec<usize>,
     truncated: Vec<bool>,
-    control: Vec<u8>,
+    /// Control-message space, 8-byte aligned as `cmsghdr` must be.
+    control: Vec<u64>,
     /// The kernel's drop counter as last read (cumulative for the socket).
     kernel_drops: u32,
     batch: usize,
@@ -99,7 +100,7 @@ impl UdpRx {
             bufs: vec![0; batch * MAX_DATAGRAM],
             lens: vec![0; batch],
             truncated: vec![false; batch],
-            control: vec![0; batch * CONTROL_LEN],
+            control: vec![0; batch * CONTROL_LEN / 8],
             kernel_drops: 0,
             batch,
         })
@@ -142,13 +143,16 @@ impl UdpRx {
     /// [`datagram`](Self::datagram).
     pub fn recv(&mut self) -> io::Result<usize> {
         let batch = self.batch;
+        // One base pointer per buffer, offsets from it (no re-borrow per message).
+        let bufs = self.bufs.as_mut_ptr();
         let mut iov: Vec<libc::iovec> = (0..batch)
             .map(|i| libc::iovec {
-                iov_base: self.bufs[i * MAX_DATAGRAM..].as_mut_ptr().cast(),
+                // SAFETY: `bufs` holds `batch` slots of MAX_DATAGRAM bytes.
+                iov_base: unsafe { bufs.add(i * MAX_DATAGRAM) }.cast(),
                 iov_len: MAX_DATAGRAM,
             })
             .collect();
-        let control = self.control.as_mut_ptr();
+        let control = self.control.as_mut_ptr().cast::<u8>();
         let mut msgs: Vec<libc::mmsghdr> = (0..batch)
             .map(|i| {
                 // SAFETY: an all-zero msghdr is valid; the fields used are set below.

@@ -149,14 +149,15 @@ fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
         | (u64::from(imm as u32) << 32)
 }
 
-/// The XDP program, as eBPF instructions: IPv4 (IHL 5) UDP to `port` goes to the XSKMAP entry
-/// of the packet's RX queue (`bpf_redirect_map`, falling back to XDP_PASS when no socket is
-/// there); anything else is passed to the kernel.
+/// The XDP program, as eBPF instructions: unfragmented IPv4 (IHL 5) UDP to `port` goes to the
+/// XSKMAP entry of the packet's RX queue (`bpf_redirect_map`, falling back to XDP_PASS when no
+/// socket is there); anything else, fragments included (the kernel reassembles them for the
+/// UDP socket), is passed to the kernel.
 pub fn redirect_program(port: u16, map_fd: RawFd) -> Vec<u64> {
     const XDP_PASS: i32 = 2;
     // Loads are little-endian here; the packet is big-endian.
     let be16 = |v: u16| i32::from(u16::from_le_bytes(v.to_be_bytes()));
-    let pass = 19; // index of the pass branch
+    let pass = 22; // index of the pass branch
     let to_pass = |at: i16| pass - (at + 1);
     vec![
         insn(0x61, 2, 1, 0, 0),                     // 0: r2 = ctx->data
@@ -168,18 +169,21 @@ pub fn redirect_program(port: u16, map_fd: RawFd) -> Vec<u64> {
         insn(0x55, 5, 0, to_pass(6), be16(0x0800)), // 6: if r5 != IPv4 goto pass
         insn(0x71, 5, 2, 14, 0),                    // 7: r5 = version, IHL
         insn(0x55, 5, 0, to_pass(8), 0x45),         // 8: if r5 != 0x45 goto pass
-        insn(0x71, 5, 2, 23, 0),                    // 9: r5 = protocol
-        insn(0x55, 5, 0, to_pass(10), 17),          // 10: if r5 != UDP goto pass
-        insn(0x69, 5, 2, 36, 0),                    // 11: r5 = destination port
-        insn(0x55, 5, 0, to_pass(12), be16(port)),  // 12: if r5 != port goto pass
-        insn(0x61, 2, 1, 16, 0),                    // 13: r2 = ctx->rx_queue_index
-        insn(0x18, 1, 1, 0, map_fd),                // 14: r1 = the XSKMAP (pseudo map fd)
-        insn(0x00, 0, 0, 0, 0),                     // 15: (second half of the 64-bit load)
-        insn(0xb7, 3, 0, 0, XDP_PASS),              // 16: r3 = fallback action
-        insn(0x85, 0, 0, 0, 51),                    // 17: call bpf_redirect_map
-        insn(0x95, 0, 0, 0, 0),                     // 18: exit
-        insn(0xb7, 0, 0, 0, XDP_PASS),              // 19: pass: r0 = XDP_PASS
-        insn(0x95, 0, 0, 0, 0),                     // 20: exit
+        insn(0x69, 5, 2, 20, 0),                    // 9: r5 = flags, fragment offset
+        insn(0x57, 5, 0, 0, be16(0x3fff)),          // 10: r5 &= MF | offset
+        insn(0x55, 5, 0, to_pass(11), 0),           // 11: a fragment: goto pass (kernel)
+        insn(0x71, 5, 2, 23, 0),                    // 12: r5 = protocol
+        insn(0x55, 5, 0, to_pass(13), 17),          // 13: if r5 != UDP goto pass
+        insn(0x69, 5, 2, 36, 0),                    // 14: r5 = destination port
+        insn(0x55, 5, 0, to_pass(15), be16(port)),  // 15: if r5 != port goto pass
+        insn(0x61, 2, 1, 16, 0),                    // 16: r2 = ctx->rx_queue_index
+        insn(0x18, 1, 1, 0, map_fd),                // 17: r1 = the XSKMAP (pseudo map fd)
+        insn(0x00, 0, 0, 0, 0),                     // 18: (second half of the 64-bit load)
+        insn(0xb7, 3, 0, 0, XDP_PASS),              // 19: r3 = fallback action
+        insn(0x85, 0, 0, 0, 51),                    // 20: call bpf_redirect_map
+        insn(0x95, 0, 0, 0, 0),                     // 21: exit
+        insn(0xb7, 0, 0, 0, XDP_PASS),              // 22: pass: r0 = XDP_PASS
+        insn(0x95, 0, 0, 0, 0),                     // 23: exit
     ]
 }
 
@@ -324,13 +328,24 @@ impl Drop for Ring {
     }
 }
 
-/// One AF_XDP socket receiving on one queue.
+/// The packet buffer area, unmapped when dropped.
+struct Umem(*mut u8);
+
+impl Drop for Umem {
+    fn drop(&mut self) {
+        // SAFETY: unmapping what `XskRx::open` mapped, of that size.
+        unsafe { libc::munmap(self.0.cast(), FRAMES * FRAME) };
+    }
+}
+
+/// One AF_XDP socket receiving on one queue. Fields drop in order: the rings' mappings, then
+/// the socket (the kernel lets go of the UMEM), then the UMEM.
 pub struct XskRx {
-    fd: OwnedFd,
-    umem: *mut u8,
     rx: Ring,
     fill: Ring,
     _comp: Ring,
+    fd: OwnedFd,
+    umem: Umem,
     /// Frames taken from the RX ring in the current batch: (address, length).
     batch: Vec<(u64, u32)>,
 }
@@ -379,8 +394,9 @@ impl XskRx {
         if umem == libc::MAP_FAILED {
             return Err(ctx(io::Error::last_os_error(), "UMEM"));
         }
+        let umem = Umem(umem.cast());
         let reg = UmemReg {
-            addr: umem as u64,
+            addr: umem.0 as u64,
             len: size as u64,
             chunk_size: FRAME as u32,
             ..UmemReg::default()
@@ -404,6 +420,13 @@ impl XskRx {
         };
         if r < 0 {
             return Err(ctx(io::Error::last_os_error(), "XDP_MMAP_OFFSETS"));
+        }
+        if len as usize != core::mem::size_of::<MmapOffsets>() {
+            // Kernels before 5.4 answer without the flags words.
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "AF_XDP needs Linux 5.4 or later",
+            ));
         }
         let rx = Ring::map(raw, off.rx, XDP_PGOFF_RX_RING, core::mem::size_of::<Desc>())?;
         let fill = Ring::map(raw, off.fr, XDP_UMEM_PGOFF_FILL_RING, 8)?;
@@ -429,8 +452,7 @@ impl XskRx {
                 &format!("binding AF_XDP to queue {queue}"),
             ));
         }
-        let mut x =
-            XskRx { fd, umem: umem.cast(), rx, fill, _comp: comp, batch: Vec::with_capacity(64) };
+        let mut x = XskRx { rx, fill, _comp: comp, fd, umem, batch: Vec::with_capacity(64) };
         // Lend the first half of the frames to the kernel.
         x.refill((0..RING as u64).map(|i| i * FRAME as u64));
         Ok(x)
@@ -484,7 +506,7 @@ impl XskRx {
         }
         // SAFETY: inside the UMEM, which lives as long as `self`; the kernel does not write a
         // frame until it is given back.
-        unsafe { core::slice::from_raw_parts(self.umem.add(addr), len) }
+        unsafe { core::slice::from_raw_parts(self.umem.0.add(addr), len) }
     }
 
     /// Gives the last batch's frames back to the kernel.
@@ -512,13 +534,6 @@ impl XskRx {
     }
 }
 
-impl Drop for XskRx {
-    fn drop(&mut self) {
-        // SAFETY: unmapping the UMEM mapped in `open`, after the rings (dropped with self).
-        unsafe { libc::munmap(self.umem.cast(), FRAMES * FRAME) };
-    }
-}
-
 /// The UDP payload of an Ethernet / IPv4 (IHL 5) / UDP frame, as the program filters them.
 pub fn udp_payload(frame: &[u8]) -> Option<&[u8]> {
     let udp_len = usize::from(u16::from_be_bytes([*frame.get(38)?, *frame.get(39)?]));
@@ -532,15 +547,15 @@ mod tests {
     #[test]
     fn program_shape() {
         let p = redirect_program(32766, 7);
-        assert_eq!(p.len(), 21);
+        assert_eq!(p.len(), 24);
         // The 64-bit map load names the map fd as a pseudo map fd (src 1).
-        assert_eq!(p[14] & 0xff, 0x18);
-        assert_eq!((p[14] >> 12) & 0xf, 1);
-        assert_eq!((p[14] >> 32) as u32, 7);
+        assert_eq!(p[17] & 0xff, 0x18);
+        assert_eq!((p[17] >> 12) & 0xf, 1);
+        assert_eq!((p[17] >> 32) as u32, 7);
         // Every jump lands on the pass branch.
-        for at in [4usize, 6, 8, 10, 12] {
+        for at in [4usize, 6, 8, 11, 13, 15] {
             let off = ((p[at] >> 16) & 0xffff) as i16;
-            assert_eq!(at as i16 + 1 + off, 19);
+            assert_eq!(at as i16 + 1 + off, 22);
         }
     }
 }

@@ -456,6 +456,7 @@ impl Layout {
         let stride = stride.max(self.hop_len());
         Error::check_len("int hop", stride, bytes.len())?;
         hop.present = 0;
+        hop.unavailable = 0;
         for it in self.items() {
             let start = match it.slot {
                 Slot::Field(Field::ChecksumComplement) => stride - 4,
@@ -474,12 +475,17 @@ impl Layout {
                 }
             };
             hop.put(it.slot, v);
+            if let Slot::Field(f) = it.slot {
+                if v == u64::MAX >> (64 - 8 * width as u32) {
+                    hop.unavailable |= 1 << f as u8;
+                }
+            }
         }
         Ok(())
     }
 
-    /// Writes `hop`'s values for this layout into the front of `buf`; missing values are 0,
-    /// values wider than their field are truncated to it.
+    /// Writes `hop`'s values for this layout into the front of `buf`; missing values are all
+    /// ones (unavailable), values wider than their field are truncated to it.
     pub fn write(&self, hop: &Hop, buf: &mut [u8]) -> Result<()> {
         let Some(out) = buf.get_mut(..self.hop_len()) else {
             return Err(Error::Truncated {
@@ -504,12 +510,19 @@ pub struct Hop {
     values: [u64; FIELD_COUNT],
     reserved: [u32; 7],
     present: u32,
+    /// Fields read as all ones: "unavailable" (INT v2.1 §5.8).
+    unavailable: u32,
 }
 
 impl Hop {
-    /// The value of `f`, if this hop carries it.
+    /// The value of `f`, if this hop carries it (as on the wire: all ones if the hop said it
+    /// was unavailable).
     pub fn get(&self, f: Field) -> Option<u64> {
         (self.present & (1 << f as u8) != 0).then(|| self.values[f as usize])
+    }
+    /// The value of `f`, if this hop carries it and did not mark it unavailable (all ones).
+    pub fn available(&self, f: Field) -> Option<u64> {
+        self.get(f).filter(|_| self.unavailable & (1 << f as u8) == 0)
     }
     /// Sets `f`.
     pub fn set(&mut self, f: Field, v: u64) {
@@ -526,6 +539,7 @@ impl Hop {
             Slot::Field(f) => {
                 self.values[f as usize] = v;
                 self.present |= 1 << f as u8;
+                self.unavailable &= !(1 << f as u8);
             }
             Slot::Reserved(bit) => {
                 let i = usize::from(bit.saturating_sub(8));
@@ -537,11 +551,17 @@ impl Hop {
             Slot::Padding => {}
         }
     }
+    /// The value to write for `slot`: what was set, else all ones ("unavailable", as a
+    /// transit writes a value it does not have; INT v2.1 §5.8); padding is zero.
     fn slot(&self, slot: Slot) -> u64 {
         match slot {
-            Slot::Field(f) => self.values[f as usize],
+            Slot::Field(f) => self.get(f).unwrap_or(u64::MAX),
             Slot::Reserved(bit) => {
-                self.reserved.get(usize::from(bit.saturating_sub(8))).map_or(0, |&r| u64::from(r))
+                let i = usize::from(bit.saturating_sub(8));
+                match self.reserved.get(i) {
+                    Some(&r) if self.present & (1 << (FIELD_COUNT + i)) != 0 => u64::from(r),
+                    _ => u64::MAX,
+                }
             }
             Slot::Padding => 0,
         }

@@ -214,9 +214,16 @@ fn original_flow(frame: &[u8], l: &Layers, int: &Int<'_>) -> FlowKey {
     flow
 }
 
-/// Moves the IP and UDP length fields by `delta` bytes (the UDP one only when the edit is
-/// inside that UDP datagram) and recomputes the checksums.
-fn after_resize(frame: &mut [u8], l: &Layers, delta: isize, udp_len_too: bool) -> Result<()> {
+/// The IP and UDP length fields moved by `delta` bytes (the UDP one only when the edit is
+/// inside that UDP datagram): computed before anything changes, so an edit that cannot be
+/// made leaves the frame as it was.
+#[derive(Debug, Clone, Copy)]
+struct Lengths {
+    ip: u16,
+    udp: Option<u16>,
+}
+
+fn lengths(frame: &[u8], l: &Layers, delta: isize, udp_len_too: bool) -> Result<Lengths> {
     let add = |v: u16| -> Result<u16> {
         u16::try_from(v as isize + delta).map_err(|_| Error::BadLength {
             layer: "int",
@@ -225,14 +232,22 @@ fn after_resize(frame: &mut [u8], l: &Layers, delta: isize, udp_len_too: bool) -
         })
     };
     let at = if l.v6 { l.ip + 4 } else { l.ip + 2 };
-    let ip_len = add(be16(frame, at))?;
-    frame[at..at + 2].copy_from_slice(&ip_len.to_be_bytes());
-    if udp_len_too && l.proto == UDP {
-        let udp_len = add(be16(frame, l.l4 + 4))?;
-        frame[l.l4 + 4..l.l4 + 6].copy_from_slice(&udp_len.to_be_bytes());
+    let ip = add(be16(frame, at))?;
+    let udp = match udp_len_too && l.proto == UDP {
+        true => Some(add(be16(frame, l.l4 + 4))?),
+        false => None,
+    };
+    Ok(Lengths { ip, udp })
+}
+
+/// Writes `n` and recomputes the checksums (after the bytes moved).
+fn set_lengths(frame: &mut [u8], l: &Layers, n: Lengths) {
+    let at = if l.v6 { l.ip + 4 } else { l.ip + 2 };
+    frame[at..at + 2].copy_from_slice(&n.ip.to_be_bytes());
+    if let Some(u) = n.udp {
+        frame[l.l4 + 4..l.l4 + 6].copy_from_slice(&u.to_be_bytes());
     }
     fix_checksums(frame, l);
-    Ok(())
 }
 
 /// Recomputes the IPv4 header checksum and the checksum of the TCP/UDP segment at `l.l4`.
@@ -252,7 +267,13 @@ fn fix_checksums(frame: &mut [u8], l: &Layers) {
         acc += len as u32 + u32::from(l.proto);
         (len, acc)
     };
-    let csum_at = l.l4 + if l.proto == UDP { 6 } else { 16 };
+    let csum_at = l.l4
+        + match l.proto {
+            UDP => 6,
+            TCP => 16,
+            // Another protocol (NPT 2 restores whatever the source saw): its bytes are its own.
+            _ => return,
+        };
     if csum_at + 2 > frame.len() {
         return;
     }
@@ -347,6 +368,7 @@ pub fn insert(frame: &mut Vec<u8>, src: &Source, own: &Hop, mtu: usize) -> Resul
     }
     let shim = ShimRepr { length_words: ((len - SHIM_LEN) / 4) as u8, ..shim };
     shim.emit(&mut bytes)?;
+    let n = lengths(frame, &l, len as isize, true)?;
     frame.splice(l.after_l4..l.after_l4, bytes[..len].iter().copied());
     if let (Some(port), NextProtocol::UdpPort(_)) = (by_port, next_protocol) {
         frame[l.l4 + 2..l.l4 + 4].copy_from_slice(&port.to_be_bytes());
@@ -354,7 +376,7 @@ pub fn insert(frame: &mut Vec<u8>, src: &Source, own: &Hop, mtu: usize) -> Resul
     if let Some(d) = dscp_to {
         set_dscp(frame, &l, d);
     }
-    after_resize(frame, &l, len as isize, true)?;
+    set_lengths(frame, &l, n);
     Ok(Edit::Added)
 }
 
@@ -362,12 +384,16 @@ pub fn insert(frame: &mut Vec<u8>, src: &Source, own: &Hop, mtu: usize) -> Resul
 pub fn push(frame: &mut Vec<u8>, signal: &Signal, own: &Hop, mtu: usize) -> Result<Edit> {
     let Some(found) = find(frame, signal, Mode::Strict)? else { return Ok(Edit::Skipped) };
     let (l, int) = (found.layers, found.int);
-    let Some(h) = int.header.filter(|_| int.shim.header_type == HeaderType::Md) else {
+    // Telemark's transits push onto v2.1 INT-MD stacks; v1.0 and INT-MX pass untouched.
+    let md = int.shim.header_type == HeaderType::Md && int.shim.version == Version::V2_1;
+    let Some(h) = int.header.filter(|_| md) else {
         return Ok(Edit::Skipped);
     };
     let header_at = l.after_l4 + SHIM_LEN;
     let hop_len = usize::from(h.hop_ml) * 4;
-    let mtu_short = frame.len() - l.ip + hop_len > mtu;
+    // The shim's Length is one byte: a stack it cannot count is as full as an MTU.
+    let shim_len = frame[l.after_l4 + 1].checked_add(h.hop_ml);
+    let mtu_short = frame.len() - l.ip + hop_len > mtu || shim_len.is_none();
     if h.remaining_hop_cnt == 0 || mtu_short {
         let mut h = h;
         h.hop_count_exceeded |= h.remaining_hop_cnt == 0;
@@ -380,12 +406,13 @@ pub fn push(frame: &mut Vec<u8>, signal: &Signal, own: &Hop, mtu: usize) -> Resu
     let mut bytes = [0u8; 128];
     layout.write(own, &mut bytes)?;
     let stack_at = header_at + MD_HEADER_LEN;
+    // INT sits inside the UDP datagram at `l.l4` whatever the NPT (NPT 2's added header).
+    let n = lengths(frame, &l, hop_len as isize, true)?;
     frame.splice(stack_at..stack_at, bytes[..hop_len].iter().copied());
     let h = MdHeader { remaining_hop_cnt: h.remaining_hop_cnt - 1, ..h };
     h.emit(Version::V2_1, HeaderType::Md, &mut frame[header_at..])?;
-    frame[l.after_l4 + 1] += h.hop_ml;
-    // INT sits inside the UDP datagram at `l.l4` whatever the NPT (NPT 2's added header).
-    after_resize(frame, &l, hop_len as isize, true)?;
+    frame[l.after_l4 + 1] = shim_len.unwrap_or(u8::MAX);
+    set_lengths(frame, &l, n);
     Ok(Edit::Added)
 }
 
@@ -438,16 +465,18 @@ pub fn strip(frame: &mut Vec<u8>, signal: &Signal, mode: Mode) -> Result<Option<
         NextProtocol::IpProtocol(p) => {
             // NPT 2: the source added a UDP header before INT; the original L4 header follows.
             let removed = l.after_l4 + int_len - l.l4;
+            let orig = Layers { proto: p, ..l };
+            let n = lengths(frame, &orig, -(removed as isize), false)?;
             frame.drain(l.l4..l.after_l4 + int_len);
             if l.v6 {
                 frame[l.ip + 6] = p;
             } else {
                 frame[l.ip + 9] = p;
             }
-            let orig = Layers { proto: p, ..l };
-            after_resize(frame, &orig, -(removed as isize), false)?;
+            set_lengths(frame, &orig, n);
         }
         _ => {
+            let n = lengths(frame, &l, -(int_len as isize), true)?;
             frame.drain(l.after_l4..l.after_l4 + int_len);
             match next {
                 NextProtocol::UdpPort(p) => {
@@ -456,7 +485,7 @@ pub fn strip(frame: &mut Vec<u8>, signal: &Signal, mode: Mode) -> Result<Option<
                 NextProtocol::Dscp(d) if signal.dscp == Some(l.dscp) => set_dscp(frame, &l, d),
                 _ => {}
             }
-            after_resize(frame, &l, -(int_len as isize), true)?;
+            set_lengths(frame, &l, n);
         }
     }
     Ok(Some(out))
@@ -485,6 +514,64 @@ mod tests {
         f.extend_from_slice(&l4);
         f.extend_from_slice(rest);
         f
+    }
+
+    /// A v2.1 INT-MD packet over UDP by DSCP with `hops` hops of `hop_ml` words and a
+    /// shim Length of `len_words`.
+    fn int_packet(hop_ml: u8, hops: usize, rhc: u8) -> Vec<u8> {
+        let stack = usize::from(hop_ml) * 4 * hops;
+        let mut int = vec![0u8; SHIM_LEN + MD_HEADER_LEN + stack];
+        int[0] = 0x10;
+        int[1] = ((MD_HEADER_LEN + stack) / 4) as u8;
+        int[3] = 0x2e << 2;
+        int[4] = 0x20;
+        int[6] = hop_ml;
+        int[7] = rhc;
+        int[8] = 0xff; // instructions 0xff00: 44 bytes = 11 words
+        frame_with(&int, UDP)
+    }
+
+    #[test]
+    fn a_full_shim_length_is_an_mtu_not_an_overflow() {
+        // 11-word hops, 22 of them: Length 3 + 242 = 245; one more would be 256.
+        let mut f = int_packet(11, 22, 5);
+        let before = f.clone();
+        let sig = Signal::default();
+        assert_eq!(push(&mut f, &sig, &Hop::default(), 65_535).unwrap(), Edit::MtuExceeded);
+        assert_eq!(f.len(), before.len(), "nothing added");
+        let found = find(&f, &sig, Mode::Strict).unwrap().unwrap();
+        assert!(found.int.header.unwrap().mtu_exceeded);
+        // With room, a hop goes on and Length grows by Hop ML.
+        let mut g = int_packet(11, 1, 5);
+        assert_eq!(push(&mut g, &sig, &Hop::default(), 9000).unwrap(), Edit::Added);
+        let found = find(&g, &sig, Mode::Strict).unwrap().unwrap();
+        assert_eq!(found.int.hop_count(), 2);
+        assert_eq!(found.int.header.unwrap().remaining_hop_cnt, 4);
+    }
+
+    #[test]
+    fn a_bad_length_leaves_the_frame_as_it_was() {
+        let mut f = int_packet(11, 1, 5);
+        // An IP total length too small to hold the INT it carries.
+        f[16..18].copy_from_slice(&20u16.to_be_bytes());
+        let before = f.clone();
+        assert!(strip(&mut f, &Signal::default(), Mode::Strict).is_err());
+        assert_eq!(f, before);
+    }
+
+    #[test]
+    fn v1_stacks_are_not_pushed_onto() {
+        let mut int = vec![0u8; 4 + 8 + 4];
+        int[0] = 1; // v1.0 shim type
+        int[2] = 3; // Length counts the shim: 4 words
+        int[4] = 0x10; // v1.0 header
+        int[6] = 1; // Hop ML 1
+        int[7] = 5;
+        int[8] = 0x80; // node ID
+        let mut f = frame_with(&int, UDP);
+        let before = f.clone();
+        assert_eq!(push(&mut f, &Signal::default(), &Hop::default(), 9000).unwrap(), Edit::Skipped);
+        assert_eq!(f, before);
     }
 
     proptest::proptest! {

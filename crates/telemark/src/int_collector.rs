@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use telemark_core::int::collect::{Collector, Counts, Refusal};
+use telemark_core::int::sequence::{NodeSeq, Sequences};
 use telemark_core::int::{DetectRule, Detectors, Event};
 use telemark_core::records::Record;
 use telemark_core::spsc;
@@ -212,8 +213,11 @@ fn resolve(a: Args) -> Result<Config> {
 /// What the workers publish for /metrics and the exporter.
 #[derive(Default)]
 struct Shared {
-    /// Per worker: its collector's counters, lost per (node, hw_id), kernel drops.
+    /// Per worker: its collector's counters, kernel drops.
     workers: Mutex<Vec<WorkerStats>>,
+    /// Every worker's datagrams' sequence numbers: a sender may spread its datagrams over the
+    /// workers (SO_REUSEPORT and RSS hash its source port), so they are followed together.
+    sequences: Mutex<Sequences>,
     ring_dropped: AtomicU64,
     exported: AtomicU64,
     export_dropped: AtomicU64,
@@ -226,7 +230,6 @@ struct WorkerStats {
     /// `udp` or `xdp`.
     path: &'static str,
     counts: Counts,
-    nodes: Vec<((u32, u8), u64, u64)>,
     kernel_drops: u64,
     truncated: u64,
     flows: u64,
@@ -287,11 +290,10 @@ pub fn run(a: Args) -> Result<()> {
         consumers.push(rx_events);
         let detectors = Detectors::new(cfg.rules.clone(), cfg.flows);
         let (stop, shared, mode) = (stop.clone(), shared.clone(), cfg.mode);
-        threads.push(
-            std::thread::Builder::new().name(format!("int-rx-{w}")).spawn(move || {
-                worker(w, rx, Collector::new(detectors, mode), tx, &stop, &shared)
-            })?,
-        );
+        threads.push(std::thread::Builder::new().name(format!("int-rx-{w}")).spawn(move || {
+            let c = Collector::new(detectors, mode).with_shared_sequences();
+            worker(w, rx, c, tx, &stop, &shared)
+        })?);
     }
     let server = match &cfg.metrics {
         Some((listen, token)) => {
@@ -403,6 +405,15 @@ fn worker(
             tracing::warn!("worker {w}: receive failed: {e}");
             std::thread::sleep(Duration::from_millis(100));
         }
+        // One lock per batch for the batch's sequence numbers.
+        {
+            let mut obs = c.take_observations().peekable();
+            if obs.peek().is_some() {
+                if let Ok(mut seqs) = shared.sequences.lock() {
+                    obs.for_each(|o| seqs.observe(o));
+                }
+            }
+        }
         if last_publish.elapsed() >= Duration::from_millis(100) || stop.load(Ordering::Relaxed) {
             last_publish = Instant::now();
             shared.ring_dropped.fetch_add(std::mem::take(&mut ring_dropped), Ordering::Relaxed);
@@ -413,7 +424,6 @@ fn worker(
                     Source::Xdp(_) => "xdp",
                 },
                 counts: c.counts().clone(),
-                nodes: c.nodes().map(|(k, v)| (*k, v.lost, v.received)).collect(),
                 kernel_drops: rx.drops(),
                 truncated,
                 flows: t.flows,
@@ -588,31 +598,45 @@ impl Metrics {
             "Reports whose flow's detector did not fire.",
             one(c(&|w| w.counts.quiet)),
         );
-        let mut lost: Vec<(String, u64)> = Vec::new();
-        let mut received: Vec<(String, u64)> = Vec::new();
-        for w in &ws {
-            for ((node, hw), l, r) in &w.nodes {
-                lost.push((format!(",node=\"{node}\",hw_id=\"{hw}\""), *l));
-                received.push((format!(",node=\"{node}\",hw_id=\"{hw}\""), *r));
+        let per_node = |f: &dyn Fn(&NodeSeq) -> u64| -> Vec<(String, u64)> {
+            match self.shared.sequences.lock() {
+                Ok(seqs) => seqs
+                    .nodes()
+                    .map(|((node, hw), n)| (format!(",node=\"{node}\",hw_id=\"{hw}\""), f(n)))
+                    .collect(),
+                Err(_) => Vec::new(),
             }
-        }
+        };
+        family("telemark_int_reports_lost_total", "counter", "Report datagrams lost between a node and this collector: sequence numbers the 1,024-wide window moved past unseen.", per_node(&|n| n.lost));
         family(
-            "telemark_int_reports_lost_total",
-            "counter",
-            "Report datagrams lost between a node and this collector, from sequence-number gaps.",
-            lost,
+            "telemark_int_reports_missing",
+            "gauge",
+            "Sequence numbers inside the window not arrived yet (lost unless they still come).",
+            per_node(&NodeSeq::missing),
         );
         family(
             "telemark_int_node_datagrams_total",
             "counter",
-            "Report datagrams received per reporting node.",
-            received,
+            "Report datagrams received per reporting node (each sequence number once).",
+            per_node(&|n| n.received),
         );
         family(
-            "telemark_int_out_of_order_total",
+            "telemark_int_duplicates_total",
             "counter",
-            "Datagrams that came after a later one (taken back off the lost count).",
-            one(c(&|w| w.counts.out_of_order)),
+            "Datagrams whose sequence number was seen already.",
+            per_node(&|n| n.duplicates),
+        );
+        family(
+            "telemark_int_late_total",
+            "counter",
+            "Datagrams that came after their sequence number was counted lost.",
+            per_node(&|n| n.late),
+        );
+        family(
+            "telemark_int_sequence_restarts_total",
+            "counter",
+            "Times a node started counting again (a restart).",
+            per_node(&|n| n.restarts),
         );
         family(
             "telemark_int_socket_drops_total",

@@ -9,15 +9,12 @@
 //! switch that reported it: its report is an event as it is (detector `switch`).
 
 use super::detector::{Detection, MAX_HOPS};
+use super::sequence::{Observation, Sequences};
 use super::table::{Detectors, Event, Outcome};
-use std::collections::HashMap;
 use telemark_wire::dialect::{Deviation, Mode};
 use telemark_wire::int::{Field, Hop};
 use telemark_wire::int_frame::{self, Start};
-use telemark_wire::report::{self, InType, ReportVersion};
-
-/// Most (node, hardware ID) pairs whose sequence numbers are followed.
-pub const MAX_NODES: usize = 4096;
+use telemark_wire::report::{self, InType, Report, ReportVersion};
 
 /// Why a datagram or report was not used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -63,22 +60,16 @@ pub struct Counts {
     pub events: u64,
     /// Reports whose flow's detector did not fire.
     pub quiet: u64,
-    /// Datagrams that arrived with a sequence number behind the one expected: late ones,
-    /// already counted lost and now taken off that count (or duplicates).
-    pub out_of_order: u64,
-    /// (node, hardware ID) pairs beyond [`MAX_NODES`], whose losses are not followed.
-    pub untracked: u64,
 }
 
-/// Sequence numbers of one reporting node and hardware ID.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NodeSeq {
-    /// The next sequence number expected.
-    next: u32,
-    /// Reports lost: sequence numbers skipped.
-    pub lost: u64,
-    /// Datagrams received.
-    pub received: u64,
+/// Where datagrams' sequence numbers go.
+#[derive(Debug)]
+enum SeqSink {
+    /// This collector follows them.
+    Own(Sequences),
+    /// Kept for the caller, who follows them for several collectors (workers that share
+    /// senders: a sender may spread its datagrams over them by source port).
+    Shared(Vec<Observation>),
 }
 
 /// The report collector's state.
@@ -88,7 +79,7 @@ pub struct Collector {
     /// The current report's path, reused from report to report.
     hops: [Hop; MAX_HOPS],
     mode: Mode,
-    nodes: HashMap<(u32, u8), NodeSeq>,
+    seq: SeqSink,
     counts: Counts,
 }
 
@@ -99,8 +90,35 @@ impl Collector {
             detectors,
             hops: [Hop::default(); MAX_HOPS],
             mode,
-            nodes: HashMap::new(),
+            seq: SeqSink::Own(Sequences::default()),
             counts: Counts::default(),
+        }
+    }
+
+    /// Keeps sequence numbers for the caller to follow ([`take_observations`]) instead of
+    /// following them itself.
+    ///
+    /// [`take_observations`]: Self::take_observations
+    pub fn with_shared_sequences(mut self) -> Collector {
+        self.seq = SeqSink::Shared(Vec::with_capacity(256));
+        self
+    }
+
+    /// The sequence numbers seen since the last call (with shared sequences).
+    pub fn take_observations(&mut self) -> impl Iterator<Item = Observation> + '_ {
+        match &mut self.seq {
+            SeqSink::Shared(v) => Some(v.drain(..)),
+            SeqSink::Own(_) => None,
+        }
+        .into_iter()
+        .flatten()
+    }
+
+    /// The sequence windows (when this collector follows them itself).
+    pub fn sequences(&self) -> Option<&Sequences> {
+        match &self.seq {
+            SeqSink::Own(s) => Some(s),
+            SeqSink::Shared(_) => None,
         }
     }
 
@@ -119,16 +137,6 @@ impl Collector {
         &mut self.detectors
     }
 
-    /// Sequence state per (node ID, hardware ID).
-    pub fn nodes(&self) -> impl Iterator<Item = (&(u32, u8), &NodeSeq)> {
-        self.nodes.iter()
-    }
-
-    /// Reports lost in total, from sequence gaps.
-    pub fn lost(&self) -> u64 {
-        self.nodes.values().map(|n| n.lost).sum()
-    }
-
     /// Processes one datagram received at `now`, handing each event to `emit`.
     pub fn datagram(&mut self, bytes: &[u8], now: u64, mut emit: impl FnMut(Event)) {
         self.counts.datagrams += 1;
@@ -139,8 +147,8 @@ impl Collector {
                 return;
             }
         };
-        let g = reports.group();
-        self.sequence(g.node_id.unwrap_or(0), g.hw_id, g.seq, g.version);
+        let group = *reports.group();
+        let mut sequenced = false;
         for r in reports {
             let r = match r {
                 Ok(r) => r,
@@ -149,6 +157,11 @@ impl Collector {
                     break;
                 }
             };
+            if !sequenced {
+                // The first report tells the dialect, and with it the sequence number's width.
+                sequenced = true;
+                self.sequence(&r);
+            }
             for d in r.deviations.iter() {
                 self.counts.deviations[d as usize] += 1;
             }
@@ -215,44 +228,28 @@ impl Collector {
                 }
             }
         }
+        if !sequenced {
+            // No report read: the datagram still arrived.
+            self.sequence(&group);
+        }
     }
 
     fn refuse(&mut self, why: Refusal) {
         self.counts.refused[why as usize] += 1;
     }
 
-    /// Follows one datagram's sequence number: a jump forward counts the skipped numbers lost
-    /// (modulo the field's width: 22 bits in v2.0, 32 before); a step back is a late arrival
-    /// of one of them, taken off the lost count.
-    fn sequence(&mut self, node: u32, hw_id: u8, seq: u32, version: ReportVersion) {
-        let bits = match version {
-            ReportVersion::V2_0 => 22,
+    /// Follows one datagram's sequence number.
+    fn sequence(&mut self, r: &Report<'_>) {
+        let bits = match (r.version, r.deviations.contains(Deviation::RepTypeNone)) {
+            // CableLabs: the 16 bits after the hardware ID.
+            (_, true) => 16,
+            (ReportVersion::V2_0, false) => 22,
             _ => 32,
         };
-        let modulus = 1u64 << bits;
-        let len = self.nodes.len();
-        let entry = match self.nodes.get_mut(&(node, hw_id)) {
-            Some(e) => e,
-            None if len < MAX_NODES => {
-                self.nodes.insert((node, hw_id), NodeSeq { next: seq, lost: 0, received: 0 });
-                match self.nodes.get_mut(&(node, hw_id)) {
-                    Some(e) => e,
-                    None => return,
-                }
-            }
-            None => {
-                self.counts.untracked += 1;
-                return;
-            }
-        };
-        entry.received += 1;
-        let gap = (u64::from(seq) + modulus - u64::from(entry.next)) % modulus;
-        if gap < modulus / 2 {
-            entry.lost += gap;
-            entry.next = ((u64::from(seq) + 1) % modulus) as u32;
-        } else {
-            self.counts.out_of_order += 1;
-            entry.lost = entry.lost.saturating_sub(1);
+        let o = Observation { node: r.node_id.unwrap_or(0), hw_id: r.hw_id, seq: r.seq, bits };
+        match &mut self.seq {
+            SeqSink::Own(s) => s.observe(o),
+            SeqSink::Shared(v) => v.push(o),
         }
     }
 }
@@ -288,18 +285,18 @@ mod tests {
         for (seq, latency) in [(10, 50), (11, 500), (14, 520), (13, 900), (15, 0)] {
             c.datagram(&datagram(seq, latency), 0, |e| events.push(e));
         }
-        // 12 and 13 skipped, then 13 came late: one lost.
-        assert_eq!(c.counts().out_of_order, 1);
-        let node = c.nodes().next().map(|(k, v)| (*k, *v)).unwrap();
-        assert_eq!(node.0, (42, 1));
-        assert_eq!(node.1.received, 5);
-        assert_eq!(c.lost(), 1);
-        // The 22-bit sequence number wraps: 4194302, 4194303, then 1 (0 lost).
-        let mut w = Collector::new(Detectors::new(vec![], 8), Mode::Strict);
+        // 12 skipped, 13 late but inside the window: one missing, nothing lost yet.
+        let seqs = c.sequences().unwrap();
+        let (key, node) = seqs.nodes().next().unwrap();
+        assert_eq!(*key, (42, 1));
+        assert_eq!((node.received, node.lost, node.missing()), (5, 0, 1));
+        // With shared sequences the numbers are handed out instead.
+        let mut w = Collector::new(Detectors::new(vec![], 8), Mode::Strict).with_shared_sequences();
         for seq in [(1 << 22) - 2, (1 << 22) - 1, 1] {
             w.datagram(&datagram(seq, 0), 0, |_| {});
         }
-        assert_eq!((w.lost(), w.counts().out_of_order), (1, 0));
+        let seen: Vec<(u32, u8)> = w.take_observations().map(|o| (o.seq, o.bits)).collect();
+        assert_eq!(seen, [((1 << 22) - 2, 22), ((1 << 22) - 1, 22), (1, 22)]);
         // per_hop at 100: 500 fires (from 0), 520 does not, 900 does, 0 does.
         let values: Vec<u64> = events.iter().map(|e| e.detection.value).collect();
         assert_eq!(values, [500, 900, 0]);

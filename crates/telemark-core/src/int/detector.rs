@@ -17,8 +17,8 @@
 use super::expr::{Expr, ExprState};
 use telemark_wire::int::{Field, Hop};
 
-/// Most hops whose values a per-hop detector remembers per flow (INT paths are short; a
-/// longer path's further hops are not watched, and counted by the caller).
+/// Most hops whose values a per-hop detector remembers per flow (INT paths are short); when
+/// a path changes and more switches show up, a new one takes a slot in turn.
 pub const MAX_HOPS: usize = 8;
 
 /// EWMA weights are fixed-point with this many fractional bits.
@@ -138,10 +138,12 @@ pub struct FlowState {
     /// Per-hop: (switch ID, last stored value) for the hops seen.
     hops: [(u32, u64); MAX_HOPS],
     hop_count: u8,
+    /// Per-hop, all slots taken: the slot a new switch replaces next (round robin).
+    next_victim: u8,
     /// Per-flow and EWMA: the value last stored.
     stored: u64,
     /// EWMA: the running average in 1/65536ths.
-    avg: u64,
+    avg: u128,
     expr: ExprState,
 }
 
@@ -150,6 +152,7 @@ impl FlowState {
     pub const EMPTY: FlowState = FlowState {
         hops: [(0, 0); MAX_HOPS],
         hop_count: 0,
+        next_victim: 0,
         stored: 0,
         avg: 0,
         expr: ExprState::EMPTY,
@@ -168,15 +171,13 @@ impl FlowState {
     fn smooth(&mut self, value: u64, alpha: u32) -> u64 {
         let one = 1u128 << ALPHA_SHIFT;
         let x = u128::from(value) << ALPHA_SHIFT;
-        let avg = (u128::from(self.avg) * (one - u128::from(alpha)) + x * u128::from(alpha))
-            >> ALPHA_SHIFT;
-        self.avg = avg.min(u128::from(u64::MAX)) as u64;
-        self.avg >> ALPHA_SHIFT
+        self.avg = (self.avg * (one - u128::from(alpha)) + x * u128::from(alpha)) >> ALPHA_SHIFT;
+        (self.avg >> ALPHA_SHIFT).min(u128::from(u64::MAX)) as u64
     }
 }
 
 fn path_sum(hops: &[Hop], metric: Field) -> u64 {
-    hops.iter().filter_map(|h| h.get(metric)).fold(0u64, u64::saturating_add)
+    hops.iter().filter_map(|h| h.available(metric)).fold(0u64, u64::saturating_add)
 }
 
 fn per_hop(
@@ -187,8 +188,11 @@ fn per_hop(
 ) -> Option<Detection> {
     let mut first = None;
     for (i, hop) in hops.iter().enumerate() {
-        let (Some(value), switch) = (hop.get(metric), hop.get(Field::NodeId).unwrap_or(i as u64))
-        else {
+        // A hop without a node ID is known by its position, kept apart from real IDs.
+        let (Some(value), switch) = (
+            hop.available(metric),
+            hop.get(Field::NodeId).unwrap_or(u64::from(u32::MAX) - i as u64),
+        ) else {
             continue;
         };
         let switch = switch as u32;
@@ -201,7 +205,13 @@ fn per_hop(
                 state.hop_count += 1;
                 known
             }
-            None => continue,
+            None => {
+                // Every slot taken (the path changed): a new switch takes one in turn.
+                let v = usize::from(state.next_victim) % MAX_HOPS;
+                state.next_victim = ((v + 1) % MAX_HOPS) as u8;
+                state.hops[v] = (switch, 0);
+                v
+            }
         };
         let last = &mut state.hops[slot].1;
         if value.abs_diff(*last) > threshold {

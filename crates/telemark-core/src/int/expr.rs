@@ -115,7 +115,11 @@ fn value_of(hops: &[Hop], term: Term) -> Option<i64> {
         Term::Hops => return Some(hops.len() as i64),
         Term::Max(f) | Term::Min(f) | Term::Sum(f) | Term::Delta(f, _) => f,
     };
-    let values = hops.iter().filter_map(|h| h.get(field)).map(|v| v as i64);
+    // Values a hop marked unavailable (all ones) take no part; the rest fit i64 saturated.
+    let values = hops
+        .iter()
+        .filter_map(|h| h.available(field))
+        .map(|v| i64::try_from(v).unwrap_or(i64::MAX));
     match term {
         Term::Max(_) => values.max(),
         Term::Min(_) => values.min(),
@@ -138,15 +142,12 @@ impl Expr {
         let mut n = 0usize;
         for clause in split_word(text, "and") {
             let clause = clause.trim();
-            let clause = match clause.strip_prefix('(').and_then(|c| c.strip_suffix(')')) {
-                Some(inner) => inner,
-                None => clause,
-            };
+            let clause = strip_parens(clause);
             for lit in split_word(clause, "or") {
                 if n == MAX_LITERALS {
                     return Err(err(format!("more than {MAX_LITERALS} comparisons")));
                 }
-                e.literals[n] = e.parse_literal(lit.trim()).map_err(err)?;
+                e.literals[n] = e.parse_literal(strip_parens(lit.trim())).map_err(err)?;
                 n += 1;
             }
             e.clause_end[usize::from(e.clauses)] = n as u8;
@@ -237,7 +238,8 @@ impl Expr {
             Term::Delta(_, slot) => {
                 state.primed
                     && lit.op.holds(
-                        current[usize::from(slot)] - state.previous[usize::from(slot)],
+                        current[usize::from(slot)]
+                            .saturating_sub(state.previous[usize::from(slot)]),
                         lit.value,
                     )
             }
@@ -248,6 +250,24 @@ impl Expr {
         state.primed = true;
         fired
     }
+}
+
+/// `s` without one pair of parentheses around all of it (`(a) or (b)` keeps its own).
+fn strip_parens(s: &str) -> &str {
+    let Some(inner) = s.strip_prefix('(').and_then(|c| c.strip_suffix(')')) else { return s };
+    let mut depth = 0i32;
+    for b in inner.bytes() {
+        depth += match b {
+            b'(' => 1,
+            b')' => -1,
+            _ => 0,
+        };
+        if depth < 0 {
+            // The first `(` closed before the end: the parentheses are not around it all.
+            return s;
+        }
+    }
+    inner
 }
 
 /// Splits `s` on the whole word `word` (case-insensitive), outside parentheses.
@@ -261,9 +281,11 @@ fn split_word<'a>(s: &'a str, word: &str) -> impl Iterator<Item = &'a str> {
             b')' => depth -= 1,
             _ => {}
         }
+        // Bytes, not `str` slices: the text may hold any UTF-8, and `word` is ASCII.
         let at_word = depth == 0
-            && s[i..].len() >= word.len()
-            && s[i..i + word.len()].eq_ignore_ascii_case(word)
+            && bytes
+                .get(i..i + word.len())
+                .is_some_and(|w| w.eq_ignore_ascii_case(word.as_bytes()))
             && (i == 0 || bytes[i - 1].is_ascii_whitespace())
             && bytes.get(i + word.len()).is_none_or(|b| b.is_ascii_whitespace() || *b == b'(');
         if at_word {
@@ -335,6 +357,16 @@ mod tests {
     }
 
     #[test]
+    fn parentheses_only_around_a_whole_clause_are_dropped() {
+        let e = Expr::parse("(hop_latency > 1) or (hops > 2)").unwrap();
+        assert_eq!(e.clauses().count(), 1);
+        assert_eq!(e.clauses().next().map(<[Literal]>::len), Some(2));
+        let mut s = ExprState::default();
+        assert!(e.eval(&[hop(0, 0); 3], &mut s));
+        assert!(!e.eval(&[hop(0, 0); 2], &mut s));
+    }
+
+    #[test]
     fn delta_is_stateful() {
         let e = Expr::parse("delta(queue_occupancy) > 100").unwrap();
         let mut s = ExprState::default();
@@ -356,6 +388,7 @@ mod tests {
             ("hop_latency > ten", "not a number"),
             ("avg(hop_latency) > 1", "unknown function"),
             ("hop_latency > 1 and", "empty comparison"),
+            ("hop_latency > 10µs", "not a number"),
         ] {
             let e = Expr::parse(text).unwrap_err().to_string();
             assert!(e.contains(says), "{text}: {e}");

@@ -9,6 +9,7 @@
 pub mod collect;
 pub mod detector;
 pub mod expr;
+pub mod sequence;
 pub mod table;
 
 pub use detector::{Detection, Detector, FlowState};

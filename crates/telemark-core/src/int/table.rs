@@ -249,16 +249,16 @@ impl PathHop {
     };
 
     fn of(h: &Hop) -> PathHop {
-        let n32 = |f: Field| h.get(f).map_or(NONE32, |v| v.min(u64::from(NONE32 - 1)) as u32);
-        let n16 = |f: Field| h.get(f).map_or(u16::MAX, |v| v as u16);
+        let n32 = |f: Field| h.available(f).map_or(NONE32, |v| v.min(u64::from(NONE32 - 1)) as u32);
+        let n16 = |f: Field| h.available(f).map_or(u16::MAX, |v| v.min(0xfffe) as u16);
         PathHop {
             switch_id: n32(Field::NodeId),
             hop_latency: n32(Field::HopLatency),
             queue_occupancy: n32(Field::QueueOccupancy),
             ports: (n16(Field::L1IngressIf), n16(Field::L1EgressIf)),
             tx_utilization: n32(Field::TxUtilization),
-            queue_id: h.get(Field::QueueId).map_or(u8::MAX, |v| v as u8),
-            egress_ts: h.get(Field::EgressTs).unwrap_or(u64::MAX),
+            queue_id: h.available(Field::QueueId).map_or(u8::MAX, |v| v.min(0xfe) as u8),
+            egress_ts: h.available(Field::EgressTs).unwrap_or(u64::MAX),
         }
     }
 
