@@ -196,16 +196,15 @@ fn events_match_a_reference_evaluation_and_lost_reports_match_nftables() {
         seq += 1;
     }
     let total = u64::from(seq);
-    let mut m = BTreeMap::new();
     let until = Instant::now() + Duration::from_secs(20);
-    loop {
-        m = metrics(&murl);
+    let m = loop {
+        let m = metrics(&murl);
         if sum(&m, "telemark_int_node_datagrams_total") + lost(&m) >= total {
-            break;
+            break m;
         }
         assert!(Instant::now() < until, "not every datagram accounted for: {m:?}");
         std::thread::sleep(Duration::from_millis(100));
-    }
+    };
     let socket_drops = sum(&m, "telemark_int_socket_drops_total");
     assert!(dropped > 500, "nftables dropped only {dropped}");
     assert_eq!(
