@@ -30,14 +30,16 @@ pub struct Observation {
     pub bits: u8,
 }
 
-/// One (node, hardware ID)'s window and counters.
+/// One (node, hardware ID)'s window and counters. The window is a ring of bits indexed by
+/// the sequence number modulo [`WINDOW`] (every field width is a multiple of it), so moving it
+/// by one number costs one bit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeSeq {
     /// Lowest sequence number in the window.
     base: u32,
-    /// Which of base .. base + WINDOW were seen.
+    /// Which numbers of the window were seen, by number modulo WINDOW.
     seen: [u64; (WINDOW / 64) as usize],
-    /// Highest window position seen.
+    /// Highest position (from `base`) seen.
     top: u32,
     behind_run: u32,
     /// Datagrams received (each sequence number once).
@@ -65,56 +67,66 @@ impl NodeSeq {
             late: 0,
             restarts: 0,
         };
-        n.set(0);
+        n.set(seq);
         n
     }
 
-    fn is_set(&self, pos: u32) -> bool {
-        self.seen[(pos / 64) as usize] & (1 << (pos % 64)) != 0
+    fn bit(seq: u32) -> (usize, u64) {
+        let i = seq % WINDOW;
+        ((i / 64) as usize, 1 << (i % 64))
     }
 
-    fn set(&mut self, pos: u32) {
-        self.seen[(pos / 64) as usize] |= 1 << (pos % 64);
+    fn is_set(&self, seq: u32) -> bool {
+        let (w, b) = Self::bit(seq);
+        self.seen[w] & b != 0
+    }
+
+    fn set(&mut self, seq: u32) {
+        let (w, b) = Self::bit(seq);
+        self.seen[w] |= b;
+    }
+
+    fn clear(&mut self, seq: u32) {
+        let (w, b) = Self::bit(seq);
+        self.seen[w] &= !b;
     }
 
     /// Numbers in the window up to the highest seen that have not arrived (yet).
     pub fn missing(&self) -> u64 {
-        let seen: u32 = (0..=self.top).filter(|&p| self.is_set(p)).count() as u32;
-        u64::from(self.top + 1 - seen)
+        let seen = (0..=self.top).filter(|&p| self.is_set(self.base.wrapping_add(p))).count();
+        u64::from(self.top + 1) - seen as u64
     }
 
     fn observe(&mut self, seq: u32, bits: u8) {
-        let modulus = 1u64 << bits.clamp(1, 32);
+        let modulus = 1u64 << bits.clamp(10, 32);
+        let wrap = |v: u64| (v % modulus) as u32;
         let d = (u64::from(seq) + modulus - u64::from(self.base)) % modulus;
         if d < u64::from(WINDOW) {
-            let pos = d as u32;
             self.behind_run = 0;
-            if self.is_set(pos) {
+            if self.is_set(seq) {
                 self.duplicates += 1;
             } else {
-                self.set(pos);
+                self.set(seq);
                 self.received += 1;
-                self.top = self.top.max(pos);
+                self.top = self.top.max(d as u32);
             }
         } else if d < modulus / 2 {
-            // Ahead of the window: move it so that `seq` is its last position; what leaves
+            // Ahead of the window: move it so that `seq` is its last number; what leaves it
             // unseen is lost.
             self.behind_run = 0;
             let shift = d - u64::from(WINDOW - 1);
             let leaving = shift.min(u64::from(WINDOW)) as u32;
-            let unseen = (0..leaving).filter(|&p| !self.is_set(p)).count() as u64;
-            self.lost += unseen + shift.saturating_sub(u64::from(WINDOW));
-            let mut seen = [0u64; (WINDOW / 64) as usize];
-            for p in leaving..WINDOW {
-                if self.is_set(p) {
-                    let q = p - leaving;
-                    seen[(q / 64) as usize] |= 1 << (q % 64);
+            for k in 0..leaving {
+                let old = wrap(u64::from(self.base) + u64::from(k));
+                if !self.is_set(old) {
+                    self.lost += 1;
                 }
+                self.clear(old);
             }
-            self.seen = seen;
-            self.base = ((u64::from(self.base) + shift) % modulus) as u32;
+            self.lost += shift.saturating_sub(u64::from(WINDOW));
+            self.base = wrap(u64::from(self.base) + shift);
             self.top = WINDOW - 1;
-            self.set(WINDOW - 1);
+            self.set(seq);
             self.received += 1;
         } else {
             self.late += 1;
@@ -131,10 +143,37 @@ impl NodeSeq {
     }
 }
 
+/// A hash for (node, hardware ID) keys: one multiply (the keys are not chosen by an attacker
+/// who could gain from collisions; the table is bounded by [`MAX_NODES`] anyway).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NodeHasher(u64);
+
+impl core::hash::Hasher for NodeHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(u64::from(v));
+    }
+}
+
+type NodeMap = HashMap<(u32, u8), NodeSeq, core::hash::BuildHasherDefault<NodeHasher>>;
+
 /// The windows of every (node, hardware ID).
 #[derive(Debug, Default, Clone)]
 pub struct Sequences {
-    nodes: HashMap<(u32, u8), NodeSeq>,
+    nodes: NodeMap,
     /// Datagrams of pairs beyond [`MAX_NODES`], not followed.
     pub untracked: u64,
 }
