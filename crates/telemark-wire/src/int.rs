@@ -416,6 +416,9 @@ impl Layout {
     pub fn new(bits: Instructions, format: impl Into<Format>) -> Layout {
         let format = format.into();
         let mut l = Layout { items: [NO_ITEM; MAX_ITEMS], count: 0, hop_len: 0 };
+        if bits.0 == 0 {
+            return l;
+        }
         // The set bits only, most significant (bit 0) first.
         let mut rest = bits.0;
         while rest != 0 {
@@ -431,6 +434,19 @@ impl Layout {
         }
         l
     }
+    /// Bytes of metadata `bits` ask for in `format`, without building the layout.
+    pub fn len_of(bits: Instructions, format: impl Into<Format>) -> usize {
+        let format = format.into();
+        let mut rest = bits.0;
+        let mut len = 0usize;
+        while rest != 0 {
+            let bit = rest.leading_zeros() as u8;
+            rest &= !(0x8000 >> bit);
+            len += items_of(bit, format).iter().map(|&(_, w)| usize::from(w)).sum::<usize>();
+        }
+        len
+    }
+
     /// Bytes of metadata per hop.
     pub const fn hop_len(&self) -> usize {
         self.hop_len as usize

@@ -333,9 +333,9 @@ impl<'a> Reports<'a> {
         r.domain_id = be16(body, 2);
         r.ds_md_bits = be16(body, 4);
         r.ds_md_status = be16(body, 6);
-        let layout = Layout::new(r.md_bits, Format::ReportV2_0);
+        let need = Layout::len_of(r.md_bits, Format::ReportV2_0);
         let main_len = MAIN_FIXED_LEN + md_len;
-        let md = body.get(MAIN_FIXED_LEN..main_len).filter(|md| md.len() >= layout.hop_len());
+        let md = body.get(MAIN_FIXED_LEN..main_len).filter(|md| md.len() >= need);
         let Some(md) = md else {
             return Err(Error::BadLength {
                 layer: "individual report",

@@ -168,15 +168,6 @@ impl Collector {
             // The reporting node's own metadata first (newest), with its node ID.
             let hops = &mut self.hops;
             let mut n = 0;
-            let mut own = Hop::default();
-            if !r.md.is_empty() {
-                own = r.metadata();
-            }
-            if own.get(Field::NodeId).is_none() {
-                if let Some(id) = r.node_id {
-                    own.set(Field::NodeId, u64::from(id));
-                }
-            }
             let start = match r.in_type {
                 InType::Ethernet => Start::Ethernet,
                 InType::Ipv4 | InType::Ipv6 => Start::Ip,
@@ -192,9 +183,15 @@ impl Collector {
                     continue;
                 }
             };
-            let has_own = !r.md.is_empty();
-            if has_own || found.is_none() {
-                hops[0] = own;
+            // The reporting node's own metadata heads the path when the report carries some,
+            // or when there is no INT stack to read.
+            if !r.md.is_empty() || found.is_none() {
+                hops[0] = r.metadata();
+                if hops[0].get(Field::NodeId).is_none() {
+                    if let Some(id) = r.node_id {
+                        hops[0].set(Field::NodeId, u64::from(id));
+                    }
+                }
                 n = 1;
             }
             let flow = match found {
