@@ -20,6 +20,16 @@ impl Drop for Killed {
     }
 }
 
+/// A collector on loopback storing into `dir`.
+fn collector(dir: &std::path::Path) -> Collector {
+    let cfg = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        db: dir.join("c.db"),
+        ..Config::default()
+    };
+    Collector::start(&cfg).unwrap()
+}
+
 fn free_port() -> u16 {
     UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -82,12 +92,7 @@ fn nft(args: &str) -> String {
 #[test]
 fn events_match_a_reference_evaluation_and_lost_reports_match_nftables() {
     let dir = tempfile::tempdir().unwrap();
-    let c = Collector::start(&Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        db: dir.path().join("c.db"),
-        ..Config::default()
-    })
-    .unwrap();
+    let c = collector(dir.path());
     let port = free_port();
     let mport = tcp_port();
     const THRESHOLD: u64 = 10_000;
@@ -271,12 +276,7 @@ fn over_af_xdp_lost_reports_match_nftables() {
     nft_ns("add rule inet tmdrop out udp dport 32766 numgen random mod 100 < 5 counter drop");
 
     let dir = tempfile::tempdir().unwrap();
-    let c = Collector::start(&Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        db: dir.path().join("c.db"),
-        ..Config::default()
-    })
-    .unwrap();
+    let c = collector(dir.path());
     let mport = tcp_port();
     let _p = Killed(
         Command::new(env!("CARGO_BIN_EXE_telemark"))
