@@ -9,6 +9,7 @@ pub mod dropper;
 pub mod eval;
 pub mod events;
 pub mod gen;
+pub mod int_roles;
 pub mod nitro_thread;
 pub mod pipeline;
 pub mod reorder;
