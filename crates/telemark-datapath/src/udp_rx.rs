@@ -23,10 +23,18 @@ pub struct UdpRx {
     truncated: Vec<bool>,
     /// Control-message space, 8-byte aligned as `cmsghdr` must be.
     control: Vec<u64>,
+    /// One I/O vector per slot of `bufs`, and one message header per slot (pointing at its
+    /// vector and its slot of `control`): built once, so a read allocates nothing.
+    iov: Vec<libc::iovec>,
+    msgs: Vec<libc::mmsghdr>,
     /// The kernel's drop counter as last read (cumulative for the socket).
     kernel_drops: u32,
     batch: usize,
 }
+
+// SAFETY: the raw pointers in `iov` and `msgs` point into this value's own heap buffers
+// (`bufs`, `control`, `iov`), which move with it and are never reallocated.
+unsafe impl Send for UdpRx {}
 
 /// Socket options.
 #[derive(Debug, Clone, Copy)]
@@ -53,17 +61,12 @@ fn check(r: libc::c_int, what: &str) -> io::Result<()> {
     Ok(())
 }
 
-fn set_opt<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, v: &T) -> libc::c_int {
-    // SAFETY: `v` points to a live value of the size passed.
-    unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (v as *const T).cast(),
-            core::mem::size_of::<T>() as libc::socklen_t,
-        )
-    }
+fn ctx(what: &'static str) -> impl Fn(io::Error) -> io::Error {
+    move |e| io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+fn set_opt<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, v: &T) -> io::Result<()> {
+    crate::afpacket::setsockopt(fd.as_raw_fd(), level, name, v)
 }
 
 impl UdpRx {
@@ -76,18 +79,18 @@ impl UdpRx {
         // SAFETY: `raw` is a new descriptor this function owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let one: libc::c_int = 1;
-        check(set_opt(&fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, &one), "SO_REUSEPORT")?;
-        check(set_opt(&fd, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, &one), "SO_RXQ_OVFL")?;
+        set_opt(&fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, &one).map_err(ctx("SO_REUSEPORT"))?;
+        set_opt(&fd, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, &one).map_err(ctx("SO_RXQ_OVFL"))?;
         let size = libc::c_int::try_from(opts.rcvbuf).unwrap_or(libc::c_int::MAX);
         // Root may go past rmem_max; anyone else gets what the limit allows.
-        if set_opt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &size) < 0 {
+        if set_opt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &size).is_err() {
             let _ = set_opt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &size);
         }
         let tv = libc::timeval {
             tv_sec: opts.timeout.as_secs() as libc::time_t,
             tv_usec: opts.timeout.subsec_micros() as libc::suseconds_t,
         };
-        check(set_opt(&fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv), "SO_RCVTIMEO")?;
+        set_opt(&fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv).map_err(ctx("SO_RCVTIMEO"))?;
         let (storage, len) = sockaddr(addr);
         // SAFETY: `storage` holds a sockaddr of `len` bytes for this family.
         let r = unsafe {
@@ -101,9 +104,41 @@ impl UdpRx {
             lens: vec![0; batch],
             truncated: vec![false; batch],
             control: vec![0; batch * CONTROL_LEN / 8],
+            iov: Vec::new(),
+            msgs: Vec::new(),
             kernel_drops: 0,
             batch,
-        })
+        }
+        .with_headers())
+    }
+
+    /// Points one I/O vector at each buffer slot and one message header at each vector and
+    /// control slot (one base pointer per buffer, offsets from it).
+    fn with_headers(mut self) -> UdpRx {
+        let bufs = self.bufs.as_mut_ptr();
+        self.iov = (0..self.batch)
+            .map(|i| libc::iovec {
+                // SAFETY: `bufs` holds `batch` slots of MAX_DATAGRAM bytes.
+                iov_base: unsafe { bufs.add(i * MAX_DATAGRAM) }.cast(),
+                iov_len: MAX_DATAGRAM,
+            })
+            .collect();
+        let iov = self.iov.as_mut_ptr();
+        let control = self.control.as_mut_ptr().cast::<u8>();
+        self.msgs = (0..self.batch)
+            .map(|i| {
+                // SAFETY: an all-zero msghdr is valid; the fields used are set below.
+                let mut h: libc::msghdr = unsafe { core::mem::zeroed() };
+                // SAFETY: `iov` has `batch` entries, `control` `batch` slots of CONTROL_LEN.
+                unsafe {
+                    h.msg_iov = iov.add(i);
+                    h.msg_control = control.add(i * CONTROL_LEN).cast();
+                }
+                h.msg_iovlen = 1;
+                libc::mmsghdr { msg_hdr: h, msg_len: 0 }
+            })
+            .collect();
+        self
     }
 
     /// The address bound (with the port the kernel chose for port 0).
@@ -143,33 +178,16 @@ impl UdpRx {
     /// [`datagram`](Self::datagram).
     pub fn recv(&mut self) -> io::Result<usize> {
         let batch = self.batch;
-        // One base pointer per buffer, offsets from it (no re-borrow per message).
-        let bufs = self.bufs.as_mut_ptr();
-        let mut iov: Vec<libc::iovec> = (0..batch)
-            .map(|i| libc::iovec {
-                // SAFETY: `bufs` holds `batch` slots of MAX_DATAGRAM bytes.
-                iov_base: unsafe { bufs.add(i * MAX_DATAGRAM) }.cast(),
-                iov_len: MAX_DATAGRAM,
-            })
-            .collect();
-        let control = self.control.as_mut_ptr().cast::<u8>();
-        let mut msgs: Vec<libc::mmsghdr> = (0..batch)
-            .map(|i| {
-                // SAFETY: an all-zero msghdr is valid; the fields used are set below.
-                let mut h: libc::msghdr = unsafe { core::mem::zeroed() };
-                h.msg_iov = &mut iov[i];
-                h.msg_iovlen = 1;
-                // SAFETY: the control buffer holds `batch` slots of CONTROL_LEN bytes.
-                h.msg_control = unsafe { control.add(i * CONTROL_LEN) }.cast();
-                h.msg_controllen = CONTROL_LEN as _;
-                libc::mmsghdr { msg_hdr: h, msg_len: 0 }
-            })
-            .collect();
+        for m in &mut self.msgs {
+            // The kernel shrinks these to what it wrote: give each slot its full space back.
+            m.msg_hdr.msg_controllen = CONTROL_LEN as _;
+            m.msg_hdr.msg_flags = 0;
+        }
         // SAFETY: `msgs` has `batch` entries whose buffers live across the call.
         let n = unsafe {
             libc::recvmmsg(
                 self.fd.as_raw_fd(),
-                msgs.as_mut_ptr(),
+                self.msgs.as_mut_ptr(),
                 batch as libc::c_uint,
                 libc::MSG_WAITFORONE,
                 core::ptr::null_mut(),
@@ -185,7 +203,7 @@ impl UdpRx {
             };
         }
         let n = n as usize;
-        for (i, m) in msgs.iter().take(n).enumerate() {
+        for (i, m) in self.msgs.iter().take(n).enumerate() {
             self.lens[i] = (m.msg_len as usize).min(MAX_DATAGRAM);
             self.truncated[i] = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
             // SAFETY: the kernel filled `msg_controllen` bytes of this slot's control buffer.

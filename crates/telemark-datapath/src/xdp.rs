@@ -355,20 +355,7 @@ pub struct XskRx {
 unsafe impl Send for XskRx {}
 
 fn sockopt<T>(fd: RawFd, name: libc::c_int, v: &T) -> io::Result<()> {
-    // SAFETY: `v` is a live value of the size passed.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            SOL_XDP,
-            name,
-            (v as *const T).cast(),
-            core::mem::size_of::<T>() as u32,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    crate::afpacket::setsockopt(fd, SOL_XDP, name, v)
 }
 
 impl XskRx {
@@ -511,8 +498,9 @@ impl XskRx {
 
     /// Gives the last batch's frames back to the kernel.
     pub fn release(&mut self) {
-        let addrs: Vec<u64> = self.batch.iter().map(|&(a, _)| a - a % FRAME as u64).collect();
-        self.refill(addrs.into_iter());
+        let batch = std::mem::take(&mut self.batch);
+        self.refill(batch.iter().map(|&(a, _)| a - a % FRAME as u64));
+        self.batch = batch;
         self.batch.clear();
     }
 

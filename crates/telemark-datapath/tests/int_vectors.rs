@@ -76,6 +76,7 @@ fn cablelabs_v2_vectors_decode_to_expected_json() {
         let w = &want["report"];
         assert_eq!(u64::from(r.hw_id), num(w, "hw_id"), "{name}");
         assert_eq!(u64::from(r.seq), num(w, "seq"), "{name}");
+        assert_eq!(r.seq_bits, 16, "{name}: CableLabs numbers datagrams in 16 bits");
         assert_eq!(r.node_id.map(u64::from), Some(num(w, "node_id")), "{name}");
         assert_eq!(r.rep_type, RepType::None, "{name}");
         if w.get("domain_id").is_some() {

@@ -125,8 +125,11 @@ pub struct Report<'a> {
     pub version: ReportVersion,
     /// Hardware ID (6 bits).
     pub hw_id: u8,
-    /// Sequence number of the datagram (v2.0: 22 bits; v0.5/v1.0: 32 bits).
+    /// Sequence number of the datagram.
     pub seq: u32,
+    /// Width of `seq` in bits, where it wraps: 22 in v2.0, 16 in CableLabs' dialect, 32 in
+    /// v0.5 and v1.0.
+    pub seq_bits: u8,
     /// Reporting node (v2.0 group, v1.0 header, v0.5 drop/local header).
     pub node_id: Option<u32>,
     /// Ingress timestamp in the fixed header (v0.5/v1.0).
@@ -195,6 +198,10 @@ impl<'a> Report<'a> {
             version,
             hw_id: 0,
             seq: 0,
+            seq_bits: match version {
+                ReportVersion::V2_0 => 22,
+                ReportVersion::V0_5 | ReportVersion::V1_0 => 32,
+            },
             node_id: None,
             ingress_ts: None,
             rep_type: RepType::Int,
@@ -225,7 +232,7 @@ pub struct Reports<'a> {
     rest: &'a [u8],
     head: Report<'a>,
     mode: Mode,
-    /// `None` once a v0.5/v1.0 datagram's only report was yielded or an error ended the walk.
+    /// Set once a v0.5/v1.0 datagram's only report was yielded, or an error ended the walk.
     done: bool,
 }
 
@@ -299,6 +306,7 @@ impl<'a> Reports<'a> {
             let bad = Error::Malformed { layer: "individual report", field: "rep type" };
             tolerate(self.mode, &mut r.deviations, Deviation::RepTypeNone, bad)?;
             r.seq = (self.head.seq >> 6) & 0xffff;
+            r.seq_bits = 16;
             self.rest = &[];
             return cablelabs_contents(r, body_all, report_len);
         }

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use telemark_core::int::collect::Collector;
 use telemark_core::int::{DetectRule, Detectors};
+use telemark_datapath::afpacket::in_netns;
 use telemark_datapath::bench::median;
 use telemark_datapath::udp_rx::{RxOptions, UdpRx};
 use telemark_datapath::xdp::{udp_payload, XdpMode, XdpProgram};
@@ -332,9 +333,8 @@ fn udp(ns: &str, pool: &[Vec<u8>], d: Duration, xdp: bool) -> Result<(f64, f64)>
     let sent = Arc::new(AtomicU64::new(0));
     let pool2: Vec<Vec<u8>> = pool.to_vec();
     let (stop2, sent2, ns2) = (stop.clone(), sent.clone(), ns.to_string());
-    let sender = std::thread::spawn(move || -> Result<()> {
-        enter_netns(&ns2)?;
-        let s = std::net::UdpSocket::bind("10.233.0.2:0")?;
+    let sender = std::thread::spawn(move || -> std::io::Result<()> {
+        let s = in_netns(Some(&ns2), || std::net::UdpSocket::bind("10.233.0.2:0"))?;
         s.connect("10.233.0.1:32766")?;
         let fd = std::os::fd::AsRawFd::as_raw_fd(&s);
         const BATCH: usize = 64;
@@ -412,15 +412,4 @@ fn udp(ns: &str, pool: &[Vec<u8>], d: Duration, xdp: bool) -> Result<(f64, f64)>
     drop(xsk);
     drop(program);
     Ok((got as f64 / secs, sent_n as f64 / secs))
-}
-
-/// Moves the calling thread into network namespace `ns`.
-fn enter_netns(ns: &str) -> Result<()> {
-    let f = std::fs::File::open(format!("/var/run/netns/{ns}"))?;
-    // SAFETY: setns on an open namespace file; affects this thread only.
-    let r = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) };
-    if r != 0 {
-        bail!("setns {ns}: {}", std::io::Error::last_os_error());
-    }
-    Ok(())
 }

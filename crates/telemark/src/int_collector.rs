@@ -357,10 +357,9 @@ impl Source {
             Source::Xdp(x) => {
                 let n = x.recv(100)?;
                 for i in 0..n {
-                    match udp_payload(x.frame(i)) {
-                        Some(d) => f(d, false),
-                        None => f(&[], true),
-                    }
+                    // A frame the program redirected without a whole UDP datagram in it is
+                    // counted malformed, as any datagram that is not a report.
+                    f(udp_payload(x.frame(i)).unwrap_or(&[]), false);
                 }
                 x.release();
                 Ok(n)

@@ -14,7 +14,7 @@ use super::table::{Detectors, Event, Outcome};
 use telemark_wire::dialect::{Deviation, Mode};
 use telemark_wire::int::{Field, Hop};
 use telemark_wire::int_frame::{self, Start};
-use telemark_wire::report::{self, InType, Report, ReportVersion};
+use telemark_wire::report::{self, InType, Report};
 
 /// Why a datagram or report was not used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -237,13 +237,12 @@ impl Collector {
 
     /// Follows one datagram's sequence number.
     fn sequence(&mut self, r: &Report<'_>) {
-        let bits = match (r.version, r.deviations.contains(Deviation::RepTypeNone)) {
-            // CableLabs: the 16 bits after the hardware ID.
-            (_, true) => 16,
-            (ReportVersion::V2_0, false) => 22,
-            _ => 32,
+        let o = Observation {
+            node: r.node_id.unwrap_or(0),
+            hw_id: r.hw_id,
+            seq: r.seq,
+            bits: r.seq_bits,
         };
-        let o = Observation { node: r.node_id.unwrap_or(0), hw_id: r.hw_id, seq: r.seq, bits };
         match &mut self.seq {
             SeqSink::Own(s) => s.observe(o),
             SeqSink::Shared(v) => v.push(o),
