@@ -2,11 +2,15 @@
 //! `examples/agent.toml` (which a test loads); unknown keys are errors, so a typo never silently
 //! falls back to a default.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::path::Path;
+use telemark_core::int::{DetectRule, DetectSection};
 use telemark_core::loss::LossConfig;
-use telemark_core::units::parse_duration_ns;
+use telemark_core::units::{parse_duration_ns, parse_rate_bps};
 use telemark_core::watch::{parse_proto, Rule, Watch};
+use telemark_datapath::int_roles::{IntConfig, ReportMode, Role, RoleRule};
+use telemark_wire::int::{Field, Instructions};
+use telemark_wire::int_frame::Signal;
 
 /// What is wrong with a configuration.
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +148,235 @@ pub struct MetricsSection {
     /// A file holding the token scrapers must send (`Authorization: Bearer`); needed to listen
     /// on anything but a loopback address.
     pub token_file: Option<std::path::PathBuf>,
+    /// A file holding the token a controller sends to change the INT rules (`PUT
+    /// /api/v1/int`); absent: the rules change only by SIGHUP.
+    pub control_token_file: Option<std::path::PathBuf>,
+}
+
+/// An egress queue with a rate: a bottleneck inside the switch (docs/int.md, "Queues").
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueSection {
+    /// The port whose outgoing frames it holds.
+    pub port: String,
+    /// Its drain rate, e.g. `20Mbit`.
+    pub rate: String,
+    /// Bytes it holds at most, e.g. `150KB` (default); more are dropped.
+    pub limit: Option<String>,
+}
+
+/// A validated queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueConfig {
+    /// Port name.
+    pub port: String,
+    /// Bits per second.
+    pub rate_bps: u64,
+    /// Bytes.
+    pub limit_bytes: u64,
+}
+
+/// An INT role's name in a rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RoleName {
+    /// Insert INT.
+    Source,
+    /// Push metadata.
+    Transit,
+    /// Strip INT and detect.
+    Sink,
+}
+
+/// One `[[int.rule]]`: which flows take which role here.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleSection {
+    /// Flows (a watch rule such as `dst=10.0.3.0/24,proto=udp`; `*` or absent: every flow).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub flows: String,
+    /// `source`, `transit` or `sink`.
+    pub role: RoleName,
+    /// A source's instructions: INT field names (default: node_id, l1_ingress_if,
+    /// hop_latency, queue_occupancy, egress_ts).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instructions: Vec<String>,
+    /// A source's RemainingHopCnt, itself included (default 8).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_hops: Option<u8>,
+}
+
+/// The rules the controller may change at run time: the body of `PUT /api/v1/int` and the
+/// rules of `[int]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntRulesSection {
+    /// Roles, first match decides.
+    #[serde(default)]
+    pub rule: Vec<RoleSection>,
+    /// The sink's detectors, first match decides.
+    #[serde(default)]
+    pub detect: Vec<DetectSection>,
+}
+
+/// Rules validated, with the text they came from (to show them back).
+#[derive(Debug, Clone, PartialEq)]
+pub struct IntRules {
+    /// As written.
+    pub text: IntRulesSection,
+    /// Roles.
+    pub roles: Vec<RoleRule>,
+    /// Detectors.
+    pub detect: Vec<DetectRule>,
+}
+
+const DEFAULT_INSTRUCTIONS: [Field; 5] =
+    [Field::NodeId, Field::L1IngressIf, Field::HopLatency, Field::QueueOccupancy, Field::EgressTs];
+
+impl IntRulesSection {
+    /// Checks every rule.
+    pub fn validate(self) -> Result<IntRules, ConfigError> {
+        let mut roles = Vec::new();
+        for (i, r) in self.rule.iter().enumerate() {
+            let bad = |e: String| invalid(format!("[[int.rule]] #{}: {e}", i + 1));
+            let flows = match r.flows.trim() {
+                "" | "*" => None,
+                f => Some(f.parse::<Rule>().map_err(|e| bad(e.0))?),
+            };
+            let role = match r.role {
+                RoleName::Source => {
+                    let mut fields = Vec::new();
+                    for name in &r.instructions {
+                        fields.push(Field::from_name(name).ok_or_else(|| {
+                            let names: Vec<&str> = Field::ALL.iter().map(|f| f.name()).collect();
+                            bad(format!(
+                                "unknown instruction {name:?}; INT fields are {}",
+                                names.join(", ")
+                            ))
+                        })?);
+                    }
+                    if fields.is_empty() {
+                        fields.extend(DEFAULT_INSTRUCTIONS);
+                    }
+                    let max_hops = r.max_hops.unwrap_or(8);
+                    if max_hops == 0 {
+                        return Err(bad("max_hops: at least 1 (the source itself)".into()));
+                    }
+                    Role::Source { instructions: Instructions::of(&fields), max_hops }
+                }
+                RoleName::Transit | RoleName::Sink
+                    if !r.instructions.is_empty() || r.max_hops.is_some() =>
+                {
+                    return Err(bad("instructions and max_hops are a source's".into()));
+                }
+                RoleName::Transit => Role::Transit,
+                RoleName::Sink => Role::Sink,
+            };
+            roles.push(RoleRule { flows, role });
+        }
+        let mut detect = Vec::new();
+        for (i, d) in self.detect.iter().enumerate() {
+            detect.push(d.rule().map_err(|e| invalid(format!("[[int.detect]] #{}: {e}", i + 1)))?);
+        }
+        Ok(IntRules { text: self, roles, detect })
+    }
+}
+
+/// `[int]`: this switch's INT settings and rules (docs/int.md, "Switch roles").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntSection {
+    /// This switch's node ID in the metadata it adds and the reports it sends.
+    pub node_id: u32,
+    /// The DSCP value that signals INT (default 0x17, the specification's example).
+    pub signal_dscp: Option<u8>,
+    /// A UDP destination port that signals INT instead (INT v2.1 §5.7.2, NPT 1).
+    pub signal_port: Option<u16>,
+    /// Largest packet (from the IP header) INT may grow a packet to (default 1500).
+    pub mtu: Option<usize>,
+    /// Domain-specific ID a source writes (default 0).
+    pub domain_id: Option<u16>,
+    /// Where a sink sends Telemetry Reports (the INT collector's UDP address).
+    pub report_to: Option<std::net::SocketAddr>,
+    /// Which packets a sink reports: `events` (default: those whose detector fired), `all`
+    /// or `off`.
+    pub report: Option<String>,
+    /// Flows the sink keeps detector state for (default 65536).
+    pub flows: Option<usize>,
+    /// Roles.
+    #[serde(default)]
+    pub rule: Vec<RoleSection>,
+    /// Detectors.
+    #[serde(default)]
+    pub detect: Vec<DetectSection>,
+}
+
+/// Validated `[int]`.
+#[derive(Debug, Clone)]
+pub struct IntSettings {
+    /// What the roles need.
+    pub cfg: IntConfig,
+    /// Where reports go.
+    pub report_to: Option<std::net::SocketAddr>,
+    /// Detector table size.
+    pub flows: usize,
+    /// The rules at start.
+    pub rules: IntRules,
+}
+
+impl IntSettings {
+    /// Whether `other` differs only in its rules (which change without a restart).
+    pub fn same_but_rules(&self, other: &IntSettings) -> bool {
+        let (a, b) = (&self.cfg, &other.cfg);
+        (a.node_id, a.signal, a.mtu, a.domain_id, a.report)
+            == (b.node_id, b.signal, b.mtu, b.domain_id, b.report)
+            && self.report_to == other.report_to
+            && self.flows == other.flows
+    }
+}
+
+impl IntSection {
+    fn validate(self) -> Result<IntSettings, ConfigError> {
+        if self.node_id == 0 || self.node_id == u32::MAX {
+            return Err(invalid("int.node_id: 1 to 4294967294 (0 and all-ones mean none)"));
+        }
+        let dscp = match (self.signal_dscp, self.signal_port) {
+            (Some(d), _) if d > 0x3f => {
+                return Err(invalid(format!("int.signal_dscp {d}: DSCP is 0 to 63")))
+            }
+            (Some(d), _) => Some(d),
+            (None, Some(_)) => None,
+            (None, None) => Some(0x17),
+        };
+        let mtu = self.mtu.unwrap_or(1500);
+        if !(576..=9216).contains(&mtu) {
+            return Err(invalid(format!("int.mtu {mtu}: 576 to 9216")));
+        }
+        let report = match self.report.as_deref() {
+            None | Some("events") => ReportMode::Events,
+            Some("all") => ReportMode::All,
+            Some("off") => ReportMode::Off,
+            Some(o) => return Err(invalid(format!("int.report {o:?}: events, all or off"))),
+        };
+        let report = if self.report_to.is_none() { ReportMode::Off } else { report };
+        let flows = self.flows.unwrap_or(65_536);
+        if !(1..=1 << 24).contains(&flows) {
+            return Err(invalid("int.flows: 1 to 16777216"));
+        }
+        let rules = IntRulesSection { rule: self.rule, detect: self.detect }.validate()?;
+        Ok(IntSettings {
+            cfg: IntConfig {
+                node_id: self.node_id,
+                signal: Signal { dscp, udp_port: self.signal_port },
+                mtu,
+                domain_id: self.domain_id.unwrap_or(0),
+                report,
+            },
+            report_to: self.report_to,
+            flows,
+            rules,
+        })
+    }
 }
 
 /// The file.
@@ -171,6 +404,11 @@ pub struct FileConfig {
     pub export: Option<ExportSection>,
     /// The agent's `/metrics`; absent: no listener.
     pub metrics: Option<MetricsSection>,
+    /// INT roles; absent: INT passes untouched.
+    pub int: Option<IntSection>,
+    /// Egress queues with a rate.
+    #[serde(default)]
+    pub queue: Vec<QueueSection>,
 }
 
 /// The validated configuration the agent runs with.
@@ -204,6 +442,12 @@ pub struct AgentConfig {
     pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
     /// Where `/metrics` is served, and the token scrapers must send.
     pub metrics: Option<(std::net::SocketAddr, Option<String>)>,
+    /// The token a controller sends to change INT rules on that listener.
+    pub control_token: Option<String>,
+    /// INT.
+    pub int: Option<IntSettings>,
+    /// Egress queues.
+    pub queues: Vec<QueueConfig>,
     /// Measure; false: forward only.
     pub measure: bool,
     /// Discard records instead of printing them when there is no collector (benchmarks).
@@ -350,6 +594,36 @@ impl FileConfig {
                     .map_err(|err| invalid(format!("export.ca_file: {err}")))?,
             ),
         };
+        let control_token = match &self.metrics {
+            Some(MetricsSection { control_token_file: Some(f), .. }) => {
+                Some(token_file("metrics.control_token_file", f)?)
+            }
+            _ => None,
+        };
+        if control_token.is_some() && self.int.is_none() {
+            return Err(invalid(
+                "metrics.control_token_file: the control API changes [int] rules; add [int]",
+            ));
+        }
+        let mut queues = Vec::new();
+        for (i, q) in self.queue.iter().enumerate() {
+            let bad = |e: String| invalid(format!("[[queue]] #{}: {e}", i + 1));
+            if !self.pair.iter().any(|p| p.a == q.port || p.b == q.port) {
+                return Err(bad(format!("port {:?} is not one of the pairs' ports", q.port)));
+            }
+            if queues.iter().any(|x: &QueueConfig| x.port == q.port) {
+                return Err(bad(format!("port {:?} has a queue already", q.port)));
+            }
+            let rate_bps = parse_rate_bps(&q.rate).map_err(bad)?;
+            let limit = q.limit.as_deref().unwrap_or("150KB");
+            let limit_bytes = telemark_core::int::expr::parse_quantity(limit)
+                .ok()
+                .and_then(|v| u64::try_from(v).ok())
+                .filter(|v| (1_500..=1 << 30).contains(v))
+                .ok_or_else(|| bad(format!("limit {limit:?}: a size from 1500B to 1GB")))?;
+            queues.push(QueueConfig { port: q.port.clone(), rate_bps, limit_bytes });
+        }
+        let int = self.int.map(IntSection::validate).transpose()?;
         let metrics = match self.metrics {
             None => None,
             Some(m) => {
@@ -384,6 +658,9 @@ impl FileConfig {
             token,
             tls,
             metrics,
+            control_token,
+            int,
+            queues,
             measure: self.measure.unwrap_or(true),
             quiet: false,
         })

@@ -1,7 +1,12 @@
 //! The agent's `/metrics` (docs/agent.md, "Metrics"): its health as Prometheus counters, read
 //! from what the fast path and the aggregator publish (no lock on the fast path: it publishes
 //! ten times a second into a mutex only this page and the aggregator read).
+//!
+//! On the same listener, the control API (docs/int.md, "Control API"): `GET /api/v1/int`
+//! shows the INT rules in force, `PUT /api/v1/int` replaces them (the INT paper's SDN
+//! controller). Both need the control token; without one configured the API is off.
 
+use crate::config::IntRulesSection;
 use crate::run::{AgentStats, Shared};
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -21,6 +26,8 @@ pub(crate) struct AgentMetrics {
     pub(crate) ports: Vec<String>,
     /// The token scrapers must send, when set.
     pub(crate) token: Option<String>,
+    /// The token a controller must send; `None`: no control API.
+    pub(crate) control_token: Option<String>,
     pub(crate) transport: Arc<ServerStats>,
 }
 
@@ -32,6 +39,7 @@ impl Handler for AgentMetrics {
                 Response::text("text/plain; version=0.0.4", self.render(&self.shared.snapshot()))
             }
             (_, "/metrics") => Response::error(405, "only GET is allowed on /metrics"),
+            (_, "/api/v1/int") => self.control(req),
             (_, p) => {
                 Response::error(404, format!("no such endpoint: {p} (the agent serves /metrics)"))
             }
@@ -39,10 +47,10 @@ impl Handler for AgentMetrics {
     }
 
     fn route(&self, path: &str) -> &'static str {
-        if path == "/metrics" {
-            "/metrics"
-        } else {
-            "other"
+        match path {
+            "/metrics" => "/metrics",
+            "/api/v1/int" => "/api/v1/int",
+            _ => "other",
         }
     }
 }
@@ -56,6 +64,41 @@ fn family(o: &mut String, name: &str, kind: &str, help: &str, samples: &[(String
 }
 
 impl AgentMetrics {
+    /// `GET` or `PUT /api/v1/int`.
+    fn control(&self, req: &Request<'_>) -> Response {
+        let Some(want) = &self.control_token else {
+            return Response::error(
+                404,
+                "the control API is off: set metrics.control_token_file and [int]",
+            );
+        };
+        if !req.token.is_some_and(|t| telemark_transport::http::token_eq(want, t)) {
+            return Response::unauthenticated();
+        }
+        match req.method {
+            "GET" => {
+                let rules = self.shared.int_rules.lock().ok().and_then(|r| r.clone());
+                Response::json(200, &rules.map(|r| r.text).unwrap_or_default())
+            }
+            "PUT" => {
+                let body: IntRulesSection = match serde_json::from_slice(req.body) {
+                    Ok(b) => b,
+                    Err(e) => return Response::error(400, format!("body: {e}")),
+                };
+                match body.validate() {
+                    Ok(rules) => {
+                        let text = rules.text.clone();
+                        self.shared.set_int_rules(rules);
+                        tracing::info!("INT rules replaced through the control API");
+                        Response::json(200, &text)
+                    }
+                    Err(e) => Response::error(400, e),
+                }
+            }
+            _ => Response::error(405, "GET or PUT /api/v1/int"),
+        }
+    }
+
     fn authorised(&self, token: Option<&str>) -> bool {
         match (&self.token, token) {
             (None, _) => true,
@@ -229,6 +272,72 @@ impl AgentMetrics {
             "Export attempts that failed (retried).",
             &one(e.export_failures),
         );
+        if let Some(i) = &p.int {
+            let r = &i.roles;
+            for (name, help, v) in [
+                ("sourced", "Packets a source inserted INT into.", r.sourced),
+                ("pushed", "Packets a transit pushed metadata onto.", r.pushed),
+                ("stripped", "Packets a sink stripped INT from.", r.stripped),
+                (
+                    "hop_count_exceeded",
+                    "INT packets with no hops left (E set).",
+                    r.hop_count_exceeded,
+                ),
+                ("mtu_exceeded", "INT not added because of the MTU (M set).", r.mtu_exceeded),
+                ("malformed", "INT that did not parse, left as it was.", r.malformed),
+                ("events", "Events the sink's detectors raised.", r.events),
+                ("reports", "Telemetry Reports the sink sent.", r.reports),
+                ("event_drops", "Events lost to a full event ring.", i.event_drops),
+                ("report_errors", "Reports the socket refused.", i.report_errors),
+            ] {
+                family(
+                    &mut o,
+                    &format!("telemark_agent_int_{name}_total"),
+                    "counter",
+                    help,
+                    &one(v),
+                );
+            }
+        }
+        if !p.queues.is_empty() {
+            let per_queue = |f: &dyn Fn(&telemark_datapath::queue::QueueStats) -> u64| {
+                p.queues
+                    .iter()
+                    .map(|(port, q)| {
+                        let name = self.ports.get(*port).map_or("?", String::as_str);
+                        (format!("{{{a},port=\"{name}\"}}"), f(q))
+                    })
+                    .collect::<Vec<_>>()
+            };
+            family(
+                &mut o,
+                "telemark_agent_queue_enqueued_total",
+                "counter",
+                "Frames that joined an egress queue.",
+                &per_queue(&|q| q.enqueued),
+            );
+            family(
+                &mut o,
+                "telemark_agent_queue_dropped_total",
+                "counter",
+                "Frames an egress queue dropped because it was full (drop-tail).",
+                &per_queue(&|q| q.dropped),
+            );
+            family(
+                &mut o,
+                "telemark_agent_queue_backlog_bytes",
+                "gauge",
+                "Bytes an egress queue holds now.",
+                &per_queue(&|q| q.backlog_bytes),
+            );
+            family(
+                &mut o,
+                "telemark_agent_queue_max_backlog_bytes",
+                "gauge",
+                "The most bytes an egress queue has held.",
+                &per_queue(&|q| q.max_backlog_bytes),
+            );
+        }
         self.transport.render("telemark_agent", &mut o);
         o
     }

@@ -2,17 +2,22 @@
 //! aggregator thread that owns the aggregator and the exporter (DESIGN.md, "Data flow").
 //!
 //! ```text
-//!  RX ring ─► copy into burst ─► Switch (mark, ingress point, forward, egress point) ─► TX ring
+//!  RX ring ─► copy into burst ─► Switch (mark, ingress point, forward, egress point) ─► Egress
 //!                                   │ batch events (SPSC ring; full: counted, never waited on)
 //!                                   ▼
 //!                               aggregator ─► loss / summary / cost records ─► Exporter ─► collector
 //! ```
 //!
+//! Egress (egress.rs) puts frames onto the output port's TX ring, through the port's rate-
+//! limited queue where one is configured and the flow's INT role where `[int]` is; INT events
+//! reach the aggregator thread through their own ring and leave as `event` records.
+//!
 //! The fast path sleeps in `poll` only when every RX ring is empty; it never waits on the
 //! aggregator or the collector. What it cannot hand over (a full event ring, a full TX ring, a
 //! full RX ring in the kernel) is counted and exported as the agent's health.
 
-use crate::config::{AgentConfig, MarkSide};
+use crate::config::{AgentConfig, IntRules, MarkSide};
+use crate::egress::{Egress, IntStage, IntStats, RuledEvent};
 use crate::metrics::AgentMetrics;
 use serde::Serialize;
 use std::io::Write;
@@ -24,8 +29,10 @@ use telemark_core::flow_hash;
 use telemark_core::loss::{color_of, Aggregator, AnyColorTable, BatchEvent, PointSpec, PointStats};
 use telemark_core::records::{CostRecord, HealthRecord, PointHealth, Record};
 use telemark_core::spsc::{self, Consumer};
-use telemark_datapath::afpacket::{self, RingConfig, RxRing, TxRing};
+use telemark_datapath::afpacket::{self, RingConfig, RxRing};
 use telemark_datapath::events::RingSink;
+use telemark_datapath::int_roles::IntRoles;
+use telemark_datapath::queue::{EgressQueue, QueueStats};
 use telemark_datapath::switch::{Action, Switch, SwitchConfig, SwitchStats, Tx, BURST};
 use telemark_datapath::Pkt;
 use telemark_transport::exporter::Exporter;
@@ -45,6 +52,9 @@ pub enum AgentError {
     /// The `/metrics` listener could not start.
     #[error("metrics listener: {0}")]
     Metrics(telemark_transport::server::ServerError),
+    /// The INT report socket could not be opened.
+    #[error("int.report_to: {0}")]
+    Report(std::io::Error),
 }
 
 /// Counters of the fast path, published by it ten times a second.
@@ -78,6 +88,12 @@ pub struct PathStats {
     /// Each observation point's table: point number, counters, flows held, capacity.
     #[serde(skip)]
     pub points: Vec<(u8, PointStats, u64, u64)>,
+    /// The INT stage's counters, when INT is configured.
+    #[serde(skip)]
+    pub int: Option<IntStats>,
+    /// Each egress queue's port number and counters.
+    #[serde(skip)]
+    pub queues: Vec<(usize, QueueStats)>,
 }
 
 /// Counters of the aggregator and exporter.
@@ -115,9 +131,19 @@ pub(crate) struct Shared {
     new_watch: Mutex<Option<telemark_core::watch::Watch>>,
     /// Export settings a reload gave, for the aggregator thread to take.
     new_export: Mutex<Option<AgentConfig>>,
+    /// INT rules the controller or a reload gave, for the fast path to take.
+    new_int: Mutex<Option<IntRules>>,
+    /// The INT rules in force (what `GET /api/v1/int` shows).
+    pub(crate) int_rules: Mutex<Option<IntRules>>,
 }
 
 impl Shared {
+    /// Puts new INT rules in force (the fast path takes them within 100 ms).
+    pub(crate) fn set_int_rules(&self, rules: IntRules) {
+        *self.new_int.lock().unwrap_or_else(|p| p.into_inner()) = Some(rules.clone());
+        *self.int_rules.lock().unwrap_or_else(|p| p.into_inner()) = Some(rules);
+    }
+
     /// Both threads' counters as last published.
     pub(crate) fn snapshot(&self) -> AgentStats {
         AgentStats {
@@ -211,6 +237,9 @@ impl Agent {
         }
         let (points, per_port) = layout(&cfg);
         let stats = Arc::new(Shared::default());
+        if let Some(i) = &cfg.int {
+            *stats.int_rules.lock().unwrap_or_else(|p| p.into_inner()) = Some(i.rules.clone());
+        }
         let metrics = match &cfg.metrics {
             None => None,
             Some((listen, token)) => {
@@ -221,12 +250,14 @@ impl Agent {
                     points: points.clone(),
                     ports: names.iter().map(|n| n.to_string()).collect(),
                     token: token.clone(),
+                    control_token: cfg.control_token.clone(),
                     transport: transport.clone(),
                 });
+                let max_body = if cfg.control_token.is_some() { 64 * 1024 } else { 0 };
                 let scfg = ServerConfig {
                     listen: *listen,
                     tls: None,
-                    limits: Limits { max_body: 0, max_connections: 64, ..Limits::default() },
+                    limits: Limits { max_body, max_connections: 64, ..Limits::default() },
                     workers: 1,
                 };
                 Some(Server::start(scfg, handler, transport).map_err(AgentError::Metrics)?)
@@ -258,12 +289,42 @@ impl Agent {
             }
         }
         let (prod, cons) = spsc::channel::<BatchEvent>(1 << 16);
+        let (int_prod, int_cons) = spsc::channel::<RuledEvent>(1 << 12);
+        let int = match &cfg.int {
+            None => None,
+            Some(i) => {
+                let report = match i.report_to {
+                    None => None,
+                    Some(to) => {
+                        let bind: std::net::SocketAddr = if to.is_ipv4() {
+                            (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+                        } else {
+                            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+                        };
+                        let s = std::net::UdpSocket::bind(bind).map_err(AgentError::Report)?;
+                        s.connect(to).map_err(AgentError::Report)?;
+                        s.set_nonblocking(true).map_err(AgentError::Report)?;
+                        Some(s)
+                    }
+                };
+                let roles =
+                    IntRoles::new(i.cfg, i.rules.roles.clone(), i.rules.detect.clone(), i.flows);
+                Some(IntStage::new(roles, int_prod, report))
+            }
+        };
+        let queues = names
+            .iter()
+            .map(|n| {
+                let q = cfg.queues.iter().find(|q| &&q.port == n)?;
+                Some(EgressQueue::new(q.rate_bps, q.limit_bytes))
+            })
+            .collect();
         let stop = Arc::new(AtomicBool::new(false));
         let fast_done = Arc::new(AtomicBool::new(false));
         let fast = FastPath {
             points: per_port.clone(),
             rxs,
-            txs,
+            egress: Egress::new(txs, queues, int),
             procs,
             watch: cfg.watch.clone(),
             sink: RingSink::new(prod),
@@ -277,7 +338,7 @@ impl Agent {
         let batch = Some(cfg.loss.batch).filter(|_| cfg.loss.period_ns.is_none());
         let agg = Aggregator::new(points, batch, 0).report_all(cfg.report_all);
         let running = Mutex::new(cfg.clone());
-        let slow = Slow { cfg, agg, cons, last_export_dropped: 0 };
+        let slow = Slow { cfg, agg, cons, int_events: int_cons, last_export_dropped: 0 };
         let st2 = stats.clone();
         let agg = std::thread::Builder::new()
             .name("tm-aggregator".into())
@@ -308,7 +369,16 @@ impl Agent {
             ("tap", cur.taps == new.taps),
             ("loss", cur.loss == new.loss),
             ("measure", cur.measure == new.measure),
-            ("metrics", cur.metrics == new.metrics),
+            ("metrics", cur.metrics == new.metrics && cur.control_token == new.control_token),
+            ("queue", cur.queues == new.queues),
+            (
+                "int (anything but its rules)",
+                match (&cur.int, &new.int) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => a.same_but_rules(b),
+                    _ => false,
+                },
+            ),
             (
                 "export.collector (added or removed)",
                 cur.collector.is_some() == new.collector.is_some(),
@@ -322,6 +392,13 @@ impl Agent {
             ));
         }
         let mut changed = Vec::new();
+        if let Some(i) = &new.int {
+            let running = self.stats.int_rules.lock().ok().and_then(|r| r.clone());
+            if running.as_ref() != Some(&i.rules) {
+                changed.push("int rules");
+                self.stats.set_int_rules(i.rules.clone());
+            }
+        }
         if cur.watch != new.watch {
             changed.push("watch");
             *self.stats.new_watch.lock().unwrap_or_else(|p| p.into_inner()) =
@@ -389,7 +466,7 @@ struct FastPath {
     /// Each port's point numbers (marker, ingress, egress; `u8::MAX`: none).
     points: Vec<(u8, u8, u8)>,
     rxs: Vec<RxRing>,
-    txs: Vec<TxRing>,
+    egress: Egress,
     procs: Vec<Proc>,
     watch: telemark_core::watch::Watch,
     sink: RingSink,
@@ -418,10 +495,18 @@ impl FastPath {
                     }
                 }
             }
+            let now = now_ns();
+            self.egress.drain_due(now);
+            self.egress.kick();
             if got > 0 {
                 busy_ns += t0.elapsed().as_nanos() as u64;
             } else {
-                afpacket::wait_readable(&fds, 10);
+                // Asleep until a frame arrives or the next queued one is due (10 ms at most).
+                let wait_ms = self
+                    .egress
+                    .next_due_ns()
+                    .map_or(10, |due| due.saturating_sub(now).div_ceil(1_000_000).min(10));
+                afpacket::wait_readable(&fds, wait_ms as i32);
             }
             let now = now_ns();
             if now >= next_idle {
@@ -434,9 +519,20 @@ impl FastPath {
                 if let Some(w) = shared.new_watch.lock().ok().and_then(|mut w| w.take()) {
                     self.set_watch(w);
                 }
+                if let Some(r) = shared.new_int.lock().ok().and_then(|mut r| r.take()) {
+                    if let Some(int) = &mut self.egress.int {
+                        int.set_rules(&r);
+                    }
+                }
             }
         }
-        // Shutdown: close every open batch, upstream first, so nothing counted is lost.
+        // Shutdown: what is queued leaves when its time comes; then close every open batch,
+        // upstream first, so nothing counted is lost.
+        while let Some(due) = self.egress.next_due_ns() {
+            std::thread::sleep(Duration::from_nanos(due.saturating_sub(now_ns()).min(10_000_000)));
+            self.egress.drain_due(now_ns());
+            self.egress.kick();
+        }
         for p in &mut self.procs {
             match p {
                 Proc::Switch(sw) => sw.flush(&mut self.sink, |_| {}),
@@ -449,8 +545,8 @@ impl FastPath {
 
     /// Reads one RX block of port `pi` in bursts through its processor; frames read.
     fn read_block(&mut self, pi: usize, burst: &mut [Pkt], out: &mut Outbox) -> usize {
-        let (rxs, procs, txs, sink, watch) =
-            (&mut self.rxs, &mut self.procs, &mut self.txs, &mut self.sink, &self.watch);
+        let (rxs, procs, egress, sink, watch) =
+            (&mut self.rxs, &mut self.procs, &mut self.egress, &mut self.sink, &self.watch);
         let Some(rx) = rxs.get_mut(pi) else { return 0 };
         let Some(proc) = procs.get_mut(pi) else { return 0 };
         let mut n = 0;
@@ -463,12 +559,12 @@ impl FastPath {
                 n += 1;
             }
             if n == BURST {
-                run_burst(proc, &mut burst[..n], sink, out, txs, watch);
+                run_burst(proc, pi as u16, &mut burst[..n], sink, out, egress, watch);
                 n = 0;
             }
         });
         if n > 0 {
-            run_burst(proc, &mut burst[..n], sink, out, txs, watch);
+            run_burst(proc, pi as u16, &mut burst[..n], sink, out, egress, watch);
         }
         got
     }
@@ -504,7 +600,7 @@ impl FastPath {
             s.rx_ring_drops_by_port.push(st.rx_ring_drops);
             s.rx_truncated += st.rx_truncated;
         }
-        for t in &self.txs {
+        for t in &self.egress.txs {
             let st = t.stats();
             s.tx += st.tx;
             s.tx_drops += st.tx_full + st.tx_too_big + st.tx_errors;
@@ -529,6 +625,8 @@ impl FastPath {
                 }
             }
         }
+        s.int = self.egress.int.as_ref().map(IntStage::stats);
+        s.queues = self.egress.queue_stats();
         // Never wait for the lock: the aggregator holds it only to copy.
         if let Ok(mut g) = shared.try_lock() {
             *g = s;
@@ -536,34 +634,29 @@ impl FastPath {
     }
 }
 
-/// One burst through a switch direction (then onto the output TX ring) or a tap.
+/// One burst, arrived on port `in_port`, through a switch direction (then out by Egress) or
+/// a tap.
 #[inline]
 fn run_burst(
     proc: &mut Proc,
+    in_port: u16,
     pkts: &mut [Pkt],
     sink: &mut RingSink,
     out: &mut Outbox,
-    txs: &mut [TxRing],
+    egress: &mut Egress,
     watch: &telemark_core::watch::Watch,
 ) {
     match proc {
         Proc::Switch(sw) => {
             out.0.clear();
             sw.process(pkts, sink, out, |_, _| false);
-            let mut kick = [false; 16];
+            let now = now_ns();
             for &(port, idx) in &out.0 {
-                if let (Some(tx), Some(p)) = (txs.get_mut(usize::from(port)), pkts.get(idx)) {
-                    tx.tx(&p.data);
-                    if let Some(k) = kick.get_mut(usize::from(port)) {
-                        *k = true;
-                    }
+                if let Some(p) = pkts.get_mut(idx) {
+                    egress.send(in_port, port, &mut p.data, p.ts_ns, now);
                 }
             }
-            for (tx, k) in txs.iter_mut().zip(kick) {
-                if k {
-                    tx.kick();
-                }
-            }
+            egress.kick();
         }
         Proc::Tap(t, color_bit) => {
             for p in pkts.iter() {
@@ -589,6 +682,8 @@ struct Slow {
     cfg: AgentConfig,
     agg: Aggregator,
     cons: Consumer<BatchEvent>,
+    /// INT sink events.
+    int_events: Consumer<RuledEvent>,
     /// Export drops reported in the last health record.
     last_export_dropped: u64,
 }
@@ -627,6 +722,7 @@ impl Slow {
                 records += 1;
                 emit(&mut out, r);
             }
+            records += self.drain_int_events(&mut out);
             let now = now_ns();
             if now >= next_summary {
                 let snap = shared.path.lock().map(|s| s.clone()).unwrap_or_default();
@@ -688,6 +784,7 @@ impl Slow {
             }
         }
         // The fast path closed every batch: resolve and export the rest.
+        records += self.drain_int_events(&mut out);
         self.cons.drain(|ev| self.agg.handle(ev));
         self.agg.flush();
         while let Some(r) = self.agg.poll_record() {
@@ -718,6 +815,16 @@ impl Slow {
             }
         }
         self.publish(shared, &out, records);
+    }
+
+    /// INT events from the fast path, as records; how many.
+    fn drain_int_events(&mut self, out: &mut Out) -> u64 {
+        let mut n = 0;
+        while let Some((e, rules)) = self.int_events.pop() {
+            emit(out, Record::Event(e.record(&self.cfg.agent, &rules)));
+            n += 1;
+        }
+        n
     }
 
     /// New export settings: the collector, token and TLS trust (records not yet acknowledged

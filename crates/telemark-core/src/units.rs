@@ -22,9 +22,33 @@ pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
     }
 }
 
+/// Parses a link rate: a number with a unit `bit`, `kbit`, `Mbit` or `Gbit` (optionally
+/// followed by `/s`), e.g. `100Mbit`, `2.5Gbit/s`; in bits per second, more than zero.
+pub fn parse_rate_bps(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t.strip_suffix("/s").unwrap_or(t);
+    let units: [(&str, f64); 4] = [("kbit", 1e3), ("Mbit", 1e6), ("Gbit", 1e9), ("bit", 1.0)];
+    let parsed = units.iter().find_map(|(u, m)| t.strip_suffix(u).map(|n| (n.trim(), *m)));
+    match parsed.map(|(n, m)| (n.parse::<f64>(), m)) {
+        Some((Ok(v), m)) if v.is_finite() && v * m >= 1.0 && v * m < 1e13 => Ok((v * m) as u64),
+        _ => Err(format!("{s:?} is not a rate (like 10Mbit, 1Gbit/s)")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_in_every_unit() {
+        for (s, bps) in [("10Mbit", 10_000_000), ("1.5Gbit/s", 1_500_000_000), ("500kbit", 500_000)]
+        {
+            assert_eq!(parse_rate_bps(s), Ok(bps), "{s}");
+        }
+        for bad in ["", "10", "10MB", "-1Mbit", "0Mbit", "NaNbit"] {
+            assert!(parse_rate_bps(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn durations_in_every_unit() {

@@ -5,14 +5,41 @@
 //!
 //! Sans-IO: the caller says what the switch measured for the packet ([`Measured`]: ports,
 //! its own ingress and egress times, the egress queue's occupancy) and gets the edited frame
-//! and, at a sink, the event if the detector fired.
+//! and, at a sink, the event if the detector fired and the Telemetry Report to send
+//! ([`Output`]; INT Telemetry Report v2.0 §3, one individual report per datagram).
 
 use telemark_core::int::{DetectRule, Detectors, Event, Outcome};
 use telemark_core::watch::Rule;
 use telemark_wire::dialect::Mode;
 use telemark_wire::int::{Field, Hop, Instructions};
 use telemark_wire::int_frame::{self, Edit, Signal, Source, MAX_HOPS};
+use telemark_wire::report::{self, Flags, InType};
 use telemark_wire::FlowKey;
+
+/// Which packets a sink sends a Telemetry Report for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReportMode {
+    /// None: events become records only.
+    #[default]
+    Off,
+    /// Those whose flow's detector fired: the INT paper's filtering at the sink (§III-C).
+    Events,
+    /// Every INT packet: the specification's sink without filtering (the paper's baseline).
+    All,
+}
+
+/// What a sink hands on.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // handed by value to the caller's closure, never stored
+pub enum Output<'a> {
+    /// The flow's detector fired.
+    Event(Event),
+    /// A Telemetry Report v2.0 datagram (one individual INT report) to send to the collector.
+    Report(&'a [u8]),
+}
+
+/// Inner packet bytes a report carries at most: the headers and the INT stack.
+const REPORT_INNER_MAX: usize = 512;
 
 /// What a switch does with a flow's INT.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +77,8 @@ pub struct IntConfig {
     pub mtu: usize,
     /// Domain-specific ID a source writes.
     pub domain_id: u16,
+    /// Which packets a sink reports.
+    pub report: ReportMode,
 }
 
 /// What the switch measured for one packet: the metadata it contributes.
@@ -88,6 +117,8 @@ pub struct RoleCounts {
     pub malformed: u64,
     /// Sink events.
     pub events: u64,
+    /// Telemetry Reports handed on (one per datagram).
+    pub reports: u64,
 }
 
 /// The roles and the sink's detectors.
@@ -97,6 +128,12 @@ pub struct IntRoles {
     rules: Vec<RoleRule>,
     detectors: Detectors,
     counts: RoleCounts,
+    /// The next report's sequence number (22 bits on the wire).
+    report_seq: u32,
+    /// The sink's copy of a packet's headers and INT, before stripping.
+    inner: Vec<u8>,
+    /// The report datagram being built.
+    datagram: Vec<u8>,
 }
 
 impl IntRoles {
@@ -112,6 +149,9 @@ impl IntRoles {
             rules,
             detectors: Detectors::new(detect, flows),
             counts: RoleCounts::default(),
+            report_seq: 0,
+            inner: Vec::with_capacity(REPORT_INNER_MAX),
+            datagram: vec![0; 2048],
         }
     }
 
@@ -157,8 +197,9 @@ impl IntRoles {
         self.rules.iter().find(|r| r.flows.as_ref().is_none_or(|f| f.matches(flow))).map(|r| r.role)
     }
 
-    /// Applies the flow's role to `frame` leaving the switch; a sink's event goes to `emit`.
-    pub fn apply(&mut self, frame: &mut Vec<u8>, m: &Measured, mut emit: impl FnMut(Event)) {
+    /// Applies the flow's role to `frame` leaving the switch; a sink's event and report go to
+    /// `emit`.
+    pub fn apply(&mut self, frame: &mut Vec<u8>, m: &Measured, mut emit: impl FnMut(Output<'_>)) {
         let signal = self.cfg.signal;
         let found = match int_frame::find(frame, &signal, Mode::Tolerant) {
             Ok(f) => f.map(|f| f.flow),
@@ -200,7 +241,22 @@ impl IntRoles {
         }
     }
 
-    fn sink(&mut self, frame: &mut Vec<u8>, m: &Measured, own: Hop, emit: &mut impl FnMut(Event)) {
+    fn sink(
+        &mut self,
+        frame: &mut Vec<u8>,
+        m: &Measured,
+        own: Hop,
+        emit: &mut impl FnMut(Output<'_>),
+    ) {
+        if self.cfg.report != ReportMode::Off {
+            // The report's inner packet: the frame as it arrived, up to the end of INT.
+            let end = match int_frame::find(frame, &self.cfg.signal, Mode::Tolerant) {
+                Ok(Some(f)) => f.layers.after_l4 + f.int.len,
+                _ => 0,
+            };
+            self.inner.clear();
+            self.inner.extend_from_slice(&frame[..end.min(REPORT_INNER_MAX).min(frame.len())]);
+        }
         let stripped = match int_frame::strip(frame, &self.cfg.signal, Mode::Tolerant) {
             Ok(Some(s)) => s,
             Ok(None) => return,
@@ -215,12 +271,42 @@ impl IntRoles {
         path[0] = own;
         let n = 1 + stripped.hop_count.min(MAX_HOPS - 1);
         path[1..n].copy_from_slice(&stripped.hops()[..n - 1]);
-        if let Outcome::Event(rule, d) =
-            self.detectors.detect(&stripped.flow, &path[..n], m.egress_ns)
-        {
-            self.counts.events += 1;
-            emit(Event::new(m.egress_ns, stripped.flow, Some(rule as u16), d, &path[..n]));
+        let fired = match self.detectors.detect(&stripped.flow, &path[..n], m.egress_ns) {
+            Outcome::Event(rule, d) => {
+                self.counts.events += 1;
+                emit(Output::Event(Event::new(
+                    m.egress_ns,
+                    stripped.flow,
+                    Some(rule as u16),
+                    d,
+                    &path[..n],
+                )));
+                true
+            }
+            Outcome::Quiet | Outcome::Unwatched => false,
+        };
+        let report = match self.cfg.report {
+            ReportMode::Off => false,
+            ReportMode::Events => fired,
+            ReportMode::All => true,
+        };
+        if report {
+            if let Some(len) = self.write_report(stripped.header.instructions, &own) {
+                self.counts.reports += 1;
+                emit(Output::Report(&self.datagram[..len]));
+            }
         }
+    }
+
+    /// A Telemetry Report v2.0 datagram: this switch's metadata for the flow's instructions
+    /// (RepMdBits), the packet as it arrived as the inner Ethernet contents.
+    fn write_report(&mut self, md_bits: Instructions, own: &Hop) -> Option<usize> {
+        let seq = self.report_seq;
+        let mut w = report::Writer::new(&mut self.datagram, 0, seq, self.cfg.node_id).ok()?;
+        let flags = Flags { tracked_flow: true, ..Flags::default() };
+        w.push(InType::Ethernet, flags, md_bits, own, &self.inner).ok()?;
+        self.report_seq = (seq + 1) & 0x3f_ffff;
+        Some(w.len())
     }
 }
 
@@ -247,7 +333,13 @@ mod tests {
     }
 
     fn switch(node: u32, role: Role, detect: Vec<DetectRule>) -> IntRoles {
-        let cfg = IntConfig { node_id: node, signal: Signal::default(), mtu: 1500, domain_id: 0 };
+        let cfg = IntConfig {
+            node_id: node,
+            signal: Signal::default(),
+            mtu: 1500,
+            domain_id: 0,
+            report: ReportMode::Events,
+        };
         let rules = vec![RoleRule { flows: Some("dst=10.0.3.0/24".parse().unwrap()), role }];
         IntRoles::new(cfg, rules, detect, 64)
     }
@@ -276,8 +368,24 @@ mod tests {
         assert!(f.len() > original.len());
         s2.apply(&mut f, &at(10_000, 4_000), |_| panic!("a transit emits nothing"));
         let mut events = Vec::new();
-        s3.apply(&mut f, &at(20_000, 500), |e| events.push(e));
+        let mut reports = Vec::new();
+        let inner_sent = f.clone();
+        s3.apply(&mut f, &at(20_000, 500), |o| match o {
+            Output::Event(e) => events.push(e),
+            Output::Report(r) => reports.push(r.to_vec()),
+        });
         assert_eq!(f, original, "the receiver gets the original packet");
+        // One v2.0 report: the sink's own metadata, the packet as it arrived inside.
+        assert_eq!(reports.len(), 1);
+        let mut parsed = report::parse(&reports[0], Mode::Strict).unwrap();
+        let r = parsed.next().unwrap().unwrap();
+        assert_eq!(r.node_id, Some(3));
+        assert_eq!(r.metadata().get(Field::QueueOccupancy), Some(500));
+        let found = int_frame::find_reported(r.inner, int_frame::Start::Ethernet, Mode::Strict)
+            .unwrap()
+            .unwrap();
+        assert_eq!((found.flow.dport, found.int.hop_count()), (5201, 2));
+        assert!(inner_sent.starts_with(&r.inner[..found.layers.after_l4 + found.int.len]));
         assert_eq!(events.len(), 1);
         let e = &events[0];
         assert_eq!(e.flow.dport, 5201);

@@ -12,6 +12,7 @@ pub mod gen;
 pub mod int_roles;
 pub mod nitro_thread;
 pub mod pipeline;
+pub mod queue;
 pub mod reorder;
 pub mod rng;
 pub mod switch;

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use telemark_core::int::collect::{Collector, Counts, Refusal};
 use telemark_core::int::sequence::{NodeSeq, Sequences};
-use telemark_core::int::{DetectRule, Detectors, Event};
+use telemark_core::int::{DetectRule, DetectSection, Detectors, Event};
 use telemark_core::records::Record;
 use telemark_core::spsc;
 use telemark_datapath::udp_rx::{RxOptions, UdpRx};
@@ -93,39 +93,6 @@ struct ExportSection {
 struct MetricsSection {
     listen: SocketAddr,
     token_file: Option<PathBuf>,
-}
-
-/// One `[[detect]]` rule.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DetectSection {
-    /// Flows (a watch rule; `*` or absent: every flow).
-    #[serde(default)]
-    pub flows: String,
-    /// Detector name.
-    pub detector: String,
-    /// INT field.
-    pub metric: Option<String>,
-    /// Threshold (`100us`, `1500`, `64KB`).
-    pub threshold: Option<String>,
-    /// EWMA weight.
-    pub alpha: Option<f64>,
-    /// CNF expression.
-    pub expression: Option<String>,
-}
-
-impl DetectSection {
-    /// The rule.
-    pub fn rule(&self) -> Result<DetectRule, String> {
-        DetectRule::from_config(
-            &self.flows,
-            &self.detector,
-            self.metric.as_deref(),
-            self.threshold.as_deref(),
-            self.alpha,
-            self.expression.as_deref(),
-        )
-    }
 }
 
 /// Everything resolved.

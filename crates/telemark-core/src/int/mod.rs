@@ -14,5 +14,5 @@ pub mod table;
 
 pub use detector::{Detection, Detector, FlowState};
 pub use expr::{Expr, ExprError};
-pub use table::{DetectRule, Detectors, Event, Outcome, TableCounts};
+pub use table::{DetectRule, DetectSection, Detectors, Event, Outcome, TableCounts};
 pub use telemark_wire::int::{Field, Hop};

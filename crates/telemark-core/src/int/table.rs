@@ -76,6 +76,43 @@ impl DetectRule {
     }
 }
 
+/// One `[[detect]]` rule as a config file or the agent's control API writes it.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DetectSection {
+    /// Flows (a watch rule; `*` or absent: every flow).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub flows: String,
+    /// Detector name.
+    pub detector: String,
+    /// INT field.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metric: Option<String>,
+    /// Threshold (`100us`, `1500`, `64KB`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threshold: Option<String>,
+    /// EWMA weight.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alpha: Option<f64>,
+    /// CNF expression.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expression: Option<String>,
+}
+
+impl DetectSection {
+    /// The rule.
+    pub fn rule(&self) -> Result<DetectRule, String> {
+        DetectRule::from_config(
+            &self.flows,
+            &self.detector,
+            self.metric.as_deref(),
+            self.threshold.as_deref(),
+            self.alpha,
+            self.expression.as_deref(),
+        )
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Slot {
     /// 0: empty.
