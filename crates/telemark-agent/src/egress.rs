@@ -141,8 +141,13 @@ impl Egress {
         now: u64,
     ) {
         let p = usize::from(port);
-        if let Some(Some(q)) = self.queues.get_mut(p) {
-            q.queue.enqueue(frame, in_port, ingress_ns, now);
+        if matches!(self.queues.get(p), Some(Some(_))) {
+            // What the link has sent by now leaves first, so the frame queues behind only
+            // what is still waiting.
+            self.drain_port(p, now);
+            if let Some(Some(q)) = self.queues.get_mut(p) {
+                q.queue.enqueue(frame, in_port, ingress_ns, now);
+            }
             return;
         }
         let m = Measured {
@@ -169,23 +174,28 @@ impl Egress {
     /// Sends every queued frame the link has sent by `now`.
     pub(crate) fn drain_due(&mut self, now: u64) {
         for p in 0..self.queues.len() {
-            while let Some((mut q, utilization)) = self.pop_due(p, now) {
-                let m = Measured {
-                    ingress_port: q.ingress_port + 1,
-                    egress_port: p as u16 + 1,
-                    ingress_ns: q.ingress_ns,
-                    egress_ns: now,
-                    queue_id: 0,
-                    queue_bytes: q.queue_bytes,
-                    tx_utilization: utilization,
-                };
-                if let Some(int) = &mut self.int {
-                    int.apply(&mut q.data, &m);
-                }
-                self.transmit(p, &q.data);
-                if let Some(Some(pq)) = self.queues.get_mut(p) {
-                    pq.queue.recycle(q.data);
-                }
+            self.drain_port(p, now);
+        }
+    }
+
+    /// Sends port `p`'s queued frames the link has sent by `now`.
+    fn drain_port(&mut self, p: usize, now: u64) {
+        while let Some((mut q, utilization)) = self.pop_due(p, now) {
+            let m = Measured {
+                ingress_port: q.ingress_port + 1,
+                egress_port: p as u16 + 1,
+                ingress_ns: q.ingress_ns,
+                egress_ns: now,
+                queue_id: 0,
+                queue_bytes: q.queue_bytes,
+                tx_utilization: utilization,
+            };
+            if let Some(int) = &mut self.int {
+                int.apply(&mut q.data, &m);
+            }
+            self.transmit(p, &q.data);
+            if let Some(Some(pq)) = self.queues.get_mut(p) {
+                pq.queue.recycle(q.data);
             }
         }
     }

@@ -299,8 +299,11 @@ impl IntRoles {
     }
 
     /// A Telemetry Report v2.0 datagram: this switch's metadata for the flow's instructions
-    /// (RepMdBits), the packet as it arrived as the inner Ethernet contents.
-    fn write_report(&mut self, md_bits: Instructions, own: &Hop) -> Option<usize> {
+    /// (RepMdBits: bits 1–8 only, as bit 0 is reserved, the node ID being in the group
+    /// header, and bits 9–15 mean other things in a report), the packet as it arrived as the
+    /// inner Ethernet contents.
+    fn write_report(&mut self, instructions: Instructions, own: &Hop) -> Option<usize> {
+        let md_bits = Instructions(instructions.0 & 0x7f80);
         let seq = self.report_seq;
         let mut w = report::Writer::new(&mut self.datagram, 0, seq, self.cfg.node_id).ok()?;
         let flags = Flags { tracked_flow: true, ..Flags::default() };
