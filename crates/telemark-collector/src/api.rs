@@ -467,7 +467,9 @@ impl Api {
         const MAX_LIMIT: u64 = 10_000;
         let takes = [FLOW_KEYS, &["from", "to", "since_ns", "detector", "limit", "ints"]].concat();
         let parsed = Query::parse(query, &takes).and_then(|q| {
-            let flow = if q.get("src").is_some() { Some(q.flow()?) } else { None };
+            // Any flow key asks for one flow, and then all five are needed (never ignored).
+            let one_flow = FLOW_KEYS.iter().any(|k| q.get(k).is_some());
+            let flow = if one_flow { Some(q.flow()?) } else { None };
             let w = q.window(now.saturating_sub(HOUR_NS))?;
             match q.u64_or("limit", 1000)? {
                 l @ 1..=MAX_LIMIT => Ok((q, flow, w, l)),

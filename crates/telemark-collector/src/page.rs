@@ -1,5 +1,5 @@
-//! The collector's page: flows with loss, and the chosen flow's loss over time per observation
-//! point, drawn as SVG from the JSON API (no external script, works offline). Plain modules of
+//! The collector's page: flows with loss, the chosen flow's loss over time per observation
+//! point, and the newest INT events, drawn as SVG and tables from the JSON API (no external script, works offline). Plain modules of
 //! code per panel, so it can grow into the dashboard.
 //!
 //! Everything a record brings (addresses, agent and point names, the verdict) is text: it is
@@ -21,7 +21,7 @@ h2{font-size:15px;margin:4px 0 10px} table{border-collapse:collapse;width:100%}
 td,th{padding:3px 6px;text-align:left;border-bottom:1px solid #eef0f3;font-variant-numeric:tabular-nums}
 tr.flow{cursor:pointer} tr.flow:hover,tr.sel{background:#eef4ff}
 #chart svg{width:100%;height:320px} .legend span{margin-right:14px}
-.muted{color:#6b7380} #verdict{font-weight:600;margin:8px 0}
+.muted{color:#6b7380} #verdict{font-weight:600;margin:8px 0} .wide{grid-column:1/-1}
 </style></head><body>
 <header><h1>Telemark</h1><span id="agents">agents: …</span><span id="updated"></span></header>
 <main>
@@ -29,6 +29,8 @@ tr.flow{cursor:pointer} tr.flow:hover,tr.sel{background:#eef4ff}
 <tbody id="flows"><tr><td colspan="3" class="muted">loading…</td></tr></tbody></table></section>
 <section><h2 id="title">Loss over time</h2><div id="verdict" class="muted">choose a flow</div>
 <div id="chart"></div><div class="legend" id="legend"></div></section>
+<section class="wide"><h2>INT events</h2><table><thead><tr><th>time</th><th>agent</th><th>flow</th><th>detector</th><th>where</th><th>value</th></tr></thead>
+<tbody id="events"><tr><td colspan="6" class="muted">loading…</td></tr></tbody></table></section>
 </main>
 <script src="/page.js"></script></body></html>
 "##;
@@ -77,8 +79,17 @@ async function chartPanel(){
   g+=`<text x="12" y="14" font-size="11">lost/s</text></svg>`;
   document.getElementById("chart").innerHTML=g;document.getElementById("legend").innerHTML=leg.join(" ");
 }
+async function eventsPanel(){
+  const v=await getJSON("/api/v1/events?limit=20");const tb=document.getElementById("events");tb.innerHTML="";
+  if(!v.events.length){tb.innerHTML='<tr><td colspan="6" class="muted">no INT events in the last hour</td></tr>';return;}
+  for(const e of v.events){const tr=document.createElement("tr");
+    const where=e.switch_id!=null?`switch ${e.switch_id} (hop ${e.hop})`:"path";
+    const what=e.detector+(e.metric?" "+e.metric:"");
+    tr.innerHTML=`<td>${esc(new Date(e.time_ns/1e6).toLocaleTimeString())}</td><td>${esc(e.agent)}</td><td>${esc(fkey(e.flow))}</td><td>${esc(what)}</td><td>${esc(where)}</td><td>${esc(e.value)}</td>`;
+    tb.appendChild(tr);}
+}
 async function refresh(){
-  try{await agentsPanel();await flowsPanel();await chartPanel();document.getElementById("updated").textContent="updated "+new Date().toLocaleTimeString();}
+  try{await agentsPanel();await flowsPanel();await chartPanel();await eventsPanel();document.getElementById("updated").textContent="updated "+new Date().toLocaleTimeString();}
   catch(e){document.getElementById("updated").textContent="error: "+e.message;}
 }
 refresh();setInterval(refresh,2000);

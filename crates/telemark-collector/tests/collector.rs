@@ -209,6 +209,7 @@ fn bad_input_gets_clear_errors_and_counters() {
         ("DELETE", "/api/v1/flows", vec![], 405, "not allowed"),
         ("GET", "/api/v1/nope", vec![], 404, "no such endpoint"),
         ("GET", "/api/v1/loss?src=10.0.0.1", vec![], 400, "missing dst"),
+        ("GET", "/api/v1/events?sport=5301", vec![], 400, "missing src"),
         (
             "GET",
             "/api/v1/loss?src=banana&dst=1.1.1.1&sport=1&dport=2&proto=6",

@@ -70,6 +70,17 @@ pub struct Args {
     /// it once did: bursts that lose whole batches (docs/loss.md, "Whole batches lost").
     #[arg(long)]
     pub probe_bursts: bool,
+    /// The INT demo instead (docs/int.md, "Demo"): INT source, transit and sink on a chain of
+    /// three switches, per-hop latency and queue events while background traffic congests the
+    /// transit's egress queue.
+    #[arg(long)]
+    pub int: bool,
+    /// With --int: the transit's egress queue rate.
+    #[arg(long, default_value = "10Mbit")]
+    pub int_queue_rate: String,
+    /// With --int: background packets per second (1,042-byte frames) while it is on.
+    #[arg(long, default_value_t = 1500)]
+    pub int_background_pps: u64,
 }
 
 /// One second of the experiment.
@@ -458,12 +469,17 @@ pub fn run(a: Args) -> Result<()> {
     let s = stop.clone();
     ctrlc::set_handler(move || s.store(true, Ordering::Release))
         .context("installing the Ctrl-C handler")?;
-    let (o, c) = experiment(&a, stop.clone())?;
-    print(&o);
-    if let Some(p) = &a.json {
-        std::fs::write(p, serde_json::to_vec_pretty(&o)?)
-            .with_context(|| format!("writing {}", p.display()))?;
-    }
+    let c = if a.int {
+        crate::demo_int::run(&a, stop.clone())?
+    } else {
+        let (o, c) = experiment(&a, stop.clone())?;
+        print(&o);
+        if let Some(p) = &a.json {
+            std::fs::write(p, serde_json::to_vec_pretty(&o)?)
+                .with_context(|| format!("writing {}", p.display()))?;
+        }
+        c
+    };
     if let Some(c) = c {
         if !a.no_wait && !stop.load(Ordering::Relaxed) {
             eprintln!("demo: page at http://{}/ — Ctrl-C to quit", c.addr);

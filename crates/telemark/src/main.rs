@@ -8,6 +8,7 @@ mod bench_live;
 mod bench_sketch;
 mod collector;
 mod demo;
+mod demo_int;
 mod eval;
 mod eval_hh;
 mod eval_sketch;

@@ -133,3 +133,31 @@ fn random_nftables_loss_is_measured_and_localised() {
         assert!(verdict.contains("sw-b egress") && verdict.contains("sw-f ingress"), "{verdict}");
     }
 }
+
+/// `telemark demo --int`: the chain's transit queue (10 Mbit/s, 100 KB) congested by
+/// background traffic. The sink's hop-latency events carry the delay the queue's own backlog
+/// implies (backlog × 8 / rate), the queue events its occupancy, and the calm seconds before
+/// the congestion have no latency event above a few milliseconds.
+#[test]
+fn the_int_demo_shows_latency_and_queue_events_next_to_the_queue() {
+    let (v, _) = demo(&["--int", "--before", "2s", "--background", "4s", "--after", "2s"]);
+    let secs = v.as_array().unwrap();
+    assert_eq!(secs.len(), 8);
+    let on: Vec<&serde_json::Value> = secs.iter().filter(|s| s["background"] == true).collect();
+    let worst_delay = on.iter().map(|s| u(&s["backlog_delay_ns"])).max().unwrap();
+    assert!(worst_delay > 50_000_000, "the queue filled: {worst_delay} ns");
+    assert!(on.iter().map(|s| u(&s["drops"])).sum::<u64>() > 0, "and dropped");
+    let latency = on.iter().map(|s| u(&s["latency_max_ns"])).max().unwrap();
+    // The frame waits for the backlog ahead of it, plus its own time on the 10 Mbit/s link,
+    // the switches' own hops and the fast path's 1 ms polling.
+    assert!(
+        latency >= worst_delay * 95 / 100 && latency <= worst_delay + 10_000_000,
+        "largest latency event {latency} ns, queue delay {worst_delay} ns"
+    );
+    let occupancy = on.iter().map(|s| u(&s["queue_max_bytes"])).max().unwrap();
+    assert!(occupancy > 50_000 && occupancy <= 100_000, "queue events up to {occupancy} B");
+    for s in &secs[..2] {
+        assert!(u(&s["latency_max_ns"]) < 10_000_000, "calm: {s}");
+        assert_eq!(u(&s["drops"]), 0);
+    }
+}
