@@ -722,8 +722,8 @@ pub struct Int<'a> {
     pub len: usize,
     /// The per-hop stack (INT-MD only; newest hop first).
     pub stack: &'a [u8],
-    /// Per-hop metadata layout for the instructions.
-    pub layout: Layout,
+    /// Bytes of metadata the instructions ask for per hop ([`Int::layout`]'s length).
+    pub hop_len: usize,
     /// Bytes between hops: Hop ML × 4 (at least the layout's length).
     pub hop_stride: usize,
     /// Rules the packet broke and a tolerant parse accepted.
@@ -739,6 +739,16 @@ enum Fit {
     Truncated,
     /// Everything adds up.
     Exact,
+}
+
+/// Whether `d` divides `n` (as `n.is_multiple_of(d)`), in 32-bit arithmetic where the values
+/// allow: lengths here are below 2^16, and a 64-bit division costs several times more on
+/// common x86 cores, on every packet.
+fn divides(d: usize, n: usize) -> bool {
+    match (u32::try_from(d), u32::try_from(n)) {
+        (Ok(d), Ok(n)) => n.is_multiple_of(d),
+        _ => n.is_multiple_of(d),
+    }
 }
 
 /// How well `b` starts a header of IP protocol `proto`: UDP by its length field against the
@@ -786,7 +796,7 @@ impl<'a> Int<'a> {
         let stride = match (shim.header_type, header) {
             (HeaderType::Md, Some(h)) => usize::from(h.hop_ml) * 4,
             (HeaderType::Mx, Some(h)) if h.ds_instructions == 0 => {
-                Layout::new(h.instructions, shim.version).hop_len()
+                Layout::len_of(h.instructions, shim.version)
             }
             (HeaderType::Mx, Some(_)) => 4,
             _ => 0,
@@ -796,7 +806,7 @@ impl<'a> Int<'a> {
         let fit = |len: usize| {
             if len < SHIM_LEN + header_len
                 || len > b.len()
-                || !(len - SHIM_LEN - header_len).is_multiple_of(stride)
+                || !divides(stride, len - SHIM_LEN - header_len)
             {
                 return Fit::No;
             }
@@ -831,9 +841,10 @@ impl<'a> Int<'a> {
         }
         let body = &b[SHIM_LEN..len];
         let instructions = header.map(|h| h.instructions).unwrap_or_default();
-        let layout = Layout::new(instructions, shim.version);
+        // Only the length here: the layout itself is built where hops are read.
+        let hop_len = Layout::len_of(instructions, shim.version);
         let mut int =
-            Int { shim, header, len, stack: &[], layout, hop_stride: layout.hop_len(), deviations };
+            Int { shim, header, len, stack: &[], hop_len, hop_stride: hop_len, deviations };
         // After an INT-MX header only domain-specific source metadata may follow (v2.1 §5.9);
         // without domain-specific instructions, bmv2 put its hop's metadata there.
         let mx_extra = body.len() > header_len;
@@ -847,7 +858,7 @@ impl<'a> Int<'a> {
         if let (HeaderType::Md, Some(h)) = (shim.header_type, header) {
             int.stack = &body[header_len..];
             int.hop_stride = usize::from(h.hop_ml) * 4;
-            if int.hop_stride < layout.hop_len() {
+            if int.hop_stride < hop_len {
                 return Err(Error::BadLength {
                     layer: "int md",
                     field: "hop ml",
@@ -856,12 +867,12 @@ impl<'a> Int<'a> {
             }
             // Hop ML counts domain-specific metadata too (v2.1 §5.8); without domain-specific
             // instructions the extra words are unexplained.
-            if int.hop_stride > layout.hop_len() && h.ds_instructions == 0 {
+            if int.hop_stride > hop_len && h.ds_instructions == 0 {
                 let bad =
                     Error::BadLength { layer: "int md", field: "hop ml", value: int.hop_stride };
                 tolerate(mode, &mut int.deviations, Deviation::HopLengthExceedsInstructions, bad)?;
             }
-            if !int.stack.len().is_multiple_of(int.hop_stride) {
+            if !divides(int.hop_stride, int.stack.len()) {
                 let bad =
                     Error::BadLength { layer: "int md", field: "stack", value: int.stack.len() };
                 tolerate(mode, &mut int.deviations, Deviation::StackNotWholeHops, bad)?;
@@ -870,16 +881,24 @@ impl<'a> Int<'a> {
         Ok(int)
     }
 
+    /// The per-hop metadata layout the instructions give.
+    pub fn layout(&self) -> Layout {
+        Layout::new(self.header.map(|h| h.instructions).unwrap_or_default(), self.shim.version)
+    }
+
     /// Number of whole hops in the stack.
     pub fn hop_count(&self) -> usize {
-        self.stack.len().checked_div(self.hop_stride).unwrap_or(0)
+        match (u32::try_from(self.stack.len()), u32::try_from(self.hop_stride)) {
+            (Ok(n), Ok(d)) => n.checked_div(d).unwrap_or(0) as usize,
+            _ => self.stack.len().checked_div(self.hop_stride).unwrap_or(0),
+        }
     }
 
     /// Hop `i` (0 = the newest).
     pub fn hop(&self, i: usize) -> Result<Hop> {
         let start = i.saturating_mul(self.hop_stride);
         match self.stack.get(start..) {
-            Some(rest) if i < self.hop_count() => self.layout.read_hop(rest, self.hop_stride),
+            Some(rest) if i < self.hop_count() => self.layout().read_hop(rest, self.hop_stride),
             _ => Err(Error::BadLength { layer: "int md", field: "hop index", value: i }),
         }
     }
@@ -891,11 +910,12 @@ impl<'a> Int<'a> {
 
     /// Reads the hops, newest first, into `out` (as many as fit); returns how many.
     pub fn read_hops(&self, out: &mut [Hop]) -> usize {
+        let layout = self.layout();
         let mut n = 0;
         for (i, slot) in out.iter_mut().take(self.hop_count()).enumerate() {
             let at = i * self.hop_stride;
             match self.stack.get(at..) {
-                Some(b) if self.layout.read_into(b, self.hop_stride, slot).is_ok() => n += 1,
+                Some(b) if layout.read_into(b, self.hop_stride, slot).is_ok() => n += 1,
                 _ => break,
             }
         }

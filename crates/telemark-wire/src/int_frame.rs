@@ -402,7 +402,7 @@ pub fn push(frame: &mut Vec<u8>, signal: &Signal, own: &Hop, mtu: usize) -> Resu
         fix_checksums(frame, &l);
         return Ok(if mtu_short { Edit::MtuExceeded } else { Edit::HopCountExceeded });
     }
-    let layout = int.layout;
+    let layout = int.layout();
     let mut bytes = [0u8; 128];
     layout.write(own, &mut bytes)?;
     let stack_at = header_at + MD_HEADER_LEN;
