@@ -705,6 +705,58 @@ mod tests {
         assert_eq!(c.metrics.map(|m| m.0.port()), Some(9901));
     }
 
+    /// examples/agent-int-sink.toml (an INT sink) is valid once its token file exists.
+    #[test]
+    fn the_int_sink_example_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agent-int-sink.toml");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("control.token"), "0123456789abcdef0123456789abcdef\n")
+            .unwrap();
+        let text = std::fs::read_to_string(path)
+            .unwrap()
+            .replace("/etc/telemark", dir.path().to_str().unwrap());
+        let c = FileConfig::parse(&text).unwrap().validate().unwrap();
+        let int = c.int.unwrap();
+        assert_eq!(int.cfg.node_id, 3);
+        assert_eq!(int.cfg.report, ReportMode::Events);
+        assert_eq!(int.rules.roles.len(), 1);
+        assert_eq!(int.rules.roles[0].role, Role::Sink);
+        assert_eq!(int.rules.detect.len(), 2);
+        assert!(c.control_token.is_some());
+    }
+
+    #[test]
+    fn bad_int_configs_say_what_is_wrong() {
+        let base = "agent = \"sw\"\n[[pair]]\na = \"x0\"\nb = \"x1\"\n";
+        for (extra, want) in [
+            ("[int]\n", "missing field `node_id`"),
+            ("[int]\nnode_id = 0\n", "int.node_id"),
+            ("[int]\nnode_id = 1\nsignal_dscp = 64\n", "DSCP is 0 to 63"),
+            ("[int]\nnode_id = 1\nmtu = 100\n", "int.mtu"),
+            ("[int]\nnode_id = 1\nreport = \"some\"\n", "events, all or off"),
+            ("[int]\nnode_id = 1\n[[int.rule]]\nrole = \"relay\"\n", "unknown variant"),
+            (
+                "[int]\nnode_id = 1\n[[int.rule]]\nrole = \"source\"\ninstructions = [\"colour\"]\n",
+                "unknown instruction",
+            ),
+            ("[int]\nnode_id = 1\n[[int.rule]]\nrole = \"sink\"\nmax_hops = 3\n", "a source's"),
+            ("[int]\nnode_id = 1\n[[int.rule]]\nrole = \"source\"\nmax_hops = 0\n", "max_hops"),
+            ("[int]\nnode_id = 1\n[[int.rule]]\nflows = \"dst=1.2.3\"\nrole = \"sink\"\n", "#1"),
+            (
+                "[int]\nnode_id = 1\n[[int.detect]]\ndetector = \"per_hop\"\n",
+                "[[int.detect]] #1",
+            ),
+            ("[[queue]]\nport = \"x9\"\nrate = \"1Mbit\"\n", "not one of the pairs' ports"),
+            ("[[queue]]\nport = \"x0\"\nrate = \"fast\"\n", "not a rate"),
+            ("[[queue]]\nport = \"x0\"\nrate = \"1Mbit\"\nlimit = \"10B\"\n", "limit"),
+            ("[metrics]\nlisten = \"127.0.0.1:1\"\ncontrol_token_file = \"/nonexistent\"\n", "control_token_file"),
+        ] {
+            let text = format!("{base}{extra}");
+            let e = FileConfig::parse(&text).and_then(FileConfig::validate).unwrap_err().to_string();
+            assert!(e.contains(want), "{extra:?}: {e}");
+        }
+    }
+
     #[test]
     fn bad_configs_say_what_is_wrong() {
         let ok = "agent = \"sw\"\n[[pair]]\na = \"x0\"\nb = \"x1\"\n";
