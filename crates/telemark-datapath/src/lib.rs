@@ -4,6 +4,7 @@
 
 pub mod afpacket;
 pub mod bench;
+pub mod bursts;
 pub mod capture;
 pub mod dropper;
 pub mod eval;

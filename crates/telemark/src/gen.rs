@@ -40,6 +40,22 @@ pub struct Args {
     /// its end. Replay it with a table smaller than --flows, with and without --select-top.
     #[arg(long, value_name = "N", conflicts_with = "sizes")]
     pub elephants: Option<usize>,
+    /// The INT paper's microburst trace instead (its Figs. 4/5; docs/int.md, "Pre-filtering"):
+    /// MODEL is web, cache or hadoop (Zhang et al., IMC 2017). One UDP flow of INT packets
+    /// (one every --every) through a switch port whose queue fills in bursts; each carries the
+    /// queueing delay it met as its hop latency.
+    #[arg(long, value_name = "MODEL", conflicts_with_all = ["sizes", "elephants"])]
+    pub bursts: Option<String>,
+    /// With --bursts: packets (the paper's traces have 200,000).
+    #[arg(long, default_value_t = 200_000)]
+    pub packets: usize,
+    /// With --bursts: one INT packet this often (Zhang et al. sampled every 25 us), or
+    /// `period`: one at the end of each burst and each gap, as the INT paper's traces.
+    #[arg(long, default_value = "25us", value_parser = every)]
+    pub every: u64,
+    /// With --bursts: the port's line rate.
+    #[arg(long, default_value = "10Gbit", value_parser = telemark_core::units::parse_rate_bps)]
+    pub line_rate: u64,
     #[command(flatten)]
     pub loss: LossOpts,
 }
@@ -69,8 +85,78 @@ pub fn load_sizes(path: Option<&Path>, seed: u64) -> Result<SizeDist> {
     }
 }
 
+/// `--every`: a duration, or `period` (0).
+fn every(s: &str) -> Result<u64, String> {
+    match s {
+        "period" => Ok(0),
+        d => match parse_duration_ns(d)? {
+            0 => Err("--every: more than zero, or `period`".into()),
+            v => Ok(v),
+        },
+    }
+}
+
+/// `telemark gen --bursts MODEL`: the INT paper's pre-filtering trace.
+fn bursts(a: &Args, name: &str) -> Result<()> {
+    use telemark_datapath::bursts::{self, MODELS};
+    use telemark_wire::int::{Field, Hop, Instructions};
+    use telemark_wire::int_frame::{insert, Signal, Source};
+    let Some(model) = MODELS.iter().find(|m| m.name == name) else {
+        let names: Vec<&str> = MODELS.iter().map(|m| m.name).collect();
+        anyhow::bail!("--bursts {name:?}: one of {}", names.join(", "));
+    };
+    if a.packets == 0 {
+        anyhow::bail!("--packets must be at least 1");
+    }
+    let key = telemark_wire::FlowKey {
+        src: "10.0.0.1".parse().expect("literal"),
+        dst: "10.0.1.1".parse().expect("literal"),
+        sport: 40000,
+        dport: 5201,
+        proto: 17,
+        spi: None,
+        si: None,
+    };
+    let plain = g::build_frame(&key, 64, 0, 64);
+    let source = Source {
+        signal: Signal::default(),
+        instructions: Instructions::of(&[Field::NodeId, Field::HopLatency, Field::QueueOccupancy]),
+        max_hops: 8,
+        domain_id: 0,
+    };
+    let trace = bursts::trace(model, a.packets, a.every, a.line_rate, a.seed);
+    let start_ns = 1_700_000_000_000_000_000u64;
+    let mut w = CaptureWriter::create(&a.out)?;
+    for p in &trace {
+        let mut hop = Hop::default();
+        hop.set(Field::NodeId, 1);
+        hop.set(Field::HopLatency, p.delay_ns.min(u64::from(u32::MAX - 1)));
+        hop.set(Field::QueueOccupancy, p.queue_bytes.min(0xff_fffe));
+        let mut f = plain.clone();
+        insert(&mut f, &source, &hop, 1500)?;
+        w.write(start_ns + p.t_ns, &f)?;
+    }
+    w.finish()?;
+    let in_burst = trace.iter().filter(|p| p.in_burst).count();
+    let max_delay = trace.iter().map(|p| p.delay_ns).max().unwrap_or(0);
+    println!(
+        "wrote {}: {} INT packets of the {} model over {:.1} ms, {:.1} % in bursts, \
+         queueing delay up to {:.1} us",
+        a.out.display(),
+        trace.len(),
+        model.name,
+        trace.last().map_or(0, |p| p.t_ns) as f64 / 1e6,
+        in_burst as f64 * 100.0 / trace.len() as f64,
+        max_delay as f64 / 1e3
+    );
+    Ok(())
+}
+
 /// Runs `telemark gen`.
 pub fn run(a: Args) -> Result<()> {
+    if let Some(m) = &a.bursts {
+        return bursts(&a, m);
+    }
     if !(0.0..=1.0).contains(&a.ipv6_share) {
         anyhow::bail!("--ipv6-share must be in 0..=1, not {}", a.ipv6_share);
     }

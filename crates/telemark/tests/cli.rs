@@ -375,6 +375,44 @@ fn bench_sketch_prints_every_row() {
 
 /// `telemark bench --csv` prints one row per flow count and frame size, every variant timed,
 /// no flow refused; bad parameters get one line. Rates are not asserted.
+/// `gen --bursts` and `bench-int --prefilter` (the INT paper's Figs. 4/5): every threshold
+/// has its row, no filtering reports every packet, and the web model's per-hop filter at
+/// 100 us reports about the share of packets its bursts over 100 us give (9.7 %, two events
+/// each: up and down, on half the packets).
+#[test]
+fn int_prefiltering_rows_for_every_threshold() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("web.pcap");
+    let csv = dir.path().join("pre.csv");
+    let out = ok(&bin()
+        .args(["gen", "--bursts", "web", "--every", "period", "--packets", "40000", "--out"])
+        .arg(&trace)
+        .output()
+        .unwrap());
+    assert!(out.contains("40000 INT packets of the web model"), "{out}");
+    ok(&bin()
+        .args(["bench-int", "--reports", "20000", "--rounds", "1", "--prefilter"])
+        .arg(&trace)
+        .arg("--csv")
+        .arg(&csv)
+        .output()
+        .unwrap());
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let rows: Vec<Vec<&str>> = text.lines().skip(1).map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 18, "{text}");
+    let share = |det: &str, t: &str| -> f64 {
+        let r = rows.iter().find(|r| r[1] == det && r[2] == t).unwrap();
+        r[3].parse().unwrap()
+    };
+    assert_eq!(share("per_hop", "0"), 1.0);
+    let at_100 = share("per_hop", "100");
+    assert!((0.07..0.13).contains(&at_100), "{at_100}");
+    assert!(share("per_hop", "200") < at_100 && share("ewma", "100") < at_100);
+    let bad = bin().args(["gen", "--bursts", "dns", "--out"]).arg(&trace).output().unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.contains("web, cache, hadoop"), "{err}");
+}
+
 #[test]
 fn bench_prints_every_row() {
     let out = ok(&bin()
