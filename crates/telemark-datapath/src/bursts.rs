@@ -115,6 +115,17 @@ pub fn trace(
     out
 }
 
+/// Gaps between bursts on web and cache racks (Zhang et al. give them together), µs.
+const WEB_CACHE_GAPS: Cdf = Cdf(&[
+    (1.0, 0.0),
+    (25.0, 0.15),
+    (100.0, 0.40),
+    (1_000.0, 0.65),
+    (10_000.0, 0.85),
+    (100_000.0, 0.97),
+    (500_000.0, 1.0),
+]);
+
 /// The three rack types. Zhang et al. state, and these points keep: over 60 % of web and cache
 /// bursts end within one 25 µs sample, the 90th percentile burst lasts under 200 µs, 40 % of
 /// web and cache gaps are under 100 µs, and gaps have a tail of hundreds of milliseconds. The
@@ -135,15 +146,7 @@ pub const MODELS: [Model; 3] = [
             (150.0, 0.973),
             (175.0, 1.0),
         ]),
-        gap_us: Cdf(&[
-            (1.0, 0.0),
-            (25.0, 0.15),
-            (100.0, 0.40),
-            (1_000.0, 0.65),
-            (10_000.0, 0.85),
-            (100_000.0, 0.97),
-            (500_000.0, 1.0),
-        ]),
+        gap_us: WEB_CACHE_GAPS,
         burst_load: 2.0,
         gap_load: 0.05,
     },
@@ -159,15 +162,7 @@ pub const MODELS: [Model; 3] = [
             (300.0, 0.99),
             (400.0, 1.0),
         ]),
-        gap_us: Cdf(&[
-            (1.0, 0.0),
-            (25.0, 0.15),
-            (100.0, 0.40),
-            (1_000.0, 0.65),
-            (10_000.0, 0.85),
-            (100_000.0, 0.97),
-            (500_000.0, 1.0),
-        ]),
+        gap_us: WEB_CACHE_GAPS,
         burst_load: 2.0,
         gap_load: 0.05,
     },

@@ -76,13 +76,8 @@ fn agent(prefix: &str, name: &str, mark: &str, url: &str, loss: &str, export: &s
     Agent::start(FileConfig::parse(&toml).unwrap().validate().unwrap()).unwrap()
 }
 
-/// A collector, and the chain's three agents (s1 marks) exporting to it.
-fn start(
-    chain: &Chain,
-    dir: &std::path::Path,
-    loss: &str,
-    export: &str,
-) -> (Collector, Vec<(&'static str, Agent)>) {
+/// A collector storing in `dir`, and its URL.
+fn collector(dir: &std::path::Path) -> (Collector, String) {
     let cfg = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         db: dir.join("collector.db"),
@@ -90,6 +85,17 @@ fn start(
     };
     let c = Collector::start(&cfg).unwrap();
     let url = format!("http://{}", c.addr);
+    (c, url)
+}
+
+/// A collector, and the chain's three agents (s1 marks) exporting to it.
+fn start(
+    chain: &Chain,
+    dir: &std::path::Path,
+    loss: &str,
+    export: &str,
+) -> (Collector, Vec<(&'static str, Agent)>) {
+    let (c, url) = collector(dir);
     let p = &chain.prefix;
     let agents = vec![
         ("s1", agent(p, "s1", "a", &url, loss, export)),
@@ -337,13 +343,7 @@ fn sigterm_stops_an_agent_without_losing_a_record() {
     let prefix = chain.prefix.clone();
     chain.run(&["loss", "1", PERMILLE, &ports(&FLOWS[1..])]);
     let dir = tempfile::tempdir().unwrap();
-    let cfg = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        db: dir.path().join("collector.db"),
-        ..Config::default()
-    };
-    let c = Collector::start(&cfg).unwrap();
-    let url = format!("http://{}", c.addr);
+    let (c, url) = collector(dir.path());
     let (loss, export) = ("batch = 100", "report_all = true");
     let s1 = agent(&prefix, "s1", "a", &url, loss, export);
     let s3 = agent(&prefix, "s3", "none", &url, loss, export);
@@ -703,13 +703,7 @@ fn int_source_transit_sink_detect_what_a_reference_evaluation_of_their_metadata_
     let sports = [4031u16, 4032, 4033, 4034, 4035];
     let chain = Chain::up("int", &sports);
     let dir = tempfile::tempdir().unwrap();
-    let cfg = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        db: dir.path().join("collector.db"),
-        ..Config::default()
-    };
-    let c = Collector::start(&cfg).unwrap();
-    let url = format!("http://{}", c.addr);
+    let (c, url) = collector(dir.path());
     let reports = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     reports.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
     let report_to = reports.local_addr().unwrap();
