@@ -883,7 +883,12 @@ impl<'a> Int<'a> {
 
     /// The per-hop metadata layout the instructions give.
     pub fn layout(&self) -> Layout {
-        Layout::new(self.header.map(|h| h.instructions).unwrap_or_default(), self.shim.version)
+        Layout::new(self.instructions(), self.shim.version)
+    }
+
+    /// The instructions (none without an INT-MD/MX header).
+    pub fn instructions(&self) -> Instructions {
+        self.header.map(|h| h.instructions).unwrap_or_default()
     }
 
     /// Number of whole hops in the stack.
@@ -910,7 +915,13 @@ impl<'a> Int<'a> {
 
     /// Reads the hops, newest first, into `out` (as many as fit); returns how many.
     pub fn read_hops(&self, out: &mut [Hop]) -> usize {
-        let layout = self.layout();
+        self.read_hops_with(&self.layout(), out)
+    }
+
+    /// [`read_hops`](Self::read_hops) with the layout already built (it must be
+    /// [`layout`](Self::layout)'s): a reader that meets the same instructions packet after
+    /// packet builds it once.
+    pub fn read_hops_with(&self, layout: &Layout, out: &mut [Hop]) -> usize {
         let mut n = 0;
         for (i, slot) in out.iter_mut().take(self.hop_count()).enumerate() {
             let at = i * self.hop_stride;

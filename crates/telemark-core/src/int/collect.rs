@@ -12,7 +12,7 @@ use super::detector::{Detection, MAX_HOPS};
 use super::sequence::{Observation, Sequences};
 use super::table::{Detectors, Event, Outcome};
 use telemark_wire::dialect::{Deviation, Mode};
-use telemark_wire::int::{Field, Hop};
+use telemark_wire::int::{Field, Hop, Instructions, Layout, Version};
 use telemark_wire::int_frame::{self, Start};
 use telemark_wire::report::{self, InType, Report};
 
@@ -78,6 +78,9 @@ pub struct Collector {
     detectors: Detectors,
     /// The current report's path, reused from report to report.
     hops: [Hop; MAX_HOPS],
+    /// The last stack layout built, by instructions and version: reports of one domain carry
+    /// the same instructions, so it is built once, not per report.
+    layout: Option<(Instructions, Version, Layout)>,
     mode: Mode,
     seq: SeqSink,
     counts: Counts,
@@ -89,6 +92,7 @@ impl Collector {
         Collector {
             detectors,
             hops: [Hop::default(); MAX_HOPS],
+            layout: None,
             mode,
             seq: SeqSink::Own(Sequences::default()),
             counts: Counts::default(),
@@ -147,7 +151,8 @@ impl Collector {
                 return;
             }
         };
-        let group = *reports.group();
+        // Only the group's sequence number is kept past the loop (a datagram without reports).
+        let group = observation(reports.group());
         let mut sequenced = false;
         for r in reports {
             let r = match r {
@@ -160,7 +165,7 @@ impl Collector {
             if !sequenced {
                 // The first report tells the dialect, and with it the sequence number's width.
                 sequenced = true;
-                self.sequence(&r);
+                self.sequence(observation(&r));
             }
             for d in r.deviations.iter() {
                 self.counts.deviations[d as usize] += 1;
@@ -199,7 +204,12 @@ impl Collector {
                     for d in f.int.deviations.iter() {
                         self.counts.deviations[d as usize] += 1;
                     }
-                    n += f.int.read_hops(&mut hops[n..]);
+                    let key = (f.int.instructions(), f.int.shim.version);
+                    let layout = match &self.layout {
+                        Some((i, v, l)) if (*i, *v) == key => l,
+                        _ => &self.layout.insert((key.0, key.1, f.int.layout())).2,
+                    };
+                    n += f.int.read_hops_with(layout, &mut hops[n..]);
                     f.flow
                 }
                 None => match int_frame::plain_flow(r.inner, start) {
@@ -227,7 +237,7 @@ impl Collector {
         }
         if !sequenced {
             // No report read: the datagram still arrived.
-            self.sequence(&group);
+            self.sequence(group);
         }
     }
 
@@ -236,18 +246,17 @@ impl Collector {
     }
 
     /// Follows one datagram's sequence number.
-    fn sequence(&mut self, r: &Report<'_>) {
-        let o = Observation {
-            node: r.node_id.unwrap_or(0),
-            hw_id: r.hw_id,
-            seq: r.seq,
-            bits: r.seq_bits,
-        };
+    fn sequence(&mut self, o: Observation) {
         match &mut self.seq {
             SeqSink::Own(s) => s.observe(o),
             SeqSink::Shared(v) => v.push(o),
         }
     }
+}
+
+/// A report's sequence number, as the window follows it.
+fn observation(r: &Report<'_>) -> Observation {
+    Observation { node: r.node_id.unwrap_or(0), hw_id: r.hw_id, seq: r.seq, bits: r.seq_bits }
 }
 
 #[cfg(test)]
