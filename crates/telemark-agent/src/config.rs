@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 use telemark_core::int::{DetectRule, DetectSection};
 use telemark_core::loss::LossConfig;
-use telemark_core::units::{parse_duration_ns, parse_rate_bps};
+use telemark_core::units::{parse_duration_ns, parse_rate_bps, parse_size_bytes};
 use telemark_core::watch::{parse_proto, Rule, Watch};
 use telemark_datapath::int_roles::{IntConfig, ReportMode, Role, RoleRule};
 use telemark_wire::int::{Field, Instructions};
@@ -230,6 +230,9 @@ pub struct IntRules {
     pub detect: Vec<DetectRule>,
 }
 
+/// The most bytes a `[[queue]]` may hold (a large switch's whole buffer is ~12–64 MB).
+const MAX_QUEUE_BYTES: u64 = 64_000_000;
+
 const DEFAULT_INSTRUCTIONS: [Field; 5] =
     [Field::NodeId, Field::L1IngressIf, Field::HopLatency, Field::QueueOccupancy, Field::EgressTs];
 
@@ -360,8 +363,8 @@ impl IntSection {
         };
         let report = if self.report_to.is_none() { ReportMode::Off } else { report };
         let flows = self.flows.unwrap_or(65_536);
-        if !(1..=1 << 24).contains(&flows) {
-            return Err(invalid("int.flows: 1 to 16777216"));
+        if !(1..=1 << 20).contains(&flows) {
+            return Err(invalid("int.flows: 1 to 1048576"));
         }
         let rules = IntRulesSection { rule: self.rule, detect: self.detect }.validate()?;
         Ok(IntSettings {
@@ -605,6 +608,16 @@ impl FileConfig {
                 "metrics.control_token_file: the control API changes [int] rules; add [int]",
             ));
         }
+        // The listener has no TLS: a token that changes the switch stays on this host.
+        if let Some(m) = self.metrics.as_ref().filter(|_| control_token.is_some()) {
+            if !m.listen.ip().is_loopback() {
+                return Err(invalid(format!(
+                    "metrics.listen {}: the control API (control_token_file) is served on \
+                     loopback only; its token would cross the network in clear text",
+                    m.listen
+                )));
+            }
+        }
         let mut queues = Vec::new();
         for (i, q) in self.queue.iter().enumerate() {
             let bad = |e: String| invalid(format!("[[queue]] #{}: {e}", i + 1));
@@ -616,11 +629,10 @@ impl FileConfig {
             }
             let rate_bps = parse_rate_bps(&q.rate).map_err(bad)?;
             let limit = q.limit.as_deref().unwrap_or("150KB");
-            let limit_bytes = telemark_core::int::expr::parse_quantity(limit)
+            let limit_bytes = parse_size_bytes(limit)
                 .ok()
-                .and_then(|v| u64::try_from(v).ok())
-                .filter(|v| (1_500..=1 << 30).contains(v))
-                .ok_or_else(|| bad(format!("limit {limit:?}: a size from 1500B to 1GB")))?;
+                .filter(|v| (1_500..=MAX_QUEUE_BYTES).contains(v))
+                .ok_or_else(|| bad(format!("limit {limit:?}: a size from 1500B to 64MB")))?;
             queues.push(QueueConfig { port: q.port.clone(), rate_bps, limit_bytes });
         }
         let int = self.int.map(IntSection::validate).transpose()?;
@@ -749,6 +761,7 @@ mod tests {
             ("[[queue]]\nport = \"x9\"\nrate = \"1Mbit\"\n", "not one of the pairs' ports"),
             ("[[queue]]\nport = \"x0\"\nrate = \"fast\"\n", "not a rate"),
             ("[[queue]]\nport = \"x0\"\nrate = \"1Mbit\"\nlimit = \"10B\"\n", "limit"),
+            ("[[queue]]\nport = \"x0\"\nrate = \"1Mbit\"\nlimit = \"10ms\"\n", "a size from"),
             ("[metrics]\nlisten = \"127.0.0.1:1\"\ncontrol_token_file = \"/nonexistent\"\n", "control_token_file"),
         ] {
             let text = format!("{base}{extra}");

@@ -15,7 +15,7 @@
 
 use std::net::UdpSocket;
 use std::sync::Arc;
-use telemark_core::int::{DetectRule, Event};
+use telemark_core::int::{DetectRule, Detectors, Event};
 use telemark_core::spsc::Producer;
 use telemark_datapath::afpacket::TxRing;
 use telemark_datapath::int_roles::{IntRoles, Measured, Output, RoleCounts};
@@ -56,9 +56,9 @@ impl IntStage {
         IntStage { roles, rules, events, report, event_drops: 0, report_errors: 0 }
     }
 
-    /// New rules from the controller or a reload.
-    pub(crate) fn set_rules(&mut self, r: &crate::config::IntRules) {
-        self.roles.set_rules(r.roles.clone(), r.detect.clone());
+    /// New rules from the controller or a reload, with their detector table.
+    pub(crate) fn set_rules(&mut self, r: &crate::config::IntRules, table: Detectors) {
+        self.roles.set_rules(r.roles.clone(), table);
         self.rules = Arc::new(r.detect.clone());
     }
 
@@ -224,6 +224,13 @@ impl Egress {
                 tx.kick();
                 *k = false;
             }
+        }
+    }
+
+    /// Drops every queued frame (counted as the queues' drops).
+    pub(crate) fn drop_queued(&mut self) {
+        for q in self.queues.iter_mut().flatten() {
+            q.queue.drop_all();
         }
     }
 

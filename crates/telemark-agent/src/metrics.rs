@@ -77,7 +77,7 @@ impl AgentMetrics {
         }
         match req.method {
             "GET" => {
-                let rules = self.shared.int_rules.lock().ok().and_then(|r| r.clone());
+                let rules = self.shared.int_rules();
                 Response::json(200, &rules.map(|r| r.text).unwrap_or_default())
             }
             "PUT" => {

@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use telemark_core::flow_hash;
+use telemark_core::int::Detectors;
 use telemark_core::loss::{color_of, Aggregator, AnyColorTable, BatchEvent, PointSpec, PointStats};
 use telemark_core::records::{CostRecord, HealthRecord, PointHealth, Record};
 use telemark_core::spsc::{self, Consumer};
@@ -131,17 +132,43 @@ pub(crate) struct Shared {
     new_watch: Mutex<Option<telemark_core::watch::Watch>>,
     /// Export settings a reload gave, for the aggregator thread to take.
     new_export: Mutex<Option<AgentConfig>>,
-    /// INT rules the controller or a reload gave, for the fast path to take.
-    new_int: Mutex<Option<IntRules>>,
-    /// The INT rules in force (what `GET /api/v1/int` shows).
-    pub(crate) int_rules: Mutex<Option<IntRules>>,
+    /// The INT rules: in force, and new ones for the fast path to take.
+    int: Mutex<IntMailbox>,
+}
+
+/// INT rules in force (what `GET /api/v1/int` shows) and those the fast path is to take next,
+/// with their detector table built already (off the fast path: it may be megabytes), under
+/// one lock so that the two never disagree.
+#[derive(Default)]
+struct IntMailbox {
+    in_force: Option<IntRules>,
+    pending: Option<(IntRules, Detectors)>,
+    /// Flows the detector table holds.
+    flows: usize,
 }
 
 impl Shared {
-    /// Puts new INT rules in force (the fast path takes them within 100 ms).
-    pub(crate) fn set_int_rules(&self, rules: IntRules) {
-        *self.new_int.lock().unwrap_or_else(|p| p.into_inner()) = Some(rules.clone());
-        *self.int_rules.lock().unwrap_or_else(|p| p.into_inner()) = Some(rules);
+    /// Puts new INT rules in force (the fast path takes them within 100 ms); whether they
+    /// differ from those in force (rules that do not are not applied again).
+    pub(crate) fn set_int_rules(&self, rules: IntRules) -> bool {
+        let lock = || self.int.lock().unwrap_or_else(|p| p.into_inner());
+        let flows = {
+            let m = lock();
+            if m.in_force.as_ref() == Some(&rules) {
+                return false;
+            }
+            m.flows
+        };
+        let table = Detectors::new(rules.detect.clone(), flows);
+        let mut m = lock();
+        m.in_force = Some(rules.clone());
+        m.pending = Some((rules, table));
+        true
+    }
+
+    /// The INT rules in force.
+    pub(crate) fn int_rules(&self) -> Option<IntRules> {
+        self.int.lock().unwrap_or_else(|p| p.into_inner()).in_force.clone()
     }
 
     /// Both threads' counters as last published.
@@ -238,7 +265,8 @@ impl Agent {
         let (points, per_port) = layout(&cfg);
         let stats = Arc::new(Shared::default());
         if let Some(i) = &cfg.int {
-            *stats.int_rules.lock().unwrap_or_else(|p| p.into_inner()) = Some(i.rules.clone());
+            let mut m = stats.int.lock().unwrap_or_else(|p| p.into_inner());
+            (m.in_force, m.flows) = (Some(i.rules.clone()), i.flows);
         }
         let metrics = match &cfg.metrics {
             None => None,
@@ -357,7 +385,8 @@ impl Agent {
         self.stats.snapshot()
     }
 
-    /// Takes what `new` changes of the watch rules and the export settings, without stopping
+    /// Takes what `new` changes of the watch rules, the export settings and the INT rules,
+    /// without stopping
     /// (SIGHUP; docs/agent.md, "Reload"); returns what changed. Anything else changed (ports,
     /// loss parameters, name, the metrics listener) needs a restart, and nothing is applied.
     pub fn reload(&self, new: AgentConfig) -> Result<Vec<&'static str>, String> {
@@ -393,10 +422,8 @@ impl Agent {
         }
         let mut changed = Vec::new();
         if let Some(i) = &new.int {
-            let running = self.stats.int_rules.lock().ok().and_then(|r| r.clone());
-            if running.as_ref() != Some(&i.rules) {
+            if self.stats.set_int_rules(i.rules.clone()) {
                 changed.push("int rules");
-                self.stats.set_int_rules(i.rules.clone());
             }
         }
         if cur.watch != new.watch {
@@ -519,16 +546,25 @@ impl FastPath {
                 if let Some(w) = shared.new_watch.lock().ok().and_then(|mut w| w.take()) {
                     self.set_watch(w);
                 }
-                if let Some(r) = shared.new_int.lock().ok().and_then(|mut r| r.take()) {
+                // Never wait: a handler may hold the lock while it builds a table.
+                if let Some((r, table)) =
+                    shared.int.try_lock().ok().and_then(|mut m| m.pending.take())
+                {
                     if let Some(int) = &mut self.egress.int {
-                        int.set_rules(&r);
+                        int.set_rules(&r, table);
                     }
                 }
             }
         }
-        // Shutdown: what is queued leaves when its time comes; then close every open batch,
-        // upstream first, so nothing counted is lost.
+        // Shutdown: what is queued leaves when its time comes, for up to a second (the rest is
+        // dropped and counted); then close every open batch, upstream first, so nothing
+        // counted is lost.
+        let deadline = now_ns() + 1_000_000_000;
         while let Some(due) = self.egress.next_due_ns() {
+            if due > deadline {
+                self.egress.drop_queued();
+                break;
+            }
             std::thread::sleep(Duration::from_nanos(due.saturating_sub(now_ns()).min(10_000_000)));
             self.egress.drain_due(now_ns());
             self.egress.kick();

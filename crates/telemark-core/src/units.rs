@@ -22,6 +22,21 @@ pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
     }
 }
 
+/// Parses a size in bytes: a number with a unit `B`, `KB`, `MB` or `GB` (powers of 1000;
+/// bytes when there is none), e.g. `150KB`. Times are not sizes: `10ms` is refused.
+pub fn parse_size_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let units: [(&str, f64); 4] = [("KB", 1e3), ("MB", 1e6), ("GB", 1e9), ("B", 1.0)];
+    let (num, mult) = units
+        .iter()
+        .find_map(|(u, m)| t.strip_suffix(u).map(|n| (n.trim(), *m)))
+        .unwrap_or((t, 1.0));
+    match num.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 && v * mult < 1.8e19 => Ok((v * mult) as u64),
+        _ => Err(format!("{s:?} is not a size (like 1500, 150KB, 4MB)")),
+    }
+}
+
 /// Parses a link rate: a number with a unit `bit`, `kbit`, `Mbit` or `Gbit` (optionally
 /// followed by `/s`), e.g. `100Mbit`, `2.5Gbit/s`; in bits per second, more than zero.
 pub fn parse_rate_bps(s: &str) -> Result<u64, String> {
@@ -38,6 +53,18 @@ pub fn parse_rate_bps(s: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_in_every_unit() {
+        for (s, b) in
+            [("1500", 1500), ("150KB", 150_000), ("1.5MB", 1_500_000), ("2GB", 2_000_000_000)]
+        {
+            assert_eq!(parse_size_bytes(s), Ok(b), "{s}");
+        }
+        for bad in ["", "10ms", "-1KB", "KB", "1e30GB"] {
+            assert!(parse_size_bytes(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn rates_in_every_unit() {

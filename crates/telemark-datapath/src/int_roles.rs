@@ -38,8 +38,9 @@ pub enum Output<'a> {
     Report(&'a [u8]),
 }
 
-/// Inner packet bytes a report carries at most: the headers and the INT stack.
-const REPORT_INNER_MAX: usize = 512;
+/// Inner packet bytes a report carries at most: the headers and the INT stack, cut so that the
+/// individual report fits its Report Length (255 words less the main contents).
+const REPORT_INNER_MAX: usize = 900;
 
 /// What a switch does with a flow's INT.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,10 +156,11 @@ impl IntRoles {
         }
     }
 
-    /// Replaces the rules (the controller changed them).
-    pub fn set_rules(&mut self, rules: Vec<RoleRule>, detect: Vec<DetectRule>) {
+    /// Replaces the rules and the sink's detector table (the controller changed them; the
+    /// caller builds the table, off the fast path).
+    pub fn set_rules(&mut self, rules: Vec<RoleRule>, detectors: Detectors) {
         self.rules = rules;
-        self.detectors.set_rules(detect);
+        self.detectors = detectors;
     }
 
     /// The counters.

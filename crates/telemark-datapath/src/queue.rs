@@ -9,6 +9,9 @@
 
 use std::collections::VecDeque;
 
+/// Frames a queue holds at most, whatever their size (each keeps a ~2 KB buffer).
+pub const MAX_FRAMES: usize = 65_536;
+
 /// A frame waiting in the queue, with what the switch measured when it joined.
 #[derive(Debug)]
 pub struct Queued {
@@ -82,7 +85,8 @@ impl EgressQueue {
         now: u64,
     ) -> bool {
         let len = data.len() as u64;
-        if self.stats.backlog_bytes + len > self.limit_bytes {
+        // Each queued frame holds a whole receive buffer: the count of frames is bounded too.
+        if self.stats.backlog_bytes + len > self.limit_bytes || self.frames.len() >= MAX_FRAMES {
             self.stats.dropped += 1;
             return false;
         }
@@ -113,6 +117,14 @@ impl EgressQueue {
         self.stats.departed += 1;
         self.stats.backlog_bytes -= q.data.len() as u64;
         Some(q)
+    }
+
+    /// Drops every queued frame, counted as dropped.
+    pub fn drop_all(&mut self) {
+        self.stats.dropped += self.frames.len() as u64;
+        self.stats.backlog_bytes = 0;
+        self.frames.clear();
+        self.link_free_ns = 0;
     }
 
     /// Gives a frame's buffer back for reuse.

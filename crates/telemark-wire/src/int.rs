@@ -722,8 +722,6 @@ pub struct Int<'a> {
     pub len: usize,
     /// The per-hop stack (INT-MD only; newest hop first).
     pub stack: &'a [u8],
-    /// Bytes of metadata the instructions ask for per hop ([`Int::layout`]'s length).
-    pub hop_len: usize,
     /// Bytes between hops: Hop ML × 4 (at least the layout's length).
     pub hop_stride: usize,
     /// Rules the packet broke and a tolerant parse accepted.
@@ -843,8 +841,7 @@ impl<'a> Int<'a> {
         let instructions = header.map(|h| h.instructions).unwrap_or_default();
         // Only the length here: the layout itself is built where hops are read.
         let hop_len = Layout::len_of(instructions, shim.version);
-        let mut int =
-            Int { shim, header, len, stack: &[], hop_len, hop_stride: hop_len, deviations };
+        let mut int = Int { shim, header, len, stack: &[], hop_stride: hop_len, deviations };
         // After an INT-MX header only domain-specific source metadata may follow (v2.1 §5.9);
         // without domain-specific instructions, bmv2 put its hop's metadata there.
         let mx_extra = body.len() > header_len;

@@ -455,10 +455,7 @@ pub fn strip(frame: &mut Vec<u8>, signal: &Signal, mode: Mode) -> Result<Option<
         hops_dropped: int.hop_count().saturating_sub(MAX_HOPS),
         header,
     };
-    for (slot, hop) in out.hops.iter_mut().zip(int.hops()) {
-        *slot = hop;
-        out.hop_count += 1;
-    }
+    out.hop_count = int.read_hops(&mut out.hops);
     let int_len = int.len;
     let next = int.shim.next_protocol;
     match next {

@@ -47,14 +47,14 @@ pub struct Args {
     #[arg(long, value_name = "MODEL", conflicts_with_all = ["sizes", "elephants"])]
     pub bursts: Option<String>,
     /// With --bursts: packets (the paper's traces have 200,000).
-    #[arg(long, default_value_t = 200_000)]
+    #[arg(long, default_value_t = 200_000, requires = "bursts")]
     pub packets: usize,
     /// With --bursts: one INT packet this often (Zhang et al. sampled every 25 us), or
     /// `period`: one at the end of each burst and each gap, as the INT paper's traces.
-    #[arg(long, default_value = "25us", value_parser = every)]
+    #[arg(long, default_value = "25us", value_parser = every, requires = "bursts")]
     pub every: u64,
     /// With --bursts: the port's line rate.
-    #[arg(long, default_value = "10Gbit", value_parser = telemark_core::units::parse_rate_bps)]
+    #[arg(long, default_value = "10Gbit", value_parser = telemark_core::units::parse_rate_bps, requires = "bursts")]
     pub line_rate: u64,
     #[command(flatten)]
     pub loss: LossOpts,

@@ -373,8 +373,6 @@ fn bench_sketch_prints_every_row() {
     assert!(!o.status.success() && err.contains("--p in (0, 1]"), "{err}");
 }
 
-/// `telemark bench --csv` prints one row per flow count and frame size, every variant timed,
-/// no flow refused; bad parameters get one line. Rates are not asserted.
 /// `gen --bursts` and `bench-int --prefilter` (the INT paper's Figs. 4/5): every threshold
 /// has its row, no filtering reports every packet, and the web model's per-hop filter at
 /// 100 us reports about the share of packets its bursts over 100 us give (9.7 %, two events
@@ -413,6 +411,8 @@ fn int_prefiltering_rows_for_every_threshold() {
     assert!(!bad.status.success() && err.contains("web, cache, hadoop"), "{err}");
 }
 
+/// `telemark bench --csv` prints one row per flow count and frame size, every variant timed,
+/// no flow refused; bad parameters get one line. Rates are not asserted.
 #[test]
 fn bench_prints_every_row() {
     let out = ok(&bin()
