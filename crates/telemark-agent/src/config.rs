@@ -306,7 +306,8 @@ pub struct IntSection {
     pub report: Option<String>,
     /// Flows the sink keeps detector state for (default 65536).
     pub flows: Option<usize>,
-    /// Roles.
+    /// Roles. (These two are [`IntRulesSection`]'s fields: serde cannot flatten a struct
+    /// into one that refuses unknown keys.)
     #[serde(default)]
     pub rule: Vec<RoleSection>,
     /// Detectors.

@@ -203,8 +203,9 @@ impl IntRoles {
     /// `emit`.
     pub fn apply(&mut self, frame: &mut Vec<u8>, m: &Measured, mut emit: impl FnMut(Output<'_>)) {
         let signal = self.cfg.signal;
+        // The flow, and where INT ends (what a sink's report carries of the frame).
         let found = match int_frame::find(frame, &signal, Mode::Tolerant) {
-            Ok(f) => f.map(|f| f.flow),
+            Ok(f) => f.map(|f| (f.flow, f.layers.after_l4 + f.int.len)),
             Err(_) => {
                 self.counts.malformed += 1;
                 return;
@@ -228,7 +229,7 @@ impl IntRoles {
                     }
                 }
             }
-            Some(flow) => match self.role_of(&flow) {
+            Some((flow, int_end)) => match self.role_of(&flow) {
                 Some(Role::Transit) => match int_frame::push(frame, &signal, &own, self.cfg.mtu) {
                     Ok(Edit::Added) => self.counts.pushed += 1,
                     Ok(Edit::MtuExceeded) => self.counts.mtu_exceeded += 1,
@@ -236,7 +237,7 @@ impl IntRoles {
                     Ok(Edit::Skipped) => {}
                     Err(_) => self.counts.malformed += 1,
                 },
-                Some(Role::Sink) => self.sink(frame, m, own, &mut emit),
+                Some(Role::Sink) => self.sink(frame, int_end, m, own, &mut emit),
                 // A source sees INT it did not add: another domain's; left alone.
                 Some(Role::Source { .. }) | None => {}
             },
@@ -246,18 +247,16 @@ impl IntRoles {
     fn sink(
         &mut self,
         frame: &mut Vec<u8>,
+        int_end: usize,
         m: &Measured,
         own: Hop,
         emit: &mut impl FnMut(Output<'_>),
     ) {
         if self.cfg.report != ReportMode::Off {
             // The report's inner packet: the frame as it arrived, up to the end of INT.
-            let end = match int_frame::find(frame, &self.cfg.signal, Mode::Tolerant) {
-                Ok(Some(f)) => f.layers.after_l4 + f.int.len,
-                _ => 0,
-            };
+            let end = int_end.min(REPORT_INNER_MAX).min(frame.len());
             self.inner.clear();
-            self.inner.extend_from_slice(&frame[..end.min(REPORT_INNER_MAX).min(frame.len())]);
+            self.inner.extend_from_slice(&frame[..end]);
         }
         let stripped = match int_frame::strip(frame, &self.cfg.signal, Mode::Tolerant) {
             Ok(Some(s)) => s,

@@ -139,18 +139,37 @@ pub struct Outcome {
     pub duplicates: u64,
 }
 
-struct Testbed {
+/// A testbed script (embedded, written to a temporary file) and the arguments that come
+/// before every command (chain.sh's name prefix); `down` when dropped.
+pub(crate) struct Testbed {
+    name: &'static str,
     script: tempfile::NamedTempFile,
+    lead: Vec<String>,
 }
 
 impl Testbed {
-    fn run(&self, args: &[&str]) -> Result<String> {
-        let what = format!("testbed.sh {}", args.join(" "));
-        crate::opts::output(Command::new("bash").arg(self.script.path()).args(args), &what)
+    /// The script `text` (`name` in messages), run with `lead` before each command's
+    /// arguments.
+    pub(crate) fn new(name: &'static str, text: &str, lead: &[&str]) -> Result<Testbed> {
+        let mut script = tempfile::NamedTempFile::new()?;
+        std::io::Write::write_all(&mut script, text.as_bytes())?;
+        Ok(Testbed { name, script, lead: lead.iter().map(|s| s.to_string()).collect() })
+    }
+
+    pub(crate) fn run(&self, args: &[&str]) -> Result<String> {
+        let words: Vec<&str> = std::iter::once(self.name)
+            .chain(self.lead.iter().map(String::as_str))
+            .chain(args.iter().copied())
+            .collect();
+        let what = words.join(" ");
+        let mut c = Command::new("bash");
+        c.arg(self.script.path()).args(&self.lead).args(args);
+        crate::opts::output(&mut c, &what)
     }
     fn spawn(&self, args: &[&str]) -> Result<Child> {
         Command::new("bash")
             .arg(self.script.path())
+            .args(&self.lead)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -248,9 +267,7 @@ pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Co
             bail!("`{tool}` is missing: apt-get install iproute2 nftables iperf3");
         }
     }
-    let mut script = tempfile::NamedTempFile::new()?;
-    std::io::Write::write_all(&mut script, SCRIPT.as_bytes())?;
-    let tb = Testbed { script };
+    let tb = Testbed::new("testbed.sh", SCRIPT, &[])?;
     eprintln!("demo: building the testbed (tbf {} on u1 → u2)", a.tbf_rate);
     tb.run(&["up", &a.tbf_rate])?;
     if a.random_loss > 0 {

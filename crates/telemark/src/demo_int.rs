@@ -5,9 +5,8 @@
 //! Background traffic congests s2's queue in the middle of the run; each second the demo
 //! prints the events next to the queue's own counters (docs/int.md, "Demo").
 
-use crate::demo::Args;
+use crate::demo::{Args, Testbed};
 use anyhow::{bail, Context, Result};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,22 +44,6 @@ pub struct IntSecond {
     pub backlog_delay_ns: u64,
     /// Frames it dropped in the second.
     pub drops: u64,
-}
-
-/// The chain, removed when dropped.
-struct Chain(tempfile::NamedTempFile);
-
-impl Chain {
-    fn run(&self, args: &[&str]) -> Result<String> {
-        let what = format!("chain.sh {}", args.join(" "));
-        crate::opts::output(Command::new("bash").arg(self.0.path()).arg(PREFIX).args(args), &what)
-    }
-}
-
-impl Drop for Chain {
-    fn drop(&mut self) {
-        let _ = self.run(&["down"]);
-    }
 }
 
 fn key(sport: u16) -> FlowKey {
@@ -124,9 +107,7 @@ pub fn run(a: &Args, stop: Arc<AtomicBool>) -> Result<Option<Collector>> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("the demo builds network namespaces: run it as root");
     }
-    let mut script = tempfile::NamedTempFile::new()?;
-    std::io::Write::write_all(&mut script, SCRIPT.as_bytes())?;
-    let chain = Chain(script);
+    let chain = Testbed::new("chain.sh", SCRIPT, &[PREFIX])?;
     let sports = format!("{LATENCY_PROBE} {QUEUE_PROBE} {BACKGROUND}");
     chain.run(&["up", &sports]).context("building the chain testbed (iproute2, nftables)")?;
     let dir = tempfile::tempdir()?;

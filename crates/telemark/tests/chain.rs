@@ -681,10 +681,10 @@ fn capture(ns: String, iface: &'static str, stop: Arc<AtomicBool>) -> JoinHandle
     })
 }
 
-/// UDP source port of an Ethernet/IPv4/UDP frame.
+/// UDP source port of a frame (the flow key Telemark's parser reads).
 fn udp_sport(f: &[u8]) -> Option<u16> {
-    (f.len() >= 36 && f[12..14] == [8, 0] && f[23] == 17)
-        .then(|| u16::from_be_bytes([f[34], f[35]]))
+    let key = telemark_wire::flow::extract(f, telemark_wire::flow::LinkType::Ethernet).ok()?.key;
+    (key.proto == 17).then_some(key.sport)
 }
 
 /// The live INT path: s1 is the source for G's network, s2 a transit whose egress port is a
