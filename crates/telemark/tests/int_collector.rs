@@ -271,10 +271,6 @@ fn over_af_xdp_lost_reports_match_nftables() {
         assert!(out.status.success(), "nft {args}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    nft_ns("add table inet tmdrop");
-    nft_ns("add chain inet tmdrop out { type filter hook output priority 0 ; }");
-    nft_ns("add rule inet tmdrop out udp dport 32766 numgen random mod 100 < 5 counter drop");
-
     let dir = tempfile::tempdir().unwrap();
     let c = collector(dir.path());
     let mport = tcp_port();
@@ -282,11 +278,21 @@ fn over_af_xdp_lost_reports_match_nftables() {
     let metrics_at = format!("127.0.0.1:{mport}");
     let args = ["--listen", "10.235.0.1:32766", "--xdp", &host, "--collector", &url];
     let (_p, murl) = int_collector(&[&args[..], &["--metrics", &metrics_at]].concat(), mport);
+    let tx = in_netns(Some(&ns), || UdpSocket::bind("10.235.0.2:0")).unwrap();
+    // The first number a collector sees starts its window: nothing before it can count as
+    // lost. Sequence number 0 goes out (again, until it arrives) before anything is dropped.
+    wait_for("the first datagram", || {
+        tx.send_to(&report(9, 0, 1_000, 7002), "10.235.0.1:32766").unwrap();
+        sum(&metrics(&murl), "telemark_int_node_datagrams_total") > 0
+    });
+    nft_ns("add table inet tmdrop");
+    nft_ns("add chain inet tmdrop out { type filter hook output priority 0 ; }");
+    nft_ns("add rule inet tmdrop out udp dport 32766 numgen random mod 100 < 5 counter drop");
     let total = 10_000u32;
     let ns2 = ns.clone();
     std::thread::spawn(move || {
         let tx = in_netns(Some(&ns2), || UdpSocket::bind("10.235.0.2:0")).unwrap();
-        for seq in 0..total {
+        for seq in 1..total {
             // A datagram nftables drops on the way out fails with EPERM: that is the point.
             let _ = tx.send_to(&report(9, seq, 1_000 + u64::from(seq), 7002), "10.235.0.1:32766");
             if seq % 200 == 0 {
@@ -306,7 +312,6 @@ fn over_af_xdp_lost_reports_match_nftables() {
     // A datagram must arrive after the last drop for that drop to show as a gap: with the
     // rule gone, trailing datagrams go out (one more each round) until one has arrived.
     nft_ns("delete table inet tmdrop");
-    let tx = in_netns(Some(&ns), || UdpSocket::bind("10.235.0.2:0")).unwrap();
     let mut sent = total;
     let mut m = BTreeMap::new();
     wait_for("every datagram accounted for", || {
