@@ -103,6 +103,7 @@ impl<T: AsRef<[u8]>> Shim<T> {
         self.buffer.as_ref()
     }
     /// v1.0 shims carry an 8-bit type (so the first byte is below 16); v2.1 a 4-bit one.
+    #[inline]
     pub fn version(&self) -> Version {
         if self.b()[0] < 0x10 {
             Version::V1_0
@@ -111,6 +112,7 @@ impl<T: AsRef<[u8]>> Shim<T> {
         }
     }
     /// Type field.
+    #[inline]
     pub fn header_type(&self) -> HeaderType {
         match self.version() {
             Version::V1_0 => HeaderType::from(self.b()[0]),
@@ -118,6 +120,7 @@ impl<T: AsRef<[u8]>> Shim<T> {
         }
     }
     /// Length field in 4-byte words (v2.1: shim included; v1.0 byte 2).
+    #[inline]
     pub fn length_words(&self) -> u8 {
         match self.version() {
             Version::V1_0 => self.b()[2],
@@ -125,6 +128,7 @@ impl<T: AsRef<[u8]>> Shim<T> {
         }
     }
     /// NPT and the field it selects.
+    #[inline]
     pub fn next_protocol(&self) -> NextProtocol {
         let b = self.b();
         match self.version() {
@@ -154,6 +158,7 @@ pub struct ShimRepr {
 
 impl ShimRepr {
     /// Reads a shim.
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(s: &Shim<T>) -> ShimRepr {
         ShimRepr {
             version: s.version(),
@@ -352,7 +357,7 @@ enum Slot {
 
 /// What one bit of `format`'s bitmap puts in a hop's metadata: `(slot, width in bytes)`.
 /// This table is the one rule for sizes; [`Layout`] derives everything from it.
-fn items_of(bit: u8, format: Format) -> &'static [(Slot, u8)] {
+const fn items_of(bit: u8, format: Format) -> &'static [(Slot, u8)] {
     use Field::*;
     use Slot::Field as F;
     const PORTS_L1: &[(Slot, u8)] = &[(F(L1IngressIf), 2), (F(L1EgressIf), 2)];
@@ -393,6 +398,41 @@ fn items_of(bit: u8, format: Format) -> &'static [(Slot, u8)] {
     }
 }
 
+/// Bytes a format's bitmap asks for, by `Format as usize` and then by the bitmap's high and
+/// low byte ([`items_of`]'s widths summed; sizes add up bit by bit): [`Layout::len_of`] runs
+/// on every packet.
+const BITMAP_LEN: [[[u8; 256]; 2]; 4] = {
+    const fn half(format: Format, first_bit: u8) -> [u8; 256] {
+        let mut out = [0u8; 256];
+        let mut byte = 0;
+        while byte < 256 {
+            let mut bit = 0;
+            while bit < 8 {
+                if byte & (0x80 >> bit) != 0 {
+                    let items = items_of(first_bit + bit as u8, format);
+                    let mut i = 0;
+                    while i < items.len() {
+                        out[byte] += items[i].1;
+                        i += 1;
+                    }
+                }
+                bit += 1;
+            }
+            byte += 1;
+        }
+        out
+    }
+    const fn both(format: Format) -> [[u8; 256]; 2] {
+        [half(format, 0), half(format, 8)]
+    }
+    [
+        both(Format::IntV1_0),
+        both(Format::IntV2_1),
+        both(Format::ReportV1_0),
+        both(Format::ReportV2_0),
+    ]
+};
+
 /// Where each requested value sits inside one hop's metadata, computed once per packet from
 /// the instruction bitmap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -400,6 +440,25 @@ pub struct Layout {
     items: [Item; MAX_ITEMS],
     count: u8,
     hop_len: u8,
+    /// What a hop read with this layout has present (as [`Hop::put`] marks each item).
+    present: u32,
+    /// The named values among `items`, as [`read_into`](Self::read_into) reads them.
+    reads: [FieldRead; FIELD_COUNT],
+    read_count: u8,
+    /// Whether `items` has reserved words (read apart, rarely there).
+    reserved: bool,
+}
+
+/// Where a named value is, ready to read: `items` entries of [`Slot::Field`] reduced to
+/// numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FieldRead {
+    offset: u8,
+    width: u8,
+    field: u8,
+    /// All ones when the value is the last word of the hop whatever its stride (the checksum
+    /// complement), else zero: added to the offset masked with the stride's extra bytes.
+    at_end: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -415,7 +474,15 @@ impl Layout {
     /// The layout `bits` ask for in `format`.
     pub fn new(bits: Instructions, format: impl Into<Format>) -> Layout {
         let format = format.into();
-        let mut l = Layout { items: [NO_ITEM; MAX_ITEMS], count: 0, hop_len: 0 };
+        let mut l = Layout {
+            items: [NO_ITEM; MAX_ITEMS],
+            count: 0,
+            hop_len: 0,
+            present: 0,
+            reads: [FieldRead { offset: 0, width: 0, field: 0, at_end: 0 }; FIELD_COUNT],
+            read_count: 0,
+            reserved: false,
+        };
         if bits.0 == 0 {
             return l;
         }
@@ -432,19 +499,33 @@ impl Layout {
                 l.hop_len += width;
             }
         }
+        let mut marks = Hop::default();
+        for i in 0..usize::from(l.count) {
+            let it = l.items[i];
+            marks.put(it.slot, 0);
+            match it.slot {
+                Slot::Field(f) => {
+                    if let Some(r) = l.reads.get_mut(usize::from(l.read_count)) {
+                        let at_end = match f {
+                            Field::ChecksumComplement => usize::MAX,
+                            _ => 0,
+                        };
+                        *r = FieldRead { offset: it.offset, width: it.width, field: f as u8, at_end };
+                        l.read_count += 1;
+                    }
+                }
+                Slot::Reserved(_) => l.reserved = true,
+                Slot::Padding => {}
+            }
+        }
+        l.present = marks.present;
         l
     }
     /// Bytes of metadata `bits` ask for in `format`, without building the layout.
     pub fn len_of(bits: Instructions, format: impl Into<Format>) -> usize {
-        let format = format.into();
-        let mut rest = bits.0;
-        let mut len = 0usize;
-        while rest != 0 {
-            let bit = rest.leading_zeros() as u8;
-            rest &= !(0x8000 >> bit);
-            len += items_of(bit, format).iter().map(|&(_, w)| usize::from(w)).sum::<usize>();
-        }
-        len
+        let [high, low] = &BITMAP_LEN[format.into() as usize];
+        let [h, l] = bits.0.to_be_bytes();
+        usize::from(high[usize::from(h)]) + usize::from(low[usize::from(l)])
     }
 
     /// Bytes of metadata per hop.
@@ -471,29 +552,23 @@ impl Layout {
     pub fn read_into(&self, bytes: &[u8], stride: usize, hop: &mut Hop) -> Result<()> {
         let stride = stride.max(self.hop_len());
         Error::check_len("int hop", stride, bytes.len())?;
-        hop.present = 0;
-        hop.unavailable = 0;
-        for it in self.items() {
-            let start = match it.slot {
-                Slot::Field(Field::ChecksumComplement) => stride - 4,
-                _ => usize::from(it.offset),
-            };
-            let width = usize::from(it.width);
-            // One 8-byte big-endian load and a shift where the bytes allow, else byte by byte.
-            let v = match bytes.get(start..start + 8) {
-                Some(w) => {
-                    let mut word = [0u8; 8];
-                    word.copy_from_slice(w);
-                    u64::from_be_bytes(word) >> (64 - 8 * width as u32)
-                }
-                None => {
-                    bytes[start..start + width].iter().fold(0u64, |v, &x| (v << 8) | u64::from(x))
-                }
-            };
-            hop.put(it.slot, v);
-            if let Slot::Field(f) = it.slot {
-                if v == u64::MAX >> (64 - 8 * width as u32) {
-                    hop.unavailable |= 1 << f as u8;
+        // Words past the baseline items (domain-specific metadata) come before the last one.
+        let extra = stride - self.hop_len();
+        // Every item's value is written, so what is present is the layout's alone; values
+        // read as all ones are collected apart and marked once.
+        hop.present = self.present;
+        let mut unavailable = 0u32;
+        for r in &self.reads[..usize::from(self.read_count)] {
+            let v = read_be(bytes, usize::from(r.offset) + (extra & r.at_end), r.width);
+            hop.values[usize::from(r.field)] = v;
+            let all_ones = u64::MAX >> (64 - 8 * u32::from(r.width));
+            unavailable |= u32::from(v == all_ones) << r.field;
+        }
+        hop.unavailable = unavailable;
+        if self.reserved {
+            for it in self.items() {
+                if let Slot::Reserved(_) = it.slot {
+                    hop.put(it.slot, read_be(bytes, usize::from(it.offset), it.width));
                 }
             }
         }
@@ -517,6 +592,23 @@ impl Layout {
             out[start..start + w].copy_from_slice(&v.to_be_bytes()[8 - w..]);
         }
         Ok(())
+    }
+}
+
+/// The `width`-byte big-endian number at `start` (inside `bytes`): one 8-byte load and a shift
+/// where the bytes allow, else byte by byte.
+fn read_be(bytes: &[u8], start: usize, width: u8) -> u64 {
+    match bytes.get(start..start + 8) {
+        Some(w) => {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(w);
+            u64::from_be_bytes(word) >> (64 - 8 * u32::from(width))
+        }
+        None => bytes
+            .get(start..start + usize::from(width))
+            .unwrap_or_default()
+            .iter()
+            .fold(0u64, |v, &x| (v << 8) | u64::from(x)),
     }
 }
 
@@ -619,6 +711,7 @@ impl MdHeader {
     }
 
     /// Reads an INT-MD (or v1.0) header.
+    #[inline]
     pub fn parse_md(b: &[u8], version: Version) -> Result<MdHeader> {
         Error::check_len("int md", Self::buffer_len(version), b.len())?;
         let h = MdHeader {
@@ -712,7 +805,7 @@ impl MdHeader {
 }
 
 /// INT found at the start of an L4 payload: shim, header and the per-hop stack.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Int<'a> {
     /// The shim.
     pub shim: ShimRepr,

@@ -24,6 +24,7 @@ pub mod ipv6;
 pub mod link;
 pub mod nsh;
 pub mod report;
+pub mod report_fast;
 pub mod tcp;
 pub mod udp;
 pub mod vlan;

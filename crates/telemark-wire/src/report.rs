@@ -119,7 +119,7 @@ pub struct Drop {
 }
 
 /// One individual report, whatever the version it came in.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Report<'a> {
     /// Specification version of the datagram.
     pub version: ReportVersion,

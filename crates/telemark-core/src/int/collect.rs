@@ -11,10 +11,11 @@
 use super::detector::{Detection, MAX_HOPS};
 use super::sequence::{Observation, Sequences};
 use super::table::{Detectors, Event, Outcome};
-use telemark_wire::dialect::{Deviation, Mode};
+use telemark_wire::dialect::{Deviation, Deviations, Mode};
 use telemark_wire::int::{Field, Hop, Instructions, Layout, Version};
-use telemark_wire::int_frame::{self, Start};
+use telemark_wire::int_frame::{self, Found, Start};
 use telemark_wire::report::{self, InType, Report};
+use telemark_wire::report_fast;
 
 /// Why a datagram or report was not used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -144,6 +145,13 @@ impl Collector {
     /// Processes one datagram received at `now`, handing each event to `emit`.
     pub fn datagram(&mut self, bytes: &[u8], now: u64, mut emit: impl FnMut(Event)) {
         self.counts.datagrams += 1;
+        // The common report (one, conforming) is read at fixed offsets; anything else by the
+        // reference readers, which the fast one answers exactly as for the common shape.
+        if let Some((r, found)) = report_fast::read(bytes) {
+            self.sequence(observation(&r));
+            self.report(&r, Some(&found), now, &mut emit);
+            return;
+        }
         let reports = match report::parse(bytes, self.mode) {
             Ok(r) => r,
             Err(_) => {
@@ -167,77 +175,93 @@ impl Collector {
                 sequenced = true;
                 self.sequence(observation(&r));
             }
-            for d in r.deviations.iter() {
-                self.counts.deviations[d as usize] += 1;
-            }
-            // The reporting node's own metadata first (newest), with its node ID.
-            let hops = &mut self.hops;
-            let mut n = 0;
             let start = match r.in_type {
                 InType::Ethernet => Start::Ethernet,
                 InType::Ipv4 | InType::Ipv6 => Start::Ip,
                 _ => {
+                    self.count_deviations(r.deviations);
                     self.refuse(Refusal::NoFlow);
                     continue;
                 }
             };
-            let found = match int_frame::find_reported(r.inner, start, self.mode) {
-                Ok(f) => f,
+            match int_frame::find_reported(r.inner, start, self.mode) {
+                Ok(found) => self.report(&r, found.as_ref(), now, &mut emit),
                 Err(_) => {
+                    self.count_deviations(r.deviations);
                     self.refuse(Refusal::BadInt);
-                    continue;
-                }
-            };
-            // The reporting node's own metadata heads the path when the report carries some,
-            // or when there is no INT stack to read.
-            if !r.md.is_empty() || found.is_none() {
-                hops[0] = r.metadata();
-                if hops[0].get(Field::NodeId).is_none() {
-                    if let Some(id) = r.node_id {
-                        hops[0].set(Field::NodeId, u64::from(id));
-                    }
-                }
-                n = 1;
-            }
-            let flow = match found {
-                Some(f) => {
-                    for d in f.int.deviations.iter() {
-                        self.counts.deviations[d as usize] += 1;
-                    }
-                    let key = (f.int.instructions(), f.int.shim.version);
-                    let layout = match &self.layout {
-                        Some((i, v, l)) if (*i, *v) == key => l,
-                        _ => &self.layout.insert((key.0, key.1, f.int.layout())).2,
-                    };
-                    n += f.int.read_hops_with(layout, &mut hops[n..]);
-                    f.flow
-                }
-                None => match int_frame::plain_flow(r.inner, start) {
-                    Some(f) => f,
-                    None => {
-                        self.refuse(Refusal::NoFlow);
-                        continue;
-                    }
-                },
-            };
-            self.counts.reports += 1;
-            let hops = &self.hops[..n];
-            match self.detectors.detect(&flow, hops, now) {
-                Outcome::Event(rule, d) => {
-                    self.counts.events += 1;
-                    emit(Event::new(now, flow, Some(rule as u16), d, hops));
-                }
-                Outcome::Quiet => self.counts.quiet += 1,
-                Outcome::Unwatched => {
-                    self.counts.events += 1;
-                    let d = Detection { value: 0, hop: None };
-                    emit(Event::new(now, flow, None, d, hops));
                 }
             }
         }
         if !sequenced {
             // No report read: the datagram still arrived.
             self.sequence(group);
+        }
+    }
+
+    /// One report and the INT found in the packet it carries (if any): the path's metadata,
+    /// the flow, and the flow's detector.
+    fn report(
+        &mut self,
+        r: &Report<'_>,
+        found: Option<&Found<'_>>,
+        now: u64,
+        emit: &mut impl FnMut(Event),
+    ) {
+        self.count_deviations(r.deviations);
+        // The reporting node's own metadata heads the path (newest) when the report carries
+        // some, or when there is no INT stack to read.
+        let hops = &mut self.hops;
+        let mut n = 0;
+        if !r.md.is_empty() || found.is_none() {
+            hops[0] = r.metadata();
+            if hops[0].get(Field::NodeId).is_none() {
+                if let Some(id) = r.node_id {
+                    hops[0].set(Field::NodeId, u64::from(id));
+                }
+            }
+            n = 1;
+        }
+        let flow = match found {
+            Some(f) => {
+                self.count_deviations(f.int.deviations);
+                let key = (f.int.instructions(), f.int.shim.version);
+                let layout = match &self.layout {
+                    Some((i, v, l)) if (*i, *v) == key => l,
+                    _ => &self.layout.insert((key.0, key.1, f.int.layout())).2,
+                };
+                n += f.int.read_hops_with(layout, &mut self.hops[n..]);
+                f.flow
+            }
+            None => {
+                let start = match r.in_type {
+                    InType::Ethernet => Start::Ethernet,
+                    _ => Start::Ip,
+                };
+                match int_frame::plain_flow(r.inner, start) {
+                    Some(f) => f,
+                    None => return self.refuse(Refusal::NoFlow),
+                }
+            }
+        };
+        self.counts.reports += 1;
+        let hops = &self.hops[..n];
+        match self.detectors.detect(&flow, hops, now) {
+            Outcome::Event(rule, d) => {
+                self.counts.events += 1;
+                emit(Event::new(now, flow, Some(rule as u16), d, hops));
+            }
+            Outcome::Quiet => self.counts.quiet += 1,
+            Outcome::Unwatched => {
+                self.counts.events += 1;
+                let d = Detection { value: 0, hop: None };
+                emit(Event::new(now, flow, None, d, hops));
+            }
+        }
+    }
+
+    fn count_deviations(&mut self, d: Deviations) {
+        for d in d.iter() {
+            self.counts.deviations[d as usize] += 1;
         }
     }
 

@@ -98,9 +98,10 @@ impl NodeSeq {
     }
 
     fn observe(&mut self, seq: u32, bits: u8) {
+        // Sequence numbers wrap at a power of two: a mask, not a division.
         let modulus = 1u64 << bits.clamp(10, 32);
-        let wrap = |v: u64| (v % modulus) as u32;
-        let d = (u64::from(seq) + modulus - u64::from(self.base)) % modulus;
+        let wrap = |v: u64| (v & (modulus - 1)) as u32;
+        let d = u64::from(wrap(u64::from(seq) + modulus - u64::from(self.base)));
         if d < u64::from(WINDOW) {
             self.behind_run = 0;
             if self.is_set(seq) {
@@ -168,12 +169,17 @@ impl core::hash::Hasher for NodeHasher {
     }
 }
 
-type NodeMap = HashMap<(u32, u8), NodeSeq, core::hash::BuildHasherDefault<NodeHasher>>;
+type NodeMap = HashMap<(u32, u8), usize, core::hash::BuildHasherDefault<NodeHasher>>;
 
 /// The windows of every (node, hardware ID).
 #[derive(Debug, Default, Clone)]
 pub struct Sequences {
-    nodes: NodeMap,
+    /// Where each pair's window is in `windows`.
+    index: NodeMap,
+    windows: Vec<((u32, u8), NodeSeq)>,
+    /// The pair seen last and where its window is: a collector mostly hears from the same
+    /// switch datagram after datagram, and then needs no lookup.
+    last: Option<((u32, u8), usize)>,
     /// Datagrams of pairs beyond [`MAX_NODES`], not followed.
     pub untracked: u64,
 }
@@ -181,29 +187,42 @@ pub struct Sequences {
 impl Sequences {
     /// Takes one datagram's sequence number into account.
     pub fn observe(&mut self, o: Observation) {
-        let len = self.nodes.len();
-        match self.nodes.get_mut(&(o.node, o.hw_id)) {
-            Some(n) => n.observe(o.seq, o.bits),
-            None if len < MAX_NODES => {
-                self.nodes.insert((o.node, o.hw_id), NodeSeq::new(o.seq));
-            }
-            None => self.untracked += 1,
+        let key = (o.node, o.hw_id);
+        let at = match self.last {
+            Some((k, i)) if k == key => i,
+            _ => match self.index.get(&key) {
+                Some(&i) => i,
+                None if self.windows.len() < MAX_NODES => {
+                    self.index.insert(key, self.windows.len());
+                    self.windows.push((key, NodeSeq::new(o.seq)));
+                    self.last = Some((key, self.windows.len() - 1));
+                    return;
+                }
+                None => {
+                    self.untracked += 1;
+                    return;
+                }
+            },
+        };
+        self.last = Some((key, at));
+        if let Some((_, n)) = self.windows.get_mut(at) {
+            n.observe(o.seq, o.bits);
         }
     }
 
     /// Each (node, hardware ID) followed.
     pub fn nodes(&self) -> impl Iterator<Item = (&(u32, u8), &NodeSeq)> {
-        self.nodes.iter()
+        self.windows.iter().map(|(k, n)| (k, n))
     }
 
     /// Lost in total.
     pub fn lost(&self) -> u64 {
-        self.nodes.values().map(|n| n.lost).sum()
+        self.windows.iter().map(|(_, n)| n.lost).sum()
     }
 
     /// Missing in total (in windows, not arrived yet).
     pub fn missing(&self) -> u64 {
-        self.nodes.values().map(NodeSeq::missing).sum()
+        self.windows.iter().map(|(_, n)| n.missing()).sum()
     }
 }
 
