@@ -158,7 +158,7 @@ pub struct ShimRepr {
 
 impl ShimRepr {
     /// Reads a shim.
-    #[inline]
+    #[inline(always)]
     pub fn parse<T: AsRef<[u8]>>(s: &Shim<T>) -> ShimRepr {
         ShimRepr {
             version: s.version(),
@@ -711,7 +711,7 @@ impl MdHeader {
     }
 
     /// Reads an INT-MD (or v1.0) header.
-    #[inline]
+    #[inline(always)]
     pub fn parse_md(b: &[u8], version: Version) -> Result<MdHeader> {
         Error::check_len("int md", Self::buffer_len(version), b.len())?;
         let h = MdHeader {
@@ -1012,11 +1012,18 @@ impl<'a> Int<'a> {
     /// [`layout`](Self::layout)'s): a reader that meets the same instructions packet after
     /// packet builds it once.
     pub fn read_hops_with(&self, layout: &Layout, out: &mut [Hop]) -> usize {
+        // Whole hops only (as hop_count counts them), without its division.
         let mut n = 0;
-        for (i, slot) in out.iter_mut().take(self.hop_count()).enumerate() {
-            let at = i * self.hop_stride;
+        let mut at = 0;
+        for slot in out.iter_mut() {
             match self.stack.get(at..) {
-                Some(b) if layout.read_into(b, self.hop_stride, slot).is_ok() => n += 1,
+                Some(b) if self.hop_stride > 0 && b.len() >= self.hop_stride => {
+                    if layout.read_into(b, self.hop_stride, slot).is_err() {
+                        break;
+                    }
+                    n += 1;
+                    at += self.hop_stride;
+                }
                 _ => break,
             }
         }

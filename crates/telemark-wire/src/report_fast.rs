@@ -56,6 +56,7 @@ pub fn read(datagram: &[u8]) -> Option<(Report<'_>, Found<'_>)> {
 }
 
 /// The group header, the individual report header and the main contents.
+#[inline(always)]
 fn read_report(b: &[u8]) -> Option<Report<'_>> {
     const BODY: usize = GROUP_HEADER_LEN + INDIVIDUAL_HEADER_LEN;
     let body = b.get(BODY..)?;
@@ -107,6 +108,7 @@ fn read_report(b: &[u8]) -> Option<Report<'_>> {
 }
 
 /// IPv4 at `ip` (after an Ethernet header of type IPv4, or at 0), UDP or TCP, INT-MD v2.1.
+#[inline(always)]
 fn read_int(frame: &[u8], ip: usize) -> Option<Found<'_>> {
     if ip > 0 && frame.get(12..14)? != [0x08, 0x00] {
         return None;

@@ -113,18 +113,25 @@ impl DetectSection {
     }
 }
 
-#[derive(Debug, Clone)]
-struct Slot {
-    /// 0: empty.
+/// What a probe looks at: the flow's hash (0: empty) and when it was last seen (for eviction).
+/// Kept apart from the entries so that the probes of a lookup read one or two cache lines.
+#[derive(Debug, Clone, Copy)]
+struct Tag {
     hash: u64,
+    seen_ns: u64,
+}
+
+const FREE: Tag = Tag { hash: 0, seen_ns: 0 };
+
+/// A flow's key, rule and detector state, at its tag's index.
+#[derive(Debug, Clone)]
+struct Entry {
     key: FlowKey,
     rule: u16,
-    seen_ns: u64,
     state: FlowState,
 }
 
-const EMPTY: Slot = Slot {
-    hash: 0,
+const EMPTY: Entry = Entry {
     key: FlowKey {
         src: core::net::IpAddr::V4(core::net::Ipv4Addr::UNSPECIFIED),
         dst: core::net::IpAddr::V4(core::net::Ipv4Addr::UNSPECIFIED),
@@ -135,7 +142,6 @@ const EMPTY: Slot = Slot {
         si: None,
     },
     rule: 0,
-    seen_ns: 0,
     state: FlowState::EMPTY,
 };
 
@@ -165,7 +171,8 @@ pub enum Outcome {
 #[derive(Debug, Clone)]
 pub struct Detectors {
     rules: Vec<DetectRule>,
-    slots: Box<[Slot]>,
+    tags: Box<[Tag]>,
+    entries: Box<[Entry]>,
     counts: TableCounts,
 }
 
@@ -175,7 +182,8 @@ impl Detectors {
         let n = capacity.max(PROBES).next_power_of_two();
         Detectors {
             rules,
-            slots: vec![EMPTY; n].into_boxed_slice(),
+            tags: vec![FREE; n].into_boxed_slice(),
+            entries: vec![EMPTY; n].into_boxed_slice(),
             counts: TableCounts::default(),
         }
     }
@@ -188,7 +196,8 @@ impl Detectors {
     /// Replaces the rules (the controller changed them); every flow starts afresh.
     pub fn set_rules(&mut self, rules: Vec<DetectRule>) {
         self.rules = rules;
-        self.slots.fill(EMPTY);
+        self.tags.fill(FREE);
+        self.entries.fill(EMPTY);
         self.counts.flows = 0;
     }
 
@@ -200,22 +209,22 @@ impl Detectors {
     /// Runs `flow`'s detector on one packet's `hops` (newest first) seen at `now`.
     pub fn detect(&mut self, flow: &FlowKey, hops: &[Hop], now: u64) -> Outcome {
         let hash = flow_hash(flow) | 1;
-        let mask = self.slots.len() - 1;
+        let mask = self.tags.len() - 1;
         let start = (hash as usize) & mask;
         let mut victim = start;
         let mut at = None;
         for p in 0..PROBES {
             let i = (start + p) & mask;
-            let s = &self.slots[i];
-            if s.hash == hash && s.key == *flow {
+            let t = self.tags[i];
+            if t.hash == hash && self.entries[i].key == *flow {
                 at = Some(i);
                 break;
             }
-            if s.hash == 0 {
+            if t.hash == 0 {
                 victim = i;
                 break;
             }
-            if s.seen_ns < self.slots[victim].seen_ns {
+            if t.seen_ns < self.tags[victim].seen_ns {
                 victim = i;
             }
         }
@@ -226,24 +235,19 @@ impl Detectors {
                     self.counts.unmatched += 1;
                     return Outcome::Unwatched;
                 };
-                let s = &mut self.slots[victim];
-                if s.hash == 0 {
+                if self.tags[victim].hash == 0 {
                     self.counts.flows += 1;
                 } else {
                     self.counts.evicted += 1;
                 }
-                *s = Slot {
-                    hash,
-                    key: *flow,
-                    rule: rule as u16,
-                    seen_ns: now,
-                    state: FlowState::EMPTY,
-                };
+                self.tags[victim].hash = hash;
+                self.entries[victim] =
+                    Entry { key: *flow, rule: rule as u16, state: FlowState::EMPTY };
                 victim
             }
         };
-        let s = &mut self.slots[i];
-        s.seen_ns = now;
+        self.tags[i].seen_ns = now;
+        let s = &mut self.entries[i];
         let rule = usize::from(s.rule);
         match self.rules[rule].detector.detect(hops, &mut s.state) {
             Some(d) => Outcome::Event(rule, d),
