@@ -138,6 +138,7 @@ pub fn layers_from(frame: &[u8], start: Start) -> Option<Layers> {
     Some(Layers { ip, v6, l4, proto, after_l4: l4 + l4_len, dscp })
 }
 
+#[inline(always)]
 fn addrs(frame: &[u8], l: &Layers) -> (IpAddr, IpAddr) {
     if l.v6 {
         let a = |o: usize| -> [u8; 16] {
@@ -193,7 +194,7 @@ fn looks_like_shim(b: &[u8]) -> bool {
     matches!(b.first(), Some(1 | 2) | Some(0x10..=0x3f))
 }
 
-#[inline]
+#[inline(always)]
 pub(crate) fn original_flow(frame: &[u8], l: &Layers, int: &Int<'_>) -> FlowKey {
     let (src, dst) = addrs(frame, l);
     let mut flow = FlowKey {

@@ -132,14 +132,17 @@ impl Detection {
     }
 }
 
-/// One flow's detector state.
+/// One flow's detector state. In C order, what per-hop detection reads first (the flow
+/// table keeps it in the cache line after the flow's key).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
 pub struct FlowState {
-    /// Per-hop: (switch ID, last stored value) for the hops seen.
-    hops: [(u32, u64); MAX_HOPS],
     hop_count: u8,
     /// Per-hop, all slots taken: the slot a new switch replaces next (round robin).
     next_victim: u8,
+    /// Per-hop: the switch IDs seen, and the value last stored for each.
+    ids: [u32; MAX_HOPS],
+    values: [u64; MAX_HOPS],
     /// Per-flow and EWMA: the value last stored.
     stored: u64,
     /// EWMA: the running average in 1/65536ths.
@@ -150,9 +153,10 @@ pub struct FlowState {
 impl FlowState {
     /// A flow's state before its first packet.
     pub const EMPTY: FlowState = FlowState {
-        hops: [(0, 0); MAX_HOPS],
         hop_count: 0,
         next_victim: 0,
+        ids: [0; MAX_HOPS],
+        values: [0; MAX_HOPS],
         stored: 0,
         avg: 0,
         expr: ExprState::EMPTY,
@@ -197,11 +201,11 @@ fn per_hop(
         };
         let switch = switch as u32;
         let known = usize::from(state.hop_count);
-        let slot = match state.hops[..known].iter().position(|(id, _)| *id == switch) {
+        let slot = match state.ids[..known].iter().position(|id| *id == switch) {
             Some(s) => s,
             None if known < MAX_HOPS => {
                 // A switch seen for the first time: a change from nothing.
-                state.hops[known] = (switch, 0);
+                (state.ids[known], state.values[known]) = (switch, 0);
                 state.hop_count += 1;
                 known
             }
@@ -209,11 +213,11 @@ fn per_hop(
                 // Every slot taken (the path changed): a new switch takes one in turn.
                 let v = usize::from(state.next_victim) % MAX_HOPS;
                 state.next_victim = ((v + 1) % MAX_HOPS) as u8;
-                state.hops[v] = (switch, 0);
+                (state.ids[v], state.values[v]) = (switch, 0);
                 v
             }
         };
-        let last = &mut state.hops[slot].1;
+        let last = &mut state.values[slot];
         if value.abs_diff(*last) > threshold {
             *last = value;
             first.get_or_insert(Detection { value, hop: Some((i as u8, switch)) });

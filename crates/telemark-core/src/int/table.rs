@@ -123,8 +123,10 @@ struct Tag {
 
 const FREE: Tag = Tag { hash: 0, seen_ns: 0 };
 
-/// A flow's key, rule and detector state, at its tag's index.
+/// A flow's key, rule and detector state, at its tag's index: in C order on a cache line of
+/// its own, so that the key is one line and the state's start the next.
 #[derive(Debug, Clone)]
+#[repr(C, align(64))]
 struct Entry {
     key: FlowKey,
     rule: u16,
