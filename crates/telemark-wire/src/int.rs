@@ -456,9 +456,9 @@ struct FieldRead {
     offset: u8,
     width: u8,
     field: u8,
-    /// All ones when the value is the last word of the hop whatever its stride (the checksum
-    /// complement), else zero: added to the offset masked with the stride's extra bytes.
-    at_end: usize,
+    /// The value is the last word of the hop whatever its stride (the checksum complement):
+    /// its offset moves by the stride's extra bytes.
+    at_end: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -479,7 +479,7 @@ impl Layout {
             count: 0,
             hop_len: 0,
             present: 0,
-            reads: [FieldRead { offset: 0, width: 0, field: 0, at_end: 0 }; FIELD_COUNT],
+            reads: [FieldRead { offset: 0, width: 0, field: 0, at_end: false }; FIELD_COUNT],
             read_count: 0,
             reserved: false,
         };
@@ -506,10 +506,7 @@ impl Layout {
             match it.slot {
                 Slot::Field(f) => {
                     if let Some(r) = l.reads.get_mut(usize::from(l.read_count)) {
-                        let at_end = match f {
-                            Field::ChecksumComplement => usize::MAX,
-                            _ => 0,
-                        };
+                        let at_end = f == Field::ChecksumComplement;
                         *r = FieldRead { offset: it.offset, width: it.width, field: f as u8, at_end };
                         l.read_count += 1;
                     }
@@ -526,6 +523,24 @@ impl Layout {
         let [high, low] = &BITMAP_LEN[format.into() as usize];
         let [h, l] = bits.0.to_be_bytes();
         usize::from(high[usize::from(h)]) + usize::from(low[usize::from(l)])
+    }
+
+    /// This layout reading only the fields in `wanted` (a mask of `1 << field as u8`): a
+    /// reader that uses a few of a hop's values skips the rest, and the hops it reads have
+    /// only those. Reserved words are skipped too. Writing is unchanged.
+    pub fn reading_only(mut self, wanted: u32) -> Layout {
+        let mut kept = 0;
+        for i in 0..usize::from(self.read_count) {
+            let r = self.reads[i];
+            if wanted & (1 << r.field) != 0 {
+                self.reads[kept] = r;
+                kept += 1;
+            }
+        }
+        self.read_count = kept as u8;
+        self.present &= wanted & ((1 << FIELD_COUNT) - 1);
+        self.reserved = false;
+        self
     }
 
     /// Bytes of metadata per hop.
@@ -559,7 +574,8 @@ impl Layout {
         hop.present = self.present;
         let mut unavailable = 0u32;
         for r in &self.reads[..usize::from(self.read_count)] {
-            let v = read_be(bytes, usize::from(r.offset) + (extra & r.at_end), r.width);
+            let start = usize::from(r.offset) + if r.at_end { extra } else { 0 };
+            let v = read_be(bytes, start, r.width);
             hop.values[usize::from(r.field)] = v;
             let all_ones = u64::MAX >> (64 - 8 * u32::from(r.width));
             unavailable |= u32::from(v == all_ones) << r.field;
@@ -1042,6 +1058,35 @@ mod tests {
     /// The same with Length 3 as v2.1 says.
     const MX: [u8; 16] =
         [0x30, 0x03, 0x00, 0x00, 0x20, 0x00, 0x00, 0x00, 0xff, 0x00, 0x00, 0x00, 0, 0, 0, 0];
+
+    #[test]
+    fn reading_only_some_fields() {
+        let all = Layout::new(Instructions(0xff01), Version::V2_1);
+        let mut hop = Hop::default();
+        for f in Field::ALL {
+            hop.set(f, 7);
+        }
+        hop.set(Field::HopLatency, 0xffff_ffff);
+        hop.set(Field::ChecksumComplement, 0xabcd);
+        let mut b = [0u8; 64];
+        all.write(&hop, &mut b).unwrap();
+        let wanted = 1 << Field::HopLatency as u8 | 1 << Field::ChecksumComplement as u8;
+        let few = all.reading_only(wanted);
+        // The checksum complement is the last word of a longer stride too.
+        let mut wide = [0u8; 68];
+        wide[..44].copy_from_slice(&b[..44]);
+        wide[44..48].copy_from_slice(&[1, 2, 3, 4]);
+        wide[48..52].copy_from_slice(&b[44..48]);
+        let h = few.read_hop(&wide, 52).unwrap();
+        assert_eq!(h.get(Field::ChecksumComplement), Some(0xabcd));
+        assert_eq!(h.get(Field::HopLatency), Some(0xffff_ffff));
+        assert_eq!(h.available(Field::HopLatency), None, "all ones: unavailable");
+        assert_eq!((h.get(Field::NodeId), h.get(Field::EgressTs)), (None, None));
+        // All of them, as the full layout reads them.
+        let full = all.read_hop(&wide, 52).unwrap();
+        assert_eq!(full.get(Field::NodeId), Some(7));
+        assert_eq!(full.get(Field::ChecksumComplement), Some(0xabcd));
+    }
 
     #[test]
     fn sizes_follow_the_instruction_table() {

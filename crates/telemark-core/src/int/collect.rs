@@ -80,7 +80,8 @@ pub struct Collector {
     /// The current report's path, reused from report to report.
     hops: [Hop; MAX_HOPS],
     /// The last stack layout built, by instructions and version: reports of one domain carry
-    /// the same instructions, so it is built once, not per report.
+    /// the same instructions, so it is built once, not per report. It reads only the fields
+    /// the detectors and events use.
     layout: Option<(Instructions, Version, Layout)>,
     mode: Mode,
     seq: SeqSink,
@@ -139,6 +140,8 @@ impl Collector {
 
     /// Mutable detectors (to change the rules).
     pub fn detectors_mut(&mut self) -> &mut Detectors {
+        // The layout reads what the rules need: built again for the new ones.
+        self.layout = None;
         &mut self.detectors
     }
 
@@ -227,7 +230,10 @@ impl Collector {
                 let key = (f.int.instructions(), f.int.shim.version);
                 let layout = match &self.layout {
                     Some((i, v, l)) if (*i, *v) == key => l,
-                    _ => &self.layout.insert((key.0, key.1, f.int.layout())).2,
+                    _ => {
+                        let l = f.int.layout().reading_only(self.detectors.fields());
+                        &self.layout.insert((key.0, key.1, l)).2
+                    }
                 };
                 n += f.int.read_hops_with(layout, &mut self.hops[n..]);
                 f.flow
@@ -331,6 +337,67 @@ mod tests {
         assert_eq!(values, [500, 900, 0]);
         assert_eq!(events[0].flow.dport, 5201);
         assert_eq!(events[0].detection.hop, Some((0, 42)));
+    }
+
+    /// A sink's report of an Ethernet/IPv4/UDP frame whose INT stack (source and one transit)
+    /// has node ID, hop latency and ingress timestamp: the common shape.
+    fn stacked(seq: u32, ingress_ts: u64) -> Vec<u8> {
+        use telemark_wire::int_frame::{insert, push, Signal, Source};
+        let mut frame = vec![0u8; 12];
+        frame.extend_from_slice(&[0x08, 0x00, 0x45, 0, 0, 28, 0, 0, 0x40, 0, 64, 17, 0, 0]);
+        frame.extend_from_slice(&[10, 0, 0, 1, 10, 0, 0, 2, 0x13, 0x88, 0x14, 0x51, 0, 8, 0, 0]);
+        let fields = [Field::NodeId, Field::HopLatency, Field::IngressTs];
+        let src = Source {
+            signal: Signal::default(),
+            instructions: Instructions::of(&fields),
+            max_hops: 8,
+            domain_id: 0,
+        };
+        for (node, ts) in [(1, 100), (2, ingress_ts)] {
+            let mut hop = Hop::default();
+            hop.set(Field::NodeId, node);
+            hop.set(Field::HopLatency, 5);
+            hop.set(Field::IngressTs, ts);
+            if node == 1 {
+                insert(&mut frame, &src, &hop, 1500).unwrap();
+            } else {
+                push(&mut frame, &src.signal, &hop, 1500).unwrap();
+            }
+        }
+        let mut buf = [0u8; 256];
+        let mut w = Writer::new(&mut buf, 0, seq, 2).unwrap();
+        w.push(InType::Ethernet, Flags::default(), Instructions(0), &Hop::default(), &frame)
+            .unwrap();
+        let n = w.len();
+        buf[..n].to_vec()
+    }
+
+    #[test]
+    fn rules_see_fields_events_do_not_carry() {
+        // Events carry no ingress timestamp, and a hop-latency rule does not read one.
+        let rule =
+            DetectRule::from_config("*", "per_hop", Some("hop_latency"), Some("1"), None, None)
+                .unwrap();
+        let mut c = Collector::new(Detectors::new(vec![rule], 64), Mode::Tolerant);
+        let mut fired = Vec::new();
+        c.datagram(&stacked(0, 5000), 0, |e| fired.push((e.time_ns, e.detection.value)));
+        assert_eq!(fired, [(0, 5)]);
+        // A rule that reads it gets it, from the next report on.
+        let rule = DetectRule::from_config(
+            "*",
+            "complex",
+            None,
+            None,
+            None,
+            Some("max(ingress_ts) > 1000"),
+        )
+        .unwrap();
+        c.detectors_mut().set_rules(vec![rule]);
+        fired.clear();
+        for (seq, ts) in [(1, 900), (2, 1001), (3, 50)] {
+            c.datagram(&stacked(seq, ts), u64::from(seq), |e| fired.push((e.time_ns, 0)));
+        }
+        assert_eq!(fired, [(2, 0)]);
     }
 
     #[test]

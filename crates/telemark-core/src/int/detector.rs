@@ -106,6 +106,17 @@ impl Detector {
         }
     }
 
+    /// The fields the detector reads, as a mask of `1 << field as u8`.
+    pub fn fields(&self) -> u32 {
+        match self {
+            // A hop is known by its node ID.
+            Detector::PerHop { metric, .. } => 1 << *metric as u8 | 1 << Field::NodeId as u8,
+            Detector::PerFlow { metric, .. } | Detector::Ewma { metric, .. } => 1 << *metric as u8,
+            Detector::Noop => 0,
+            Detector::Complex(e) => e.fields().fold(0, |m, f| m | 1 << f as u8),
+        }
+    }
+
     /// The threshold (`None` for noop and complex detection).
     pub fn threshold(&self) -> Option<u64> {
         match self {

@@ -128,6 +128,16 @@ fn value_of(hops: &[Hop], term: Term) -> Option<i64> {
 }
 
 impl Expr {
+    /// The fields the expression reads.
+    pub fn fields(&self) -> impl Iterator<Item = Field> + '_ {
+        self.literals[..usize::from(self.clause_end[usize::from(self.clauses).saturating_sub(1)])]
+            .iter()
+            .filter_map(|l| match l.term {
+                Term::Max(f) | Term::Min(f) | Term::Sum(f) | Term::Delta(f, _) => Some(f),
+                Term::Hops => None,
+            })
+    }
+
     /// Parses `text`.
     pub fn parse(text: &str) -> Result<Expr, ExprError> {
         let err = |why: String| ExprError { text: text.to_string(), why };

@@ -203,6 +203,12 @@ impl Detectors {
         self.counts.flows = 0;
     }
 
+    /// The fields of a hop the rules' detectors and the events they make read, as a mask of
+    /// `1 << field as u8`: a reader of hops for this table needs no others.
+    pub fn fields(&self) -> u32 {
+        self.rules.iter().fold(PathHop::FIELDS, |m, r| m | r.detector.fields())
+    }
+
     /// The counters.
     pub fn counts(&self) -> TableCounts {
         self.counts
@@ -281,6 +287,27 @@ pub struct PathHop {
 const NONE32: u32 = u32::MAX;
 
 impl PathHop {
+    /// The fields [`PathHop::of`] reads, as a mask of `1 << field as u8`.
+    const FIELDS: u32 = {
+        let fields = [
+            Field::NodeId,
+            Field::HopLatency,
+            Field::QueueOccupancy,
+            Field::L1IngressIf,
+            Field::L1EgressIf,
+            Field::TxUtilization,
+            Field::QueueId,
+            Field::EgressTs,
+        ];
+        let mut m = 0;
+        let mut i = 0;
+        while i < fields.len() {
+            m |= 1 << fields[i] as u8;
+            i += 1;
+        }
+        m
+    };
+
     const EMPTY: PathHop = PathHop {
         switch_id: NONE32,
         hop_latency: NONE32,
