@@ -507,7 +507,12 @@ impl Layout {
                 Slot::Field(f) => {
                     if let Some(r) = l.reads.get_mut(usize::from(l.read_count)) {
                         let at_end = f == Field::ChecksumComplement;
-                        *r = FieldRead { offset: it.offset, width: it.width, field: f as u8, at_end };
+                        *r = FieldRead {
+                            offset: it.offset,
+                            width: it.width,
+                            field: f as u8,
+                            at_end,
+                        };
                         l.read_count += 1;
                     }
                 }

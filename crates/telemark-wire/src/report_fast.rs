@@ -23,13 +23,13 @@
 
 use crate::dialect::Deviations;
 use crate::int::{
-    Format, HeaderType, Instructions, Int, Layout, MdHeader, NextProtocol, Shim, ShimRepr,
-    Version, MD_HEADER_LEN, SHIM_LEN,
+    Format, HeaderType, Instructions, Int, Layout, MdHeader, NextProtocol, Shim, ShimRepr, Version,
+    MD_HEADER_LEN, SHIM_LEN,
 };
 use crate::int_frame::{original_flow, Found, Layers};
 use crate::report::{
-    Flags, InType, RepType, Report, ReportVersion, GROUP_HEADER_LEN,
-    INDIVIDUAL_HEADER_LEN, MAIN_FIXED_LEN,
+    Flags, InType, RepType, Report, ReportVersion, GROUP_HEADER_LEN, INDIVIDUAL_HEADER_LEN,
+    MAIN_FIXED_LEN,
 };
 
 const UDP: u8 = 17;
@@ -198,25 +198,27 @@ mod tests {
             (prop_oneof![Just(0i8), Just(0), Just(0), Just(-1), Just(1)], any::<u16>()),
             (any::<bool>(), any::<bool>(), prop_oneof![Just(2u8), Just(2), Just(1)], 0usize..24),
         )
-            .prop_map(|((in_type, vlan, tcp, npt), (items, hops, extra, ds), (delta, md), rest)| {
-                Shape {
-                    in_type,
-                    vlan: vlan && in_type == 3,
-                    tcp,
-                    npt,
-                    // Mostly the baseline bits 0–7, sometimes anything.
-                    items: if items & 1 == 0 { items & 0xff00 } else { items },
-                    hops,
-                    extra_words: extra,
-                    ds_instructions: if ds & 3 == 0 { ds } else { 0 },
-                    length_delta: delta,
-                    own_md: if md & 3 == 0 { md & 0xff00 } else { 0 },
-                    second_report: rest.0 && rest.1,
-                    report_len_ff: rest.1 && !rest.0,
-                    group_version: rest.2,
-                    payload: rest.3,
-                }
-            })
+            .prop_map(
+                |((in_type, vlan, tcp, npt), (items, hops, extra, ds), (delta, md), rest)| {
+                    Shape {
+                        in_type,
+                        vlan: vlan && in_type == 3,
+                        tcp,
+                        npt,
+                        // Mostly the baseline bits 0–7, sometimes anything.
+                        items: if items & 1 == 0 { items & 0xff00 } else { items },
+                        hops,
+                        extra_words: extra,
+                        ds_instructions: if ds & 3 == 0 { ds } else { 0 },
+                        length_delta: delta,
+                        own_md: if md & 3 == 0 { md & 0xff00 } else { 0 },
+                        second_report: rest.0 && rest.1,
+                        report_len_ff: rest.1 && !rest.0,
+                        group_version: rest.2,
+                        payload: rest.3,
+                    }
+                },
+            )
     }
 
     /// The packet a sink reports: Ethernet (or not), IPv4, UDP/TCP, an INT-MD v2.1 stack.

@@ -201,8 +201,8 @@ impl Collector {
         }
     }
 
-    /// One report and the INT found in the packet it carries (if any): the path's metadata,
-    /// the flow, and the flow's detector.
+    /// One report and the INT found in the packet it carries (if any): the flow, the path's
+    /// metadata, and the flow's detector.
     fn report(
         &mut self,
         r: &Report<'_>,
@@ -211,31 +211,9 @@ impl Collector {
         emit: &mut impl FnMut(Event),
     ) {
         self.count_deviations(r.deviations);
-        // The reporting node's own metadata heads the path (newest) when the report carries
-        // some, or when there is no INT stack to read.
-        let hops = &mut self.hops;
-        let mut n = 0;
-        if !r.md.is_empty() || found.is_none() {
-            hops[0] = r.metadata();
-            if hops[0].get(Field::NodeId).is_none() {
-                if let Some(id) = r.node_id {
-                    hops[0].set(Field::NodeId, u64::from(id));
-                }
-            }
-            n = 1;
-        }
         let flow = match found {
             Some(f) => {
                 self.count_deviations(f.int.deviations);
-                let key = (f.int.instructions(), f.int.shim.version);
-                let layout = match &self.layout {
-                    Some((i, v, l)) if (*i, *v) == key => l,
-                    _ => {
-                        let l = f.int.layout().reading_only(self.detectors.fields());
-                        &self.layout.insert((key.0, key.1, l)).2
-                    }
-                };
-                n += f.int.read_hops_with(layout, &mut self.hops[n..]);
                 f.flow
             }
             None => {
@@ -250,8 +228,35 @@ impl Collector {
             }
         };
         self.counts.reports += 1;
+        // The flow's state first: the table is large and seldom in cache, and the hops are
+        // read while it comes.
+        let place = self.detectors.place(&flow, now);
+        // The reporting node's own metadata heads the path (newest) when the report carries
+        // some, or when there is no INT stack to read.
+        let hops = &mut self.hops;
+        let mut n = 0;
+        if !r.md.is_empty() || found.is_none() {
+            hops[0] = r.metadata();
+            if hops[0].get(Field::NodeId).is_none() {
+                if let Some(id) = r.node_id {
+                    hops[0].set(Field::NodeId, u64::from(id));
+                }
+            }
+            n = 1;
+        }
+        if let Some(f) = found {
+            let key = (f.int.instructions(), f.int.shim.version);
+            let layout = match &self.layout {
+                Some((i, v, l)) if (*i, *v) == key => l,
+                _ => {
+                    let l = f.int.layout().reading_only(self.detectors.fields());
+                    &self.layout.insert((key.0, key.1, l)).2
+                }
+            };
+            n += f.int.read_hops_with(layout, &mut self.hops[n..]);
+        }
         let hops = &self.hops[..n];
-        match self.detectors.detect(&flow, hops, now) {
+        match self.detectors.run(place, hops) {
             Outcome::Event(rule, d) => {
                 self.counts.events += 1;
                 emit(Event::new(now, flow, Some(rule as u16), d, hops));

@@ -216,6 +216,14 @@ impl Detectors {
 
     /// Runs `flow`'s detector on one packet's `hops` (newest first) seen at `now`.
     pub fn detect(&mut self, flow: &FlowKey, hops: &[Hop], now: u64) -> Outcome {
+        let place = self.place(flow, now);
+        self.run(place, hops)
+    }
+
+    /// [`detect`](Self::detect)'s first half: finds `flow`'s state, or makes it for the first
+    /// rule that covers the flow, as of `now`. A caller that has other work before it has the
+    /// hops does it between the halves, while the state comes from memory.
+    pub fn place(&mut self, flow: &FlowKey, now: u64) -> Place {
         let hash = flow_hash(flow) | 1;
         let mask = self.tags.len() - 1;
         let start = (hash as usize) & mask;
@@ -241,7 +249,7 @@ impl Detectors {
             None => {
                 let Some(rule) = self.rules.iter().position(|r| r.matches(flow)) else {
                     self.counts.unmatched += 1;
-                    return Outcome::Unwatched;
+                    return Place::Unwatched;
                 };
                 if self.tags[victim].hash == 0 {
                     self.counts.flows += 1;
@@ -255,13 +263,28 @@ impl Detectors {
             }
         };
         self.tags[i].seen_ns = now;
-        let s = &mut self.entries[i];
+        Place::Entry(i)
+    }
+
+    /// [`detect`](Self::detect)'s second half: the detector of the flow at `place` on `hops`.
+    pub fn run(&mut self, place: Place, hops: &[Hop]) -> Outcome {
+        let Place::Entry(i) = place else { return Outcome::Unwatched };
+        let Some(s) = self.entries.get_mut(i) else { return Outcome::Unwatched };
         let rule = usize::from(s.rule);
-        match self.rules[rule].detector.detect(hops, &mut s.state) {
+        match self.rules.get(rule).and_then(|r| r.detector.detect(hops, &mut s.state)) {
             Some(d) => Outcome::Event(rule, d),
             None => Outcome::Quiet,
         }
     }
+}
+
+/// Where a flow's detector state is ([`Detectors::place`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// At this entry of the table.
+    Entry(usize),
+    /// Nowhere: no rule covers the flow.
+    Unwatched,
 }
 
 /// One hop of an event's path: the metadata an operator reads in an event, compact. A value
