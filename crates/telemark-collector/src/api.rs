@@ -69,6 +69,8 @@ pub struct Api {
     pub auth: RwLock<Option<Auth>>,
     /// What the HTTP server saw (connections, refusals, latency), shown in `/metrics`.
     pub transport: Arc<ServerStats>,
+    /// What publishing to and consuming from Kafka did, shown in `/metrics` when on.
+    pub kafka: Arc<crate::kafka::KafkaStats>,
 }
 
 impl Handler for Api {
@@ -541,6 +543,7 @@ impl Api {
             u8::from(ready)
         ));
         self.transport.render("telemark_collector", &mut page);
+        self.kafka.render(&mut page);
         Response::text("text/plain; version=0.0.4", page)
     }
 

@@ -8,6 +8,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod kafka;
 pub mod link;
 pub mod metrics;
 mod page;
@@ -44,6 +45,8 @@ pub struct Config {
     pub stale: Duration,
     /// Tokens; without them the collector serves anyone, on a loopback address only.
     pub auth: Option<auth::Auth>,
+    /// Kafka: publish what is stored, store what is read (docs/kafka.md).
+    pub kafka: Option<kafka::KafkaFile>,
 }
 
 impl Default for Config {
@@ -57,6 +60,7 @@ impl Default for Config {
             workers: 4,
             stale: Duration::from_secs(15),
             auth: None,
+            kafka: None,
         }
     }
 }
@@ -81,6 +85,9 @@ pub enum StartError {
         /// The address.
         addr: SocketAddr,
     },
+    /// Kafka could not be set up (a bad setting, an in-memory database to publish from).
+    #[error("kafka: {0}")]
+    Kafka(String),
     /// The address could not be bound.
     #[error("cannot listen on {addr}: {err}")]
     Listen {
@@ -108,15 +115,57 @@ impl Collector {
         if cfg.auth.is_none() && !cfg.listen.ip().is_loopback() {
             return Err(StartError::Exposed { addr: cfg.listen });
         }
-        let store = store::Store::open(&cfg.db)
+        let mut store = store::Store::open(&cfg.db)
             .map_err(|err| StartError::Db { path: cfg.db.clone(), err })?;
+        let publish = match cfg.kafka.as_ref().and_then(|k| k.publish.as_ref()) {
+            Some(_) if cfg.db.as_os_str() == ":memory:" => {
+                return Err(StartError::Kafka(
+                    "publishing needs a database file (the outbox is read by its own \
+                     connection)"
+                        .into(),
+                ))
+            }
+            Some(p) => Some(
+                store
+                    .publish(p.outbox_max)
+                    .map_err(|err| StartError::Db { path: cfg.db.clone(), err })?,
+            ),
+            None => None,
+        };
         let api = Arc::new(Api {
             store: Mutex::new(store),
             metrics: metrics::Metrics::default(),
             stale_ns: cfg.stale.as_nanos() as u64,
             auth: std::sync::RwLock::new(cfg.auth.clone()),
             transport: Arc::new(ServerStats::default()),
+            kafka: Arc::new(kafka::KafkaStats::default()),
         });
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        if let Some(k) = &cfg.kafka {
+            if let Some(state) = publish {
+                let t = kafka::publish(
+                    cfg.db.clone(),
+                    k.kafka.clone(),
+                    state,
+                    api.kafka.clone(),
+                    stop.clone(),
+                )
+                .map_err(StartError::Kafka)?;
+                threads.push(t);
+            }
+            if let Some(c) = &k.consume {
+                let t = kafka::consume(
+                    api.clone(),
+                    k.kafka.clone(),
+                    c.clone(),
+                    api.kafka.clone(),
+                    stop.clone(),
+                )
+                .map_err(StartError::Kafka)?;
+                threads.push(t);
+            }
+        }
         let server_cfg = ServerConfig {
             listen: cfg.listen,
             tls: cfg.tls.clone(),
@@ -126,8 +175,6 @@ impl Collector {
         let server = Server::start(server_cfg, api.clone(), api.transport.clone())
             .map_err(|err| StartError::Listen { addr: cfg.listen, err })?;
         let addr = server.addr;
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut threads = Vec::new();
         if !cfg.retention.is_zero() {
             let (api, stop, keep) = (api.clone(), stop.clone(), cfg.retention);
             threads.push(std::thread::spawn(move || {

@@ -11,7 +11,10 @@ use crate::path::PointRecords;
 use rusqlite::{params, Connection, OptionalExtension, ToSql};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use telemark_core::records::{EventRecord, Flow, HealthRecord, PointHealth, Record, Scope};
+use telemark_kafka::{Message, Origin};
 
 /// A storage failure: the request is not acknowledged.
 #[derive(Debug, thiserror::Error)]
@@ -137,6 +140,92 @@ pub struct Store {
     file: Option<(u64, u64)>,
     /// Rows in `loss` and `other` (kept here: counting 10 M rows takes a second).
     rows: (u64, u64),
+    /// When publishing to Kafka: the outbox's state, shared with the publisher.
+    publishing: Option<Arc<Publishing>>,
+}
+
+/// The outbox of records stored and not yet acknowledged by Kafka (docs/kafka.md, "From the
+/// collector"): ingest adds a row in the transaction that stores the record, the publisher
+/// removes it once Kafka acknowledged the record.
+#[derive(Debug)]
+pub struct Publishing {
+    /// Rows in the outbox.
+    pub pending: AtomicU64,
+    /// Most rows kept: past it, records are stored but not published, and counted.
+    pub max: u64,
+    /// Records stored but not published because the outbox was full.
+    pub skipped: AtomicU64,
+}
+
+/// One record waiting in the outbox. Ids only grow (AUTOINCREMENT: a drained outbox does
+/// not hand out an id the publisher already passed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxRow {
+    /// Its place in the outbox (increasing).
+    pub id: i64,
+    /// Agent.
+    pub agent: String,
+    /// Run.
+    pub boot: u64,
+    /// Sequence number in the run.
+    pub seq: u64,
+    /// Record kind.
+    pub kind: String,
+    /// Partitioning key.
+    pub key: String,
+    /// The record's JSON.
+    pub json: String,
+}
+
+/// The publisher's own connection to the outbox (the same database file).
+pub struct Outbox {
+    db: Connection,
+}
+
+impl Outbox {
+    /// Opens the outbox of the database at `path` (a file: an in-memory database has no
+    /// outbox another connection could read).
+    pub fn open(path: &Path) -> Result<Outbox, StoreError> {
+        let db = Connection::open(path)?;
+        db.busy_timeout(std::time::Duration::from_secs(5))?;
+        // A removal lost to a crash publishes a record again: a duplicate the (agent, boot,
+        // seq) key absorbs, not a loss; no need to wait for the disk.
+        db.pragma_update(None, "synchronous", "NORMAL")?;
+        Ok(Outbox { db })
+    }
+
+    /// Up to `limit` rows after `id`, in order.
+    pub fn after(&self, id: i64, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
+        let mut q = self.db.prepare_cached(
+            "SELECT id, agent, boot, seq, kind, key, json FROM outbox WHERE id > ?1
+             ORDER BY id LIMIT ?2",
+        )?;
+        let rows = q.query_map(params![id, i(limit as u64)], |r| {
+            Ok(OutboxRow {
+                id: r.get(0)?,
+                agent: r.get(1)?,
+                boot: u(r.get(2)?),
+                seq: u(r.get(3)?),
+                kind: r.get(4)?,
+                key: r.get(5)?,
+                json: r.get(6)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Removes the rows `ids` (acknowledged), in one transaction.
+    pub fn remove(&mut self, ids: &[i64]) -> Result<(), StoreError> {
+        let tx = self.db.transaction()?;
+        {
+            let mut del = tx.prepare_cached("DELETE FROM outbox WHERE id = ?1")?;
+            for id in ids {
+                del.execute([id])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
 }
 
 const SCHEMA: &str = "
@@ -168,6 +257,11 @@ CREATE TABLE IF NOT EXISTS other (
     PRIMARY KEY (agent, boot, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS other_time ON other (time_ns);
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    agent TEXT NOT NULL, boot INTEGER NOT NULL, seq INTEGER NOT NULL,
+    kind TEXT NOT NULL, key TEXT NOT NULL, json TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS flow_hours (
     hour INTEGER NOT NULL,
     src TEXT NOT NULL, dst TEXT NOT NULL, sport INTEGER NOT NULL, dport INTEGER NOT NULL,
@@ -269,7 +363,8 @@ impl Store {
             }
         }
         let in_memory = path.as_os_str() == ":memory:";
-        let mut store = Store { db, path: path.to_path_buf(), file: None, rows: (0, 0) };
+        let mut store =
+            Store { db, path: path.to_path_buf(), file: None, rows: (0, 0), publishing: None };
         if !in_memory {
             store.file = identity(path);
         }
@@ -319,6 +414,19 @@ impl Store {
         Ok(())
     }
 
+    /// From now on, every record stored from an agent also goes into the outbox (at most
+    /// `max` rows), for a publisher to send to Kafka.
+    pub fn publish(&mut self, max: u64) -> Result<Arc<Publishing>, StoreError> {
+        let pending: i64 = self.db.query_row("SELECT COUNT(*) FROM outbox", [], |r| r.get(0))?;
+        let p = Arc::new(Publishing {
+            pending: AtomicU64::new(u(pending)),
+            max,
+            skipped: AtomicU64::new(0),
+        });
+        self.publishing = Some(p.clone());
+        Ok(p)
+    }
+
     /// Registers `agent` (or updates it on a new run).
     pub fn register(
         &mut self,
@@ -348,7 +456,8 @@ impl Store {
     }
 
     /// Stores `records` numbered `seq`, `seq + 1`, … of `agent`'s run `boot`, durably, in one
-    /// transaction; `export_dropped` is the agent's own count of records it had to drop.
+    /// transaction; `export_dropped` is the agent's own count of records it had to drop. When
+    /// publishing, the records stored now go into the outbox in the same transaction.
     pub fn ingest(
         &mut self,
         agent: &str,
@@ -358,10 +467,46 @@ impl Store {
         export_dropped: u64,
         now: u64,
     ) -> Result<Stored, StoreError> {
+        let numbered = records.iter().enumerate().map(|(n, r)| (seq.saturating_add(n as u64), r));
+        let publishing = self.publishing.clone();
+        self.store(agent, boot, numbered, Some(export_dropped), publishing.as_deref(), now)
+    }
+
+    /// Stores records read from Kafka, each numbered in `agent`'s run `boot` (not in order,
+    /// not consecutive: a partition carries some of a run's records). The agent is registered
+    /// if it was not. They are not published again.
+    pub fn ingest_numbered(
+        &mut self,
+        agent: &str,
+        boot: u64,
+        records: &[(u64, Record)],
+        now: u64,
+    ) -> Result<Stored, StoreError> {
+        self.check_file()?;
+        self.db.execute(
+            "INSERT INTO agents (agent, version, boot, first_seen_ns, last_seen_ns)
+             VALUES (?1, 'kafka', ?2, ?3, ?3)
+             ON CONFLICT (agent) DO UPDATE SET boot = MAX(boot, ?2)",
+            params![agent, i(boot), i(now)],
+        )?;
+        let numbered = records.iter().map(|(s, r)| (*s, r));
+        self.store(agent, boot, numbered, None, None, now)
+    }
+
+    fn store<'r>(
+        &mut self,
+        agent: &str,
+        boot: u64,
+        records: impl Iterator<Item = (u64, &'r Record)>,
+        export_dropped: Option<u64>,
+        publishing: Option<&Publishing>,
+        now: u64,
+    ) -> Result<Stored, StoreError> {
         self.check_file()?;
         let tx = self.db.transaction()?;
         let mut st = Stored::default();
         let mut new_rows = (0, 0);
+        let (mut published, mut unpublished) = (0u64, 0u64);
         {
             let mut loss = tx.prepare_cached(
                 "INSERT OR IGNORE INTO loss VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,
@@ -379,8 +524,12 @@ impl Store {
                     first_ns = MIN(first_ns, excluded.first_ns),
                     last_ns = MAX(last_ns, excluded.last_ns)",
             )?;
-            for (n, r) in records.iter().enumerate() {
-                let s = i(seq.saturating_add(n as u64));
+            let mut outbox = tx.prepare_cached(
+                "INSERT INTO outbox (agent, boot, seq, kind, key, json)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?;
+            for (seq, r) in records {
+                let s = i(seq);
                 let added = match r {
                     Record::Loss(l) => loss.execute(params![
                         agent,
@@ -423,6 +572,16 @@ impl Store {
                         other.execute(params![agent, i(boot), s, kind, i(t), json])?
                     }
                 };
+                if let (1, Some(p)) = (added, publishing) {
+                    if p.pending.load(Ordering::Relaxed) + published < p.max {
+                        let m = Message::new(r, Origin { agent: agent.into(), boot, seq });
+                        let json = String::from_utf8_lossy(&m.payload);
+                        outbox.execute(params![agent, i(boot), s, m.kind.name(), m.key, json])?;
+                        published += 1;
+                    } else {
+                        unpublished += 1;
+                    }
+                }
                 if let (1, Record::Loss(l)) = (added, r) {
                     hours.execute(params![
                         i(l.first_ns / HOUR_NS),
@@ -456,13 +615,17 @@ impl Store {
                 st.new.push(added == 1);
             }
             tx.execute(
-                "UPDATE agents SET last_seen_ns = ?2, records = records + ?3, export_dropped = ?4
-                 WHERE agent = ?1",
-                params![agent, i(now), i(st.accepted), i(export_dropped)],
+                "UPDATE agents SET last_seen_ns = ?2, records = records + ?3,
+                 export_dropped = COALESCE(?4, export_dropped) WHERE agent = ?1",
+                params![agent, i(now), i(st.accepted), export_dropped.map(i)],
             )?;
         }
         tx.commit()?;
         self.rows = (self.rows.0 + new_rows.0, self.rows.1 + new_rows.1);
+        if let Some(p) = publishing {
+            p.pending.fetch_add(published, Ordering::Relaxed);
+            p.skipped.fetch_add(unpublished, Ordering::Relaxed);
+        }
         Ok(st)
     }
 

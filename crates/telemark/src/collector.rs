@@ -46,6 +46,10 @@ pub struct Args {
     /// The private key of --tls-cert (PEM).
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Kafka settings (TOML: `[kafka]` brokers and client settings, `[publish]` to publish
+    /// what is stored, `[consume]` to store what a consumer group reads; docs/kafka.md).
+    #[arg(long)]
+    pub kafka: Option<PathBuf>,
 }
 
 /// A duration such as `30s`, `15m`, `48h`, `7d` (seconds without a unit; 0 allowed).
@@ -60,6 +64,12 @@ pub fn run(a: Args) -> Result<()> {
         (Some(cert), Some(key)) => Some(telemark_transport::tls::server_config(cert, key)?),
         _ => None,
     };
+    let kafka = a
+        .kafka
+        .as_deref()
+        .map(telemark_collector::kafka::KafkaFile::load)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
     let defaults = Config::default();
     let cfg = Config {
         auth,
@@ -75,6 +85,7 @@ pub fn run(a: Args) -> Result<()> {
             ..defaults.limits.clone()
         },
         workers: usize::from(a.workers),
+        kafka,
         ..defaults
     };
     let mut signals =

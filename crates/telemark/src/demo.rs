@@ -56,6 +56,9 @@ pub struct Args {
     /// Collector database (default: a fresh one in a temporary directory).
     #[arg(long)]
     pub db: Option<PathBuf>,
+    /// The collector's Kafka settings (docs/kafka.md): publish every record it stores.
+    #[arg(long)]
+    pub kafka: Option<PathBuf>,
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -275,7 +278,7 @@ pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Co
     }
     let dir = tempfile::tempdir()?;
     let db = a.db.clone().unwrap_or_else(|| dir.path().join("demo.db"));
-    let ccfg = Config { listen: a.listen, db, ..Config::default() };
+    let ccfg = Config { listen: a.listen, db, kafka: kafka_file(a)?, ..Config::default() };
     let mut collector = Some(Collector::start(&ccfg)?);
     let url = format!("http://{}", a.listen);
     eprintln!("demo: collector on {url}");
@@ -507,4 +510,13 @@ pub fn run(a: Args) -> Result<()> {
         c.stop();
     }
     Ok(())
+}
+
+/// The collector's `--kafka` file, read.
+pub fn kafka_file(a: &Args) -> Result<Option<telemark_collector::kafka::KafkaFile>> {
+    a.kafka
+        .as_deref()
+        .map(telemark_collector::kafka::KafkaFile::load)
+        .transpose()
+        .map_err(anyhow::Error::msg)
 }

@@ -112,7 +112,8 @@ pub fn run(a: &Args, stop: Arc<AtomicBool>) -> Result<Option<Collector>> {
     chain.run(&["up", &sports]).context("building the chain testbed (iproute2, nftables)")?;
     let dir = tempfile::tempdir()?;
     let db = a.db.clone().unwrap_or_else(|| dir.path().join("telemark.db"));
-    let c = Collector::start(&Config { listen: a.listen, db, ..Config::default() })?;
+    let kafka = super::demo::kafka_file(a)?;
+    let c = Collector::start(&Config { listen: a.listen, db, kafka, ..Config::default() })?;
     let url = format!("http://{}", c.addr);
     let switch = |name: &str, int: &str| {
         agent(&format!(

@@ -1,0 +1,362 @@
+//! The collector and Kafka (docs/kafka.md): publishing what it stored, from the outbox, and
+//! storing what it reads from Kafka as a member of a consumer group.
+//!
+//! - **Publishing.** Ingest puts each record it stores into the outbox, in the same
+//!   transaction. The publisher sends the outbox in order with the idempotent producer and
+//!   removes a row once Kafka acknowledged it; a row whose delivery failed is sent again, from
+//!   the oldest, once nothing is in flight. A collector that stops or crashes publishes the
+//!   rows left at its next start: what Kafka acknowledged is not sent again (a crash between
+//!   Kafka's acknowledgement and the row's removal excepted: a duplicate, which consumers drop
+//!   by its (agent, boot, seq) headers).
+//! - **Consuming.** Records are stored in one transaction per poll, and the offsets committed
+//!   only after it: a crash or a rebalance gives records again, never loses them, and the
+//!   (agent, boot, seq) key stores each once.
+//!
+//! Neither ever holds up ingest: the outbox is bounded (`outbox_max`; past it records are
+//! stored, not published, and counted), and the producer's queue is librdkafka's own.
+
+use crate::api::Api;
+use crate::store::{Outbox, Publishing};
+use serde::Deserialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use telemark_kafka::{Consumer, KafkaConfig, Kind, Message, Origin, Producer, SendError};
+
+/// The collector's Kafka file (`telemark collector --kafka FILE`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaFile {
+    /// Brokers and client settings.
+    pub kafka: KafkaConfig,
+    /// Publish what is stored.
+    #[serde(default)]
+    pub publish: Option<PublishConfig>,
+    /// Store what is read.
+    #[serde(default)]
+    pub consume: Option<ConsumeConfig>,
+}
+
+/// `[publish]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishConfig {
+    /// Most records waiting in the outbox.
+    #[serde(default = "default_outbox_max")]
+    pub outbox_max: u64,
+}
+
+/// `[consume]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumeConfig {
+    /// Consumer group: collectors in one group share the topics' partitions.
+    pub group: String,
+    /// Record kinds to read (default: all).
+    #[serde(default)]
+    pub kinds: Option<Vec<String>>,
+}
+
+fn default_outbox_max() -> u64 {
+    10_000_000
+}
+
+impl KafkaFile {
+    /// Reads and checks `path`.
+    pub fn load(path: &std::path::Path) -> Result<KafkaFile, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let f: KafkaFile = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        f.kafka.validate().map_err(|e| format!("{}: {e}", path.display()))?;
+        if f.publish.is_none() && f.consume.is_none() {
+            return Err(format!("{}: neither [publish] nor [consume]", path.display()));
+        }
+        if let Some(c) = &f.consume {
+            c.kinds().map_err(|e| format!("{}: {e}", path.display()))?;
+            if c.group.trim().is_empty() {
+                return Err(format!("{}: consume.group is empty", path.display()));
+            }
+        }
+        Ok(f)
+    }
+}
+
+impl ConsumeConfig {
+    /// The kinds to read.
+    pub fn kinds(&self) -> Result<Vec<Kind>, String> {
+        match &self.kinds {
+            None => Ok(Kind::ALL.to_vec()),
+            Some(names) => names
+                .iter()
+                .map(|n| {
+                    Kind::from_name(n).ok_or_else(|| {
+                        let all: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+                        format!("consume.kinds: unknown kind {n:?} ({})", all.join(", "))
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What the collector's Kafka threads count, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct KafkaStats {
+    /// Publishing is on.
+    pub publishing: AtomicBool,
+    /// Records Kafka acknowledged.
+    pub published: AtomicU64,
+    /// Deliveries that failed (the record is sent again).
+    pub delivery_errors: AtomicU64,
+    /// Records sent, not yet acknowledged.
+    pub in_flight: AtomicU64,
+    /// Outbox rows (stored, not yet acknowledged: the publishing lag).
+    pub outbox: AtomicU64,
+    /// Records stored but not published because the outbox was full.
+    pub outbox_skipped: AtomicU64,
+    /// Consuming is on.
+    pub consuming: AtomicBool,
+    /// Records read from Kafka and stored now.
+    pub consumed: AtomicU64,
+    /// Records read again that were stored already.
+    pub consumed_duplicates: AtomicU64,
+    /// Messages that were not valid records, by reason.
+    pub refused: std::sync::Mutex<BTreeMap<&'static str, u64>>,
+    /// Records in owned partitions not read yet (the consumer lag).
+    pub consumer_lag: AtomicU64,
+    /// Polls, stores or commits that failed.
+    pub consumer_errors: AtomicU64,
+}
+
+impl KafkaStats {
+    fn refuse(&self, reason: &'static str) {
+        if let Ok(mut m) = self.refused.lock() {
+            *m.entry(reason).or_default() += 1;
+        }
+    }
+
+    /// The exposition lines.
+    pub fn render(&self, o: &mut String) {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        if self.publishing.load(Ordering::Relaxed) {
+            let _ = writeln!(o, "# HELP telemark_collector_kafka_published_total Records Kafka acknowledged.\n# TYPE telemark_collector_kafka_published_total counter\ntelemark_collector_kafka_published_total {}", g(&self.published));
+            let _ = writeln!(o, "# HELP telemark_collector_kafka_delivery_errors_total Deliveries that failed after the client's retries (the record is sent again).\n# TYPE telemark_collector_kafka_delivery_errors_total counter\ntelemark_collector_kafka_delivery_errors_total {}", g(&self.delivery_errors));
+            let _ = writeln!(o, "# HELP telemark_collector_kafka_in_flight Records sent and not yet acknowledged.\n# TYPE telemark_collector_kafka_in_flight gauge\ntelemark_collector_kafka_in_flight {}", g(&self.in_flight));
+            let _ = writeln!(o, "# HELP telemark_collector_kafka_outbox_records Records stored and not yet acknowledged by Kafka (the producer lag).\n# TYPE telemark_collector_kafka_outbox_records gauge\ntelemark_collector_kafka_outbox_records {}", g(&self.outbox));
+            let _ = writeln!(o, "# HELP telemark_collector_kafka_outbox_skipped_total Records stored but not published because the outbox was full.\n# TYPE telemark_collector_kafka_outbox_skipped_total counter\ntelemark_collector_kafka_outbox_skipped_total {}", g(&self.outbox_skipped));
+        }
+        if self.consuming.load(Ordering::Relaxed) {
+            let _ = writeln!(o, "# HELP telemark_collector_kafka_consumed_total Records read from Kafka and stored.\n# TYPE telemark_collector_kafka_consumed_total counter\ntelemark_collector_kafka_consumed_total {}", g(&self.consumed));
+            let _ = writeln!(o, "# HELP telemark_collector_kafka_consumed_duplicates_total Records read from Kafka that were stored already.\n# TYPE telemark_collector_kafka_consumed_duplicates_total counter\ntelemark_collector_kafka_consumed_duplicates_total {}", g(&self.consumed_duplicates));
+            let _ = writeln!(o, "# HELP telemark_collector_kafka_consumer_lag Records in this collector's partitions not read yet.\n# TYPE telemark_collector_kafka_consumer_lag gauge\ntelemark_collector_kafka_consumer_lag {}", g(&self.consumer_lag));
+            let _ = writeln!(o, "# HELP telemark_collector_kafka_consumer_errors_total Failed polls, stores and commits.\n# TYPE telemark_collector_kafka_consumer_errors_total counter\ntelemark_collector_kafka_consumer_errors_total {}", g(&self.consumer_errors));
+            let _ = writeln!(o, "# HELP telemark_collector_kafka_refused_total Messages that were not Telemark records, by reason.\n# TYPE telemark_collector_kafka_refused_total counter");
+            if let Ok(m) = self.refused.lock() {
+                for (reason, n) in m.iter() {
+                    let _ = writeln!(
+                        o,
+                        "telemark_collector_kafka_refused_total{{reason=\"{reason}\"}} {n}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Sends the outbox until `stop`, then gives what is in flight up to 5 s.
+pub fn publish(
+    db: PathBuf,
+    cfg: KafkaConfig,
+    outbox_state: Arc<Publishing>,
+    stats: Arc<KafkaStats>,
+    stop: Arc<AtomicBool>,
+) -> Result<JoinHandle<()>, String> {
+    let producer = Producer::new(&cfg, true)?;
+    let mut outbox = Outbox::open(&db).map_err(|e| format!("outbox: {e}"))?;
+    stats.publishing.store(true, Ordering::Relaxed);
+    let cap = cfg.buffer_records as usize;
+    Ok(std::thread::spawn(move || {
+        // The last row handed to the producer; rows after it are read next.
+        let mut sent_up_to = 0i64;
+        let mut in_flight = BTreeSet::new();
+        let mut failed = false;
+        let mut stopping: Option<Instant> = None;
+        loop {
+            if stopping.is_none() && stop.load(Ordering::Relaxed) {
+                stopping = Some(Instant::now());
+            }
+            let mut progress = false;
+            if stopping.is_none() && in_flight.len() < cap {
+                let want = (cap - in_flight.len()).min(2000);
+                match outbox.after(sent_up_to, want) {
+                    Ok(rows) => {
+                        for row in rows {
+                            let Some(kind) = Kind::from_name(&row.kind) else { continue };
+                            let m = Message {
+                                kind,
+                                key: row.key,
+                                payload: row.json.into_bytes(),
+                                origin: Origin { agent: row.agent, boot: row.boot, seq: row.seq },
+                            };
+                            match producer.send(&m, row.id as u64) {
+                                Ok(()) => {
+                                    in_flight.insert(row.id);
+                                    sent_up_to = row.id;
+                                    progress = true;
+                                }
+                                Err(SendError::Full) => break,
+                                Err(SendError::Other(e)) => {
+                                    tracing::warn!("kafka: record {} not sent: {e}", row.id);
+                                    stats.delivery_errors.fetch_add(1, Ordering::Relaxed);
+                                    failed = true;
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => tracing::warn!("kafka: reading the outbox: {e}"),
+                }
+            }
+            let mut acked = Vec::new();
+            for d in producer.deliveries() {
+                let id = d.id as i64;
+                in_flight.remove(&id);
+                match d.error {
+                    None => acked.push(id),
+                    Some(e) => {
+                        tracing::warn!("kafka: delivery failed, to be sent again: {e}");
+                        stats.delivery_errors.fetch_add(1, Ordering::Relaxed);
+                        failed = true;
+                    }
+                }
+            }
+            if !acked.is_empty() {
+                progress = true;
+                match outbox.remove(&acked) {
+                    Ok(()) => {
+                        let n = acked.len() as u64;
+                        stats.published.fetch_add(n, Ordering::Relaxed);
+                        let _ = outbox_state.pending.fetch_update(
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                            |p| Some(p.saturating_sub(n)),
+                        );
+                    }
+                    // The rows stay, and go again at the next start: duplicates, not loss.
+                    Err(e) => tracing::warn!("kafka: removing acknowledged rows: {e}"),
+                }
+            }
+            // A failure: once nothing is in flight, everything left is sent again, in order.
+            if failed && in_flight.is_empty() {
+                failed = false;
+                sent_up_to = 0;
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            stats.in_flight.store(in_flight.len() as u64, Ordering::Relaxed);
+            stats.outbox.store(outbox_state.pending.load(Ordering::Relaxed), Ordering::Relaxed);
+            stats
+                .outbox_skipped
+                .store(outbox_state.skipped.load(Ordering::Relaxed), Ordering::Relaxed);
+            if let Some(t) = stopping {
+                if in_flight.is_empty() || t.elapsed() > Duration::from_secs(5) {
+                    break;
+                }
+            }
+            if !progress {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }))
+}
+
+/// Reads `kinds` as a member of `group` and stores what it reads until `stop`.
+pub fn consume(
+    api: Arc<Api>,
+    cfg: KafkaConfig,
+    consume: ConsumeConfig,
+    stats: Arc<KafkaStats>,
+    stop: Arc<AtomicBool>,
+) -> Result<JoinHandle<()>, String> {
+    let kinds = consume.kinds()?;
+    let consumer = Consumer::new(&cfg, &consume.group, &kinds)?;
+    stats.consuming.store(true, Ordering::Relaxed);
+    Ok(std::thread::spawn(move || {
+        let mut last_lag = Instant::now() - Duration::from_secs(60);
+        while !stop.load(Ordering::Relaxed) {
+            let batch = match consumer.poll(5000, Duration::from_millis(200)) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!("kafka consumer: {e}");
+                    stats.consumer_errors.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(200));
+                    continue;
+                }
+            };
+            for e in &batch.refused {
+                stats.refuse(e.reason());
+            }
+            if store(&api, &batch.records, &stats) {
+                if let Err(e) = consumer.commit(&batch) {
+                    tracing::warn!("{e}");
+                    stats.consumer_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            } else {
+                // Not stored: not committed either. Read again from the last commit.
+                stats.consumer_errors.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            if last_lag.elapsed() > Duration::from_secs(2) {
+                last_lag = Instant::now();
+                if let Some(l) = consumer.lag(Duration::from_millis(500)) {
+                    stats.consumer_lag.store(l, Ordering::Relaxed);
+                }
+            }
+        }
+        // Leaving the group hands the partitions over at once (not after the session times
+        // out): dropping the consumer closes it.
+        drop(consumer);
+    }))
+}
+
+/// Stores `records` grouped by (agent, boot), each group in one transaction; false when a
+/// store failed (nothing of the batch is committed then).
+fn store(
+    api: &Api,
+    records: &[(Origin, telemark_core::records::Record)],
+    stats: &KafkaStats,
+) -> bool {
+    let now = crate::now_ns();
+    let mut runs: BTreeMap<(&str, u64), Vec<(u64, telemark_core::records::Record)>> =
+        BTreeMap::new();
+    for (o, r) in records {
+        if let Err(why) = crate::validate::record(r, now) {
+            tracing::debug!("kafka: record refused: {why}");
+            stats.refuse("invalid");
+            continue;
+        }
+        if r.agent().is_some_and(|a| a != o.agent) {
+            stats.refuse("agent_mismatch");
+            continue;
+        }
+        runs.entry((o.agent.as_str(), o.boot)).or_default().push((o.seq, r.clone()));
+    }
+    let mut st = api.store();
+    for ((agent, boot), recs) in runs {
+        match st.ingest_numbered(agent, boot, &recs, now) {
+            Ok(s) => {
+                stats.consumed.fetch_add(s.accepted, Ordering::Relaxed);
+                stats.consumed_duplicates.fetch_add(s.duplicates, Ordering::Relaxed);
+                let plain: Vec<_> = recs.into_iter().map(|(_, r)| r).collect();
+                api.metrics.ingested(&plain, &s);
+            }
+            Err(e) => {
+                tracing::warn!("kafka: storing records of {agent}: {e}");
+                return false;
+            }
+        }
+    }
+    true
+}

@@ -1,0 +1,127 @@
+//! A producer of Telemark records that never blocks its caller: `send` hands a record to
+//! librdkafka's bounded queue or says it is full, and delivery reports come back through
+//! [`Producer::deliveries`], each with the number the caller gave its record.
+
+use crate::config::KafkaConfig;
+use crate::message::{Kind, Message};
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer as _, ProducerContext};
+use rdkafka::ClientContext;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// One record's fate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The number the caller sent it with.
+    pub id: u64,
+    /// `None`: the brokers acknowledged it (all in-sync replicas, with the idempotent
+    /// producer); else why it failed after librdkafka's retries.
+    pub error: Option<String>,
+}
+
+/// Why a record was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The producer holds its `buffer_records` unacknowledged already.
+    #[error("producer queue full")]
+    Full,
+    /// Anything else (a message larger than the brokers take, …).
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Collects delivery reports as librdkafka serves them.
+struct Reports {
+    done: Mutex<Vec<Delivery>>,
+}
+
+impl ClientContext for Reports {
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!("kafka: {error}: {reason}");
+    }
+}
+
+impl ProducerContext for Reports {
+    type DeliveryOpaque = Box<u64>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, id: Box<u64>) {
+        let error = result.as_ref().err().map(|(e, _)| e.to_string());
+        if let Ok(mut d) = self.done.lock() {
+            d.push(Delivery { id: *id, error });
+        }
+    }
+}
+
+/// A producer for one configuration.
+pub struct Producer {
+    inner: BaseProducer<Reports>,
+    topics: Vec<(Kind, String)>,
+}
+
+impl Producer {
+    /// Connects (lazily: librdkafka reaches the brokers in the background). `idempotent`:
+    /// the brokers drop what a retry sends twice, and one partition's records stay in order.
+    pub fn new(cfg: &KafkaConfig, idempotent: bool) -> Result<Producer, String> {
+        cfg.validate()?;
+        let mut c = ClientConfig::new();
+        for (k, v) in cfg.client_properties()? {
+            c.set(k, v);
+        }
+        c.set("enable.idempotence", idempotent.to_string())
+            .set("acks", "all")
+            .set("linger.ms", cfg.linger_ms.to_string())
+            .set("batch.num.messages", cfg.batch_records.to_string())
+            .set("queue.buffering.max.messages", cfg.buffer_records.to_string())
+            .set("message.timeout.ms", cfg.delivery_timeout_ms.to_string());
+        let inner = c
+            .create_with_context(Reports { done: Mutex::new(Vec::new()) })
+            .map_err(|e| format!("kafka producer: {e}"))?;
+        let topics = Kind::ALL.iter().map(|&k| (k, k.topic(&cfg.topic_prefix))).collect();
+        Ok(Producer { inner, topics })
+    }
+
+    fn topic(&self, kind: Kind) -> &str {
+        self.topics.iter().find(|(k, _)| *k == kind).map_or("", |(_, t)| t)
+    }
+
+    /// Queues `m`, numbered `id` for its delivery report. Never blocks.
+    pub fn send(&self, m: &Message, id: u64) -> Result<(), SendError> {
+        let mut headers = OwnedHeaders::new_with_capacity(5);
+        for (name, value) in m.headers() {
+            headers = headers.insert(Header { key: name, value: Some(value.as_bytes()) });
+        }
+        let record = BaseRecord::with_opaque_to(self.topic(m.kind), Box::new(id))
+            .key(m.key.as_bytes())
+            .payload(&m.payload)
+            .headers(headers);
+        match self.inner.send(record) {
+            Ok(()) => Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                Err(SendError::Full)
+            }
+            Err((e, _)) => Err(SendError::Other(e.to_string())),
+        }
+    }
+
+    /// Serves librdkafka's callbacks and returns the delivery reports since the last call.
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        self.inner.poll(Duration::ZERO);
+        match self.inner.context().done.lock() {
+            Ok(mut d) => std::mem::take(&mut *d),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Records queued or sent and not yet reported.
+    pub fn in_flight(&self) -> usize {
+        usize::try_from(self.inner.in_flight_count()).unwrap_or(0)
+    }
+
+    /// Waits up to `timeout` for everything queued to be delivered or failed.
+    pub fn flush(&self, timeout: Duration) {
+        let _ = self.inner.flush(timeout);
+    }
+}
