@@ -127,6 +127,8 @@ pub struct KafkaStats {
     pub refused: std::sync::Mutex<BTreeMap<&'static str, u64>>,
     /// Records in owned partitions not read yet (the consumer lag).
     pub consumer_lag: AtomicU64,
+    /// Partitions this collector owns in its group.
+    pub partitions: AtomicU64,
     /// Polls, stores or commits that failed.
     pub consumer_errors: AtomicU64,
 }
@@ -152,6 +154,7 @@ impl KafkaStats {
             let _ = writeln!(o, "# HELP telemark_collector_kafka_consumed_total Records read from Kafka and stored.\n# TYPE telemark_collector_kafka_consumed_total counter\ntelemark_collector_kafka_consumed_total {}", g(&self.consumed));
             let _ = writeln!(o, "# HELP telemark_collector_kafka_consumed_duplicates_total Records read from Kafka that were stored already.\n# TYPE telemark_collector_kafka_consumed_duplicates_total counter\ntelemark_collector_kafka_consumed_duplicates_total {}", g(&self.consumed_duplicates));
             let _ = writeln!(o, "# HELP telemark_collector_kafka_consumer_lag Records in this collector's partitions not read yet.\n# TYPE telemark_collector_kafka_consumer_lag gauge\ntelemark_collector_kafka_consumer_lag {}", g(&self.consumer_lag));
+            let _ = writeln!(o, "# HELP telemark_collector_kafka_partitions Partitions this collector owns in its consumer group.\n# TYPE telemark_collector_kafka_partitions gauge\ntelemark_collector_kafka_partitions {}", g(&self.partitions));
             let _ = writeln!(o, "# HELP telemark_collector_kafka_consumer_errors_total Failed polls, stores and commits.\n# TYPE telemark_collector_kafka_consumer_errors_total counter\ntelemark_collector_kafka_consumer_errors_total {}", g(&self.consumer_errors));
             let _ = writeln!(o, "# HELP telemark_collector_kafka_refused_total Messages that were not Telemark records, by reason.\n# TYPE telemark_collector_kafka_refused_total counter");
             if let Ok(m) = self.refused.lock() {
@@ -308,6 +311,7 @@ pub fn consume(
                 stats.consumer_errors.fetch_add(1, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(500));
             }
+            stats.partitions.store(consumer.partitions() as u64, Ordering::Relaxed);
             if last_lag.elapsed() > Duration::from_secs(2) {
                 last_lag = Instant::now();
                 if let Some(l) = consumer.lag(Duration::from_millis(500)) {

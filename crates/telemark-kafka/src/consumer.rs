@@ -5,15 +5,21 @@
 use crate::config::KafkaConfig;
 use crate::message::{decode, DecodeError, Kind, Origin};
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message as _};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use telemark_core::records::Record;
 
-struct Context;
+/// Notes the partitions a rebalance takes away, for [`Consumer::poll`] to drop what it read
+/// of them and not yet handed out.
+#[derive(Default)]
+struct Context {
+    revoked: Mutex<Vec<(String, i32)>>,
+}
 
 impl ClientContext for Context {
     fn error(&self, error: KafkaError, reason: &str) {
@@ -21,13 +27,23 @@ impl ClientContext for Context {
     }
 }
 
-impl ConsumerContext for Context {}
+impl ConsumerContext for Context {
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            if let Ok(mut r) = self.revoked.lock() {
+                r.extend(tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())));
+            }
+        }
+    }
+}
 
 /// Records read, and where to commit once they are stored.
 #[derive(Debug, Default)]
 pub struct Batch {
     /// Records, with their origin.
     pub records: Vec<(Origin, Record)>,
+    /// The partition each record came from.
+    from: Vec<(String, i32)>,
     /// Messages that are not Telemark records, with why (their offsets are committed too:
     /// reading them again would not make them records).
     pub refused: Vec<DecodeError>,
@@ -66,8 +82,9 @@ impl Consumer {
             .set("session.timeout.ms", "10000")
             .set("heartbeat.interval.ms", "1000")
             .set("max.poll.interval.ms", "300000");
-        let inner: BaseConsumer<Context> =
-            c.create_with_context(Context).map_err(|e| format!("kafka consumer: {e}"))?;
+        let inner: BaseConsumer<Context> = c
+            .create_with_context(Context::default())
+            .map_err(|e| format!("kafka consumer: {e}"))?;
         let topics: Vec<String> = kinds.iter().map(|k| k.topic(&cfg.topic_prefix)).collect();
         let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
         inner.subscribe(&topics).map_err(|e| format!("kafka subscribe: {e}"))?;
@@ -96,13 +113,39 @@ impl Consumer {
             let header = |name: &str| {
                 m.headers().and_then(|h| h.iter().find(|x| x.key == name).and_then(|x| x.value))
             };
+            let part = (m.topic().to_string(), m.partition());
             match decode(header, m.payload().unwrap_or_default()) {
-                Ok(r) => b.records.push(r),
+                Ok(r) => {
+                    b.records.push(r);
+                    b.from.push(part.clone());
+                }
                 Err(e) => b.refused.push(e),
             }
-            b.next.insert((m.topic().to_string(), m.partition()), m.offset() + 1);
+            b.next.insert(part, m.offset() + 1);
+            if self.drop_revoked(&mut b) {
+                break;
+            }
         }
+        self.drop_revoked(&mut b);
         Ok(b)
+    }
+
+    /// Drops what `b` holds of partitions a rebalance took away during the poll: their new
+    /// owner reads them from the last commit, so storing them here too would store them twice
+    /// across the group. Whether there were any.
+    fn drop_revoked(&self, b: &mut Batch) -> bool {
+        let revoked = match self.inner.context().revoked.lock() {
+            Ok(mut r) => std::mem::take(&mut *r),
+            Err(_) => return false,
+        };
+        if revoked.is_empty() {
+            return false;
+        }
+        let mut keep = b.from.iter().map(|p| !revoked.contains(p));
+        b.records.retain(|_| keep.next().unwrap_or(true));
+        b.from.retain(|p| !revoked.contains(p));
+        b.next.retain(|p, _| !revoked.contains(p));
+        true
     }
 
     /// Commits `batch`'s offsets, synchronously: call once its records are stored. Offsets
@@ -124,6 +167,11 @@ impl Consumer {
             return Ok(());
         }
         self.inner.commit(&tpl, CommitMode::Sync).map_err(|e| format!("kafka commit: {e}"))
+    }
+
+    /// Partitions this member owns now.
+    pub fn partitions(&self) -> usize {
+        self.inner.assignment().map_or(0, |a| a.count())
     }
 
     /// Records on the partitions this member owns that it has not read yet (the group's lag

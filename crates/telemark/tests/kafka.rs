@@ -318,3 +318,174 @@ fn every_stored_record_is_on_its_topic_as_kafkas_console_consumer_reads_it() {
         }
     }
 }
+
+/// A `telemark collector` process; killed when dropped.
+struct Collector {
+    child: Child,
+    base: String,
+    db: PathBuf,
+}
+
+impl Collector {
+    fn start(db: &Path, kafka: Option<&Path>) -> Collector {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_telemark"));
+        cmd.args(["collector", "--listen", "127.0.0.1:0", "--retention", "0", "--db"]).arg(db);
+        if let Some(k) = kafka {
+            cmd.arg("--kafka").arg(k);
+        }
+        let mut child = cmd.stderr(Stdio::piped()).spawn().expect("collector starts");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let base = loop {
+            let line = lines.next().expect("collector says where it listens").unwrap();
+            if let Some(rest) = line.split("http://").nth(1) {
+                break format!("http://{}", rest.split_whitespace().next().unwrap());
+            }
+        };
+        // Keep reading its log so that it never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Collector { child, base, db: db.to_path_buf() }
+    }
+
+    fn metric(&self, name: &str) -> u64 {
+        let text = ureq::get(&format!("{}/metrics", self.base))
+            .call()
+            .map(|r| r.into_string().unwrap_or_default())
+            .unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<f64>().ok()))
+            .map_or(0, |v| v as u64)
+    }
+
+    /// Registers `agent` (run 1) and stores `n` loss records numbered from `seq`.
+    fn ingest(&self, agent: &str, seq: u64, n: u64) {
+        let reg = serde_json::json!({"agent": agent, "version": "test", "boot": 1});
+        ureq::post(&format!("{}/api/v1/agents", self.base)).send_json(reg).unwrap();
+        let hour_ago = telemark_collector::now_ns() - 3_600_000_000_000;
+        for chunk in (seq..seq + n).collect::<Vec<_>>().chunks(1000) {
+            let records: Vec<serde_json::Value> = chunk
+                .iter()
+                .map(|&b| {
+                    serde_json::json!({
+                        "kind": "loss", "agent": agent, "port": "p1", "point": "ingress",
+                        "flow": {"src": "10.0.0.1", "dst": "10.0.0.7", "sport": 40000 + b % 64,
+                                 "dport": 5201, "proto": 17},
+                        "color": b % 2, "batch": b, "first_ns": hour_ago + b,
+                        "last_ns": hour_ago + 1 + b, "expected": 100, "observed": 99,
+                        "lost": 1, "late": 0,
+                    })
+                })
+                .collect();
+            let body =
+                serde_json::json!({"agent": agent, "boot": 1, "seq": chunk[0], "records": records});
+            let r = ureq::post(&format!("{}/api/v1/ingest", self.base)).send_json(body).unwrap();
+            assert_eq!(r.status(), 200);
+        }
+    }
+
+    /// The (agent, boot, seq) of every loss record in its database, read by sqlite3.
+    fn loss_keys(&self) -> Vec<(String, u64, u64)> {
+        let out = Command::new("sqlite3")
+            .arg(&self.db)
+            .arg("SELECT agent || ' ' || boot || ' ' || seq FROM loss")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| {
+                let mut p = l.split(' ');
+                let a = p.next().unwrap().to_string();
+                (a, p.next().unwrap().parse().unwrap(), p.next().unwrap().parse().unwrap())
+            })
+            .collect()
+    }
+
+    /// SIGTERM, and wait: a clean stop (it leaves its consumer group).
+    fn stop(mut self) {
+        unsafe_kill(self.child.id(), "TERM");
+        let _ = self.child.wait();
+    }
+}
+
+fn unsafe_kill(pid: u32, sig: &str) {
+    let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status();
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// One collector publishes; two others in one consumer group store what they read. Every
+/// record is stored exactly once across the two (sqlite3 reads both databases), and when one
+/// leaves the group the other takes its partitions and stores what follows, nothing lost.
+#[test]
+fn two_collectors_in_a_group_store_each_record_once_and_hand_over_on_leaving() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let publish = dir.path().join("publish.toml");
+    std::fs::write(&publish, format!("[kafka]\nbrokers = \"{}\"\n[publish]\n", broker.brokers()))
+        .unwrap();
+    let consume = dir.path().join("consume.toml");
+    std::fs::write(
+        &consume,
+        format!("[kafka]\nbrokers = \"{}\"\n[consume]\ngroup = \"tm-test\"\n", broker.brokers()),
+    )
+    .unwrap();
+    let p = Collector::start(&dir.path().join("p.db"), Some(&publish));
+    let c1 = Collector::start(&dir.path().join("c1.db"), Some(&consume));
+    let c2 = Collector::start(&dir.path().join("c2.db"), Some(&consume));
+    // Once the group has settled (each member owns partitions), records come.
+    p.ingest("sw-a", 0, 1);
+    wait_for("both members own partitions", 90, || {
+        let (a, b) = (
+            c1.metric("telemark_collector_kafka_partitions"),
+            c2.metric("telemark_collector_kafka_partitions"),
+        );
+        a > 0 && b > 0
+    });
+    p.ingest("sw-a", 1, 5999);
+    let consumed = |a: &Collector, b: &Collector| {
+        a.metric("telemark_collector_kafka_consumed_total")
+            + b.metric("telemark_collector_kafka_consumed_total")
+    };
+    wait_for("6,000 records stored by the group", 90, || consumed(&c1, &c2) >= 6000);
+    std::thread::sleep(Duration::from_secs(1));
+    let (k1, k2) = (c1.loss_keys(), c2.loss_keys());
+    assert_eq!(
+        k1.len() + k2.len(),
+        6000,
+        "stored once across the two: {} + {}",
+        k1.len(),
+        k2.len()
+    );
+    assert!(
+        !k1.is_empty() && !k2.is_empty(),
+        "both share the stream: {} and {}",
+        k1.len(),
+        k2.len()
+    );
+    let mut all: Vec<_> = k1.into_iter().chain(k2).collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 6000);
+    // c1 leaves; c2 takes every partition and stores what comes next.
+    c1.stop();
+    p.ingest("sw-a", 6000, 4000);
+    wait_for("the rest stored by c2", 90, || {
+        c2.loss_keys().iter().filter(|k| k.2 >= 6000).count() >= 4000
+    });
+    let k2 = c2.loss_keys();
+    let later: Vec<_> = k2.iter().filter(|k| k.2 >= 6000).collect();
+    assert_eq!(later.len(), 4000, "c2 stored every record after c1 left");
+    assert_eq!(p.metric("telemark_collector_kafka_published_total"), 10_000);
+}
