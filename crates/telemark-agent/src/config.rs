@@ -406,6 +406,9 @@ pub struct FileConfig {
     pub loss: Option<LossSection>,
     /// Export.
     pub export: Option<ExportSection>,
+    /// Publish records to Kafka directly, instead of sending them to a collector
+    /// (docs/kafka.md, "From an agent").
+    pub kafka: Option<telemark_kafka::KafkaConfig>,
     /// The agent's `/metrics`; absent: no listener.
     pub metrics: Option<MetricsSection>,
     /// INT roles; absent: INT passes untouched.
@@ -432,6 +435,8 @@ pub struct AgentConfig {
     pub loss: LossConfig,
     /// Collector URL.
     pub collector: Option<String>,
+    /// Kafka, when records go there instead.
+    pub kafka: Option<telemark_kafka::KafkaConfig>,
     /// Export interval, ns.
     pub export_interval_ns: u64,
     /// Summary interval, ns.
@@ -652,6 +657,17 @@ impl FileConfig {
                 Some((m.listen, t))
             }
         };
+        if let Some(k) = &self.kafka {
+            k.validate().map_err(|e| invalid(format!("[kafka]: {e}")))?;
+        }
+        let kafka = match (self.kafka, &e.collector) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "[kafka] and export.collector: records go to one of them; keep one",
+                ))
+            }
+            (k, _) => k,
+        };
         Ok(AgentConfig {
             agent: self.agent,
             netns: self.netns,
@@ -660,6 +676,7 @@ impl FileConfig {
             watch,
             loss,
             collector: e.collector,
+            kafka,
             export_interval_ns: duration("export.interval", &e.interval, 1_000_000_000)?,
             summary_interval_ns: duration(
                 "export.summary_interval",

@@ -710,8 +710,59 @@ fn run_burst(
 /// Where records go.
 enum Out {
     Collector(Box<Exporter>),
+    Kafka(Box<KafkaOut>),
     Stdout,
     Discard,
+}
+
+/// Records published to Kafka directly (docs/kafka.md, "From an agent"): numbered in this run
+/// as for a collector, handed to the producer's bounded queue; when it is full (the brokers away
+/// for long), new records are dropped and counted. Never blocks.
+struct KafkaOut {
+    producer: telemark_kafka::Producer,
+    agent: String,
+    boot: u64,
+    next_seq: u64,
+    /// Dropped: the producer's queue was full.
+    dropped: u64,
+    /// Acknowledged by the brokers.
+    acked: u64,
+    /// Failed after the producer's retries (lost).
+    failed: u64,
+}
+
+impl KafkaOut {
+    fn push(&mut self, r: &Record) {
+        let origin = telemark_kafka::Origin {
+            agent: self.agent.clone(),
+            boot: self.boot,
+            seq: self.next_seq,
+        };
+        match self.producer.send(&telemark_kafka::Message::new(r, origin), self.next_seq) {
+            Ok(()) => self.next_seq += 1,
+            Err(_) => self.dropped += 1,
+        }
+    }
+
+    /// Takes the delivery reports in.
+    fn poll(&mut self) {
+        for d in self.producer.deliveries() {
+            match d.error {
+                None => self.acked += 1,
+                Some(e) => {
+                    if self.failed == 0 {
+                        tracing::warn!("kafka: a record was not delivered: {e}");
+                    }
+                    self.failed += 1;
+                }
+            }
+        }
+    }
+
+    /// Records lost: dropped at a full queue, or failed.
+    fn lost(&self) -> u64 {
+        self.dropped + self.failed
+    }
 }
 
 struct Slow {
@@ -727,8 +778,22 @@ struct Slow {
 impl Slow {
     fn run(mut self, fast_done: &AtomicBool, shared: &Shared) {
         let boot = now_ns();
-        let mut out = match &self.cfg.collector {
-            Some(c) => {
+        let kafka = self.cfg.kafka.as_ref().map(|k| telemark_kafka::Producer::new(k, true));
+        let mut out = match (&self.cfg.collector, kafka) {
+            (_, Some(Ok(producer))) => Out::Kafka(Box::new(KafkaOut {
+                producer,
+                agent: self.cfg.agent.clone(),
+                boot,
+                next_seq: 0,
+                dropped: 0,
+                acked: 0,
+                failed: 0,
+            })),
+            (_, Some(Err(e))) => {
+                tracing::error!("kafka: {e}; records are discarded");
+                Out::Discard
+            }
+            (Some(c), None) => {
                 let mut ex = Exporter::new(c, &self.cfg.agent, boot, self.cfg.buffer)
                     .with_token(self.cfg.token.as_deref());
                 if let Some(tls) = &self.cfg.tls {
@@ -736,8 +801,8 @@ impl Slow {
                 }
                 Out::Collector(Box::new(ex))
             }
-            None if self.cfg.quiet => Out::Discard,
-            None => Out::Stdout,
+            (None, None) if self.cfg.quiet => Out::Discard,
+            (None, None) => Out::Stdout,
         };
         let mut records = 0u64;
         let mut interval_start = boot;
@@ -764,6 +829,7 @@ impl Slow {
                 let snap = shared.path.lock().map(|s| s.clone()).unwrap_or_default();
                 let export_dropped = match &out {
                     Out::Collector(e) => e.dropped,
+                    Out::Kafka(k) => k.lost(),
                     _ => 0,
                 };
                 for r in self.summaries_and_health(
@@ -791,6 +857,9 @@ impl Slow {
                 self.agg.forget_before(now.saturating_sub(forget_ns));
                 interval_start = now;
                 next_summary = now + self.cfg.summary_interval_ns;
+            }
+            if let Out::Kafka(k) = &mut out {
+                k.poll();
             }
             if now >= next_export {
                 next_export = now + self.cfg.export_interval_ns;
@@ -831,10 +900,19 @@ impl Slow {
         let snap = shared.path.lock().map(|s| s.clone()).unwrap_or_default();
         let export_dropped = match &out {
             Out::Collector(e) => e.dropped,
+            Out::Kafka(k) => k.lost(),
             _ => 0,
         };
         for r in self.summaries_and_health(&snap, &last_path, interval_start, now, export_dropped) {
             emit(&mut out, r);
+        }
+        if let Out::Kafka(k) = &mut out {
+            k.producer.flush(Duration::from_secs(5));
+            k.poll();
+            let pending = k.producer.in_flight();
+            if pending > 0 {
+                tracing::warn!(pending, "records not acknowledged by Kafka at exit");
+            }
         }
         if let Out::Collector(e) = &mut out {
             let deadline = Instant::now() + Duration::from_secs(5);
@@ -953,11 +1031,20 @@ impl Slow {
     fn publish(&self, shared: &Shared, out: &Out, records: u64) {
         if let Ok(mut g) = shared.export.lock() {
             g.records = records;
-            if let Out::Collector(e) = out {
-                g.exported = e.acked;
-                g.export_drops = e.dropped;
-                g.export_pending = e.pending() as u64;
-                g.export_failures = e.failures;
+            match out {
+                Out::Collector(e) => {
+                    g.exported = e.acked;
+                    g.export_drops = e.dropped;
+                    g.export_pending = e.pending() as u64;
+                    g.export_failures = e.failures;
+                }
+                Out::Kafka(k) => {
+                    g.exported = k.acked;
+                    g.export_drops = k.lost();
+                    g.export_pending = k.producer.in_flight() as u64;
+                    g.export_failures = k.failed;
+                }
+                _ => {}
             }
         }
     }
@@ -968,6 +1055,7 @@ fn emit(out: &mut Out, r: Record) {
         Out::Collector(e) => {
             e.push(r);
         }
+        Out::Kafka(k) => k.push(&r),
         Out::Discard => {}
         Out::Stdout => {
             if let Ok(s) = serde_json::to_string(&r) {

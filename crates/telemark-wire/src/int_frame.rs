@@ -89,6 +89,7 @@ pub fn layers(frame: &[u8]) -> Option<Layers> {
 }
 
 /// [`layers`] of bytes that start as `start` says.
+#[inline]
 pub fn layers_from(frame: &[u8], start: Start) -> Option<Layers> {
     let (ip, ethertype) = match start {
         Start::Ethernet => {

@@ -6,34 +6,32 @@
 //!
 //! - a v2.0 datagram (group header version 2) holding exactly one individual report: its
 //!   Report Length covers the rest of the datagram, or is 0xFF ("to the end", §3.3);
-//! - RepType INT, InType Ethernet (no VLAN tag) or IPv4, and MD Length at least what RepMdBits
-//!   ask for;
-//! - inside: IPv4 (not a fragment), then UDP or TCP, then an INT v2.1 shim of type INT-MD
-//!   signalled by DSCP (NPT 0) or by UDP port (NPT 1), whose Length read as v2.1 says fits
-//!   the packet and whole hops; Hop ML at least the instructions' metadata, and more only
-//!   with domain-specific instructions.
+//! - RepType INT, InType Ethernet, IPv4 or IPv6 (the contents starting as it says), and MD
+//!   Length at least what RepMdBits ask for;
+//! - inside: the layers to TCP or UDP as [`int_frame::layers_from`] walks them (the same
+//!   walk), then an INT v2.1 shim of type INT-MD signalled by DSCP (NPT 0) or by UDP port
+//!   (NPT 1), whose Length read as v2.1 says fits the packet and whole hops; Hop ML at least
+//!   the instructions' metadata, and more only with domain-specific instructions.
 //!
 //! Such a report breaks no rule, so strict and tolerant readings agree, and [`read`] returns
 //! exactly what the reference readers return for it (a property test holds it to that). Any
-//! other datagram, however ordinary (IPv6, VLAN tags, NPT 2, several reports, any dialect),
-//! gets `None`, and the caller reads it with the reference readers.
+//! other datagram, however ordinary (NPT 2, several reports, any dialect), gets `None`, and the
+//! caller reads it with the reference readers.
 //!
 //! [`report::parse`]: crate::report::parse
 //! [`int_frame::find_reported`]: crate::int_frame::find_reported
+//! [`int_frame::layers_from`]: crate::int_frame::layers_from
 
 use crate::dialect::Deviations;
 use crate::int::{
     Format, HeaderType, Instructions, Int, Layout, MdHeader, NextProtocol, Shim, ShimRepr, Version,
     MD_HEADER_LEN, SHIM_LEN,
 };
-use crate::int_frame::{original_flow, Found, Layers};
+use crate::int_frame::{layers_from, original_flow, Found, Start};
 use crate::report::{
     Flags, InType, RepType, Report, ReportVersion, GROUP_HEADER_LEN, INDIVIDUAL_HEADER_LEN,
     MAIN_FIXED_LEN,
 };
-
-const UDP: u8 = 17;
-const TCP: u8 = 6;
 
 fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
@@ -48,8 +46,8 @@ fn be32(b: &[u8], at: usize) -> u32 {
 pub fn read(datagram: &[u8]) -> Option<(Report<'_>, Found<'_>)> {
     let report = read_report(datagram)?;
     let start = match report.in_type {
-        InType::Ethernet => 14,
-        _ => 0,
+        InType::Ethernet => Start::Ethernet,
+        _ => Start::Ip,
     };
     let found = read_int(report.inner, start)?;
     Some((report, found))
@@ -67,7 +65,8 @@ fn read_report(b: &[u8]) -> Option<Report<'_>> {
     let in_type = InType::from(ind[0] & 0x0f);
     // One report, filling the datagram.
     let whole = ind[1] == 0xff || usize::from(ind[1]) * 4 == body.len();
-    if ind[0] >> 4 != 1 || !matches!(in_type, InType::Ethernet | InType::Ipv4) || !whole {
+    let known_type = matches!(in_type, InType::Ethernet | InType::Ipv4 | InType::Ipv6);
+    if ind[0] >> 4 != 1 || !known_type || !whole {
         return None;
     }
     let md_bits = Instructions(be16(body, 0));
@@ -77,8 +76,11 @@ fn read_report(b: &[u8]) -> Option<Report<'_>> {
         return None;
     }
     let inner = &body[main_len..];
-    if in_type == InType::Ipv4 && inner.first().map(|v| v >> 4) != Some(4) {
-        return None;
+    let version = inner.first().map(|v| v >> 4);
+    match in_type {
+        InType::Ipv4 if version != Some(4) => return None,
+        InType::Ipv6 if version != Some(6) => return None,
+        _ => {}
     }
     let w0 = be32(b, 0);
     Some(Report {
@@ -107,27 +109,11 @@ fn read_report(b: &[u8]) -> Option<Report<'_>> {
     })
 }
 
-/// IPv4 at `ip` (after an Ethernet header of type IPv4, or at 0), UDP or TCP, INT-MD v2.1.
+/// The layers to TCP or UDP, then INT-MD v2.1.
 #[inline(always)]
-fn read_int(frame: &[u8], ip: usize) -> Option<Found<'_>> {
-    if ip > 0 && frame.get(12..14)? != [0x08, 0x00] {
-        return None;
-    }
-    let h = frame.get(ip..ip + 20)?;
-    let ihl = usize::from(h[0] & 0x0f) * 4;
-    if h[0] >> 4 != 4 || ihl < 20 || be16(h, 6) & 0x3fff != 0 {
-        return None;
-    }
-    let (proto, l4) = (h[9], ip + ihl);
-    let l4_len = match proto {
-        UDP => 8,
-        TCP => usize::from(frame.get(l4 + 12)? >> 4) * 4,
-        _ => return None,
-    };
-    if (proto == TCP && l4_len < 20) || frame.len() < l4 + l4_len {
-        return None;
-    }
-    let after_l4 = l4 + l4_len;
+fn read_int(frame: &[u8], start: Start) -> Option<Found<'_>> {
+    let layers = layers_from(frame, start)?;
+    let after_l4 = layers.after_l4;
     let b = &frame[after_l4..];
     let head = b.get(..SHIM_LEN + MD_HEADER_LEN)?;
     // INT-MD v2.1, NPT 0 or 1.
@@ -150,7 +136,6 @@ fn read_int(frame: &[u8], ip: usize) -> Option<Found<'_>> {
     }
     debug_assert!(matches!(shim.next_protocol, NextProtocol::Dscp(_) | NextProtocol::UdpPort(_)));
     debug_assert_eq!(shim.header_type, HeaderType::Md);
-    let layers = Layers { ip, v6: false, l4, proto, after_l4, dscp: h[1] >> 2 };
     let int = Int {
         shim,
         header: Some(header),
@@ -327,7 +312,7 @@ mod tests {
         #[test]
         fn answers_exactly_as_the_reference_readers(s in shapes(), flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..3), cut in any::<Option<usize>>()) {
             let mut d = datagram(&s);
-            let common = s.in_type != 5 && !s.vlan && s.npt < 2 && s.length_delta == 0
+            let common = s.in_type != 5 && s.npt < 2 && s.length_delta == 0
                 && (s.extra_words == 0 || s.ds_instructions != 0)
                 && !s.second_report && s.group_version == 2;
             // The common shape, untouched, is read fast; others may be too, when they happen
