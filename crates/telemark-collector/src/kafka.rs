@@ -143,20 +143,82 @@ impl KafkaStats {
     /// The exposition lines.
     pub fn render(&self, o: &mut String) {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut family = |name: &str, kind: &str, help: &str, value: Option<u64>| {
+            let name = format!("telemark_collector_kafka_{name}");
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            if let Some(v) = value {
+                let _ = writeln!(o, "{name} {v}");
+            }
+        };
         if self.publishing.load(Ordering::Relaxed) {
-            let _ = writeln!(o, "# HELP telemark_collector_kafka_published_total Records Kafka acknowledged.\n# TYPE telemark_collector_kafka_published_total counter\ntelemark_collector_kafka_published_total {}", g(&self.published));
-            let _ = writeln!(o, "# HELP telemark_collector_kafka_delivery_errors_total Deliveries that failed after the client's retries (the record is sent again).\n# TYPE telemark_collector_kafka_delivery_errors_total counter\ntelemark_collector_kafka_delivery_errors_total {}", g(&self.delivery_errors));
-            let _ = writeln!(o, "# HELP telemark_collector_kafka_in_flight Records sent and not yet acknowledged.\n# TYPE telemark_collector_kafka_in_flight gauge\ntelemark_collector_kafka_in_flight {}", g(&self.in_flight));
-            let _ = writeln!(o, "# HELP telemark_collector_kafka_outbox_records Records stored and not yet acknowledged by Kafka (the producer lag).\n# TYPE telemark_collector_kafka_outbox_records gauge\ntelemark_collector_kafka_outbox_records {}", g(&self.outbox));
-            let _ = writeln!(o, "# HELP telemark_collector_kafka_outbox_skipped_total Records stored but not published because the outbox was full.\n# TYPE telemark_collector_kafka_outbox_skipped_total counter\ntelemark_collector_kafka_outbox_skipped_total {}", g(&self.outbox_skipped));
+            family(
+                "published_total",
+                "counter",
+                "Records Kafka acknowledged.",
+                Some(g(&self.published)),
+            );
+            family(
+                "delivery_errors_total",
+                "counter",
+                "Deliveries that failed after the client's retries (the record is sent again).",
+                Some(g(&self.delivery_errors)),
+            );
+            family(
+                "in_flight",
+                "gauge",
+                "Records sent and not yet acknowledged.",
+                Some(g(&self.in_flight)),
+            );
+            family(
+                "outbox_records",
+                "gauge",
+                "Records stored and not yet acknowledged by Kafka (the producer lag).",
+                Some(g(&self.outbox)),
+            );
+            family(
+                "outbox_skipped_total",
+                "counter",
+                "Records stored but not published because the outbox was full.",
+                Some(g(&self.outbox_skipped)),
+            );
         }
         if self.consuming.load(Ordering::Relaxed) {
-            let _ = writeln!(o, "# HELP telemark_collector_kafka_consumed_total Records read from Kafka and stored.\n# TYPE telemark_collector_kafka_consumed_total counter\ntelemark_collector_kafka_consumed_total {}", g(&self.consumed));
-            let _ = writeln!(o, "# HELP telemark_collector_kafka_consumed_duplicates_total Records read from Kafka that were stored already.\n# TYPE telemark_collector_kafka_consumed_duplicates_total counter\ntelemark_collector_kafka_consumed_duplicates_total {}", g(&self.consumed_duplicates));
-            let _ = writeln!(o, "# HELP telemark_collector_kafka_consumer_lag Records in this collector's partitions not read yet.\n# TYPE telemark_collector_kafka_consumer_lag gauge\ntelemark_collector_kafka_consumer_lag {}", g(&self.consumer_lag));
-            let _ = writeln!(o, "# HELP telemark_collector_kafka_partitions Partitions this collector owns in its consumer group.\n# TYPE telemark_collector_kafka_partitions gauge\ntelemark_collector_kafka_partitions {}", g(&self.partitions));
-            let _ = writeln!(o, "# HELP telemark_collector_kafka_consumer_errors_total Failed polls, stores and commits.\n# TYPE telemark_collector_kafka_consumer_errors_total counter\ntelemark_collector_kafka_consumer_errors_total {}", g(&self.consumer_errors));
-            let _ = writeln!(o, "# HELP telemark_collector_kafka_refused_total Messages that were not Telemark records, by reason.\n# TYPE telemark_collector_kafka_refused_total counter");
+            family(
+                "consumed_total",
+                "counter",
+                "Records read from Kafka and stored.",
+                Some(g(&self.consumed)),
+            );
+            family(
+                "consumed_duplicates_total",
+                "counter",
+                "Records read from Kafka that were stored already.",
+                Some(g(&self.consumed_duplicates)),
+            );
+            family(
+                "consumer_lag",
+                "gauge",
+                "Records in this collector's partitions not read yet.",
+                Some(g(&self.consumer_lag)),
+            );
+            family(
+                "partitions",
+                "gauge",
+                "Partitions this collector owns in its consumer group.",
+                Some(g(&self.partitions)),
+            );
+            family(
+                "consumer_errors_total",
+                "counter",
+                "Failed polls, stores and commits.",
+                Some(g(&self.consumer_errors)),
+            );
+            family(
+                "refused_total",
+                "counter",
+                "Messages that were not Telemark records, by reason.",
+                None,
+            );
             if let Ok(m) = self.refused.lock() {
                 for (reason, n) in m.iter() {
                     let _ = writeln!(
