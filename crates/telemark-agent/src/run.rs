@@ -731,16 +731,34 @@ struct KafkaOut {
     failed: u64,
 }
 
+impl Out {
+    /// Records lost on the way out so far: no room to hold them, or (Kafka) failed.
+    fn dropped(&self) -> u64 {
+        match self {
+            Out::Collector(e) => e.dropped,
+            Out::Kafka(k) => k.lost(),
+            Out::Stdout | Out::Discard => 0,
+        }
+    }
+}
+
 impl KafkaOut {
-    fn push(&mut self, r: &Record) {
+    /// Queues `r`; false when the queue was full (dropped, counted).
+    fn push(&mut self, r: &Record) -> bool {
         let origin = telemark_kafka::Origin {
             agent: self.agent.clone(),
             boot: self.boot,
             seq: self.next_seq,
         };
         match self.producer.send(&telemark_kafka::Message::new(r, origin), self.next_seq) {
-            Ok(()) => self.next_seq += 1,
-            Err(_) => self.dropped += 1,
+            Ok(()) => {
+                self.next_seq += 1;
+                true
+            }
+            Err(_) => {
+                self.dropped += 1;
+                false
+            }
         }
     }
 
@@ -827,20 +845,7 @@ impl Slow {
             let now = now_ns();
             if now >= next_summary {
                 let snap = shared.path.lock().map(|s| s.clone()).unwrap_or_default();
-                let export_dropped = match &out {
-                    Out::Collector(e) => e.dropped,
-                    Out::Kafka(k) => k.lost(),
-                    _ => 0,
-                };
-                for r in self.summaries_and_health(
-                    &snap,
-                    &last_path,
-                    interval_start,
-                    now,
-                    export_dropped,
-                ) {
-                    emit(&mut out, r);
-                }
+                self.report_interval(&mut out, &snap, &last_path, interval_start, now);
                 last_path = snap.clone();
                 emit(
                     &mut out,
@@ -898,14 +903,7 @@ impl Slow {
         }
         let now = now_ns();
         let snap = shared.path.lock().map(|s| s.clone()).unwrap_or_default();
-        let export_dropped = match &out {
-            Out::Collector(e) => e.dropped,
-            Out::Kafka(k) => k.lost(),
-            _ => 0,
-        };
-        for r in self.summaries_and_health(&snap, &last_path, interval_start, now, export_dropped) {
-            emit(&mut out, r);
-        }
+        self.report_interval(&mut out, &snap, &last_path, interval_start, now);
         if let Out::Kafka(k) = &mut out {
             k.producer.flush(Duration::from_secs(5));
             k.poll();
@@ -1014,8 +1012,27 @@ impl Slow {
             export_dropped: export_dropped.saturating_sub(self.last_export_dropped),
             points,
         }));
-        self.last_export_dropped = export_dropped;
         v
+    }
+
+    /// Emits the interval's summaries and health record. The health record counts the export
+    /// drops since the last health record that got out: one dropped itself (the collector or
+    /// broker away) hands its count on to the next.
+    fn report_interval(
+        &mut self,
+        out: &mut Out,
+        snap: &PathStats,
+        last: &PathStats,
+        start_ns: u64,
+        end_ns: u64,
+    ) {
+        let dropped = out.dropped();
+        for r in self.summaries_and_health(snap, last, start_ns, end_ns, dropped) {
+            let health = matches!(r, Record::Health(_));
+            if emit(out, r) && health {
+                self.last_export_dropped = dropped;
+            }
+        }
     }
 
     /// Port names in the order the fast path opened them (pairs' a, b, then taps).
@@ -1050,18 +1067,18 @@ impl Slow {
     }
 }
 
-fn emit(out: &mut Out, r: Record) {
+/// Hands `r` on; false when it was dropped (no room).
+fn emit(out: &mut Out, r: Record) -> bool {
     match out {
-        Out::Collector(e) => {
-            e.push(r);
-        }
+        Out::Collector(e) => e.push(r),
         Out::Kafka(k) => k.push(&r),
-        Out::Discard => {}
+        Out::Discard => true,
         Out::Stdout => {
             if let Ok(s) = serde_json::to_string(&r) {
                 let mut o = std::io::stdout().lock();
                 let _ = writeln!(o, "{s}");
             }
+            true
         }
     }
 }

@@ -41,7 +41,15 @@ pub struct Broker {
 }
 
 impl Broker {
+    /// Formats and starts one.
     pub fn start() -> Broker {
+        let mut b = Broker::formatted();
+        b.run();
+        b
+    }
+
+    /// Formats one's storage and chooses its port, without starting it.
+    pub fn formatted() -> Broker {
         let libs = libs();
         let dir = tempfile::tempdir().unwrap();
         let (port, controller) = (free_port(), free_port());
@@ -72,12 +80,11 @@ impl Broker {
                 .unwrap();
             assert!(out.status.success(), "format: {}", String::from_utf8_lossy(&out.stderr));
         }
-        let mut b = Broker { libs, dir, port, child: None };
-        b.run();
-        b
+        Broker { libs, dir, port, child: None }
     }
 
-    fn run(&mut self) {
+    /// Starts it and waits until it answers.
+    pub fn run(&mut self) {
         let log = std::fs::File::create(self.dir.path().join("broker.log")).unwrap();
         let child = java(&self.libs)
             .arg("kafka.Kafka")
@@ -226,56 +233,81 @@ fn outbox_left(db: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// The live loss demo (root: namespaces, agents on AF_PACKET, congestion) with its collector
-/// publishing to a real broker: every record the collector stored is on its kind's topic,
-/// keyed by flow or agent, with its origin in the headers, equal to what was stored, once.
-#[test]
-fn every_stored_record_is_on_its_topic_as_kafkas_console_consumer_reads_it() {
-    let broker = Broker::start();
-    let dir = tempfile::tempdir().unwrap();
-    let kafka = dir.path().join("kafka.toml");
+/// Runs `telemark demo` (root: namespaces, agents on AF_PACKET, congestion) with `extra`
+/// flags, its collector publishing to `broker` under topic prefix `prefix`; returns its
+/// database.
+fn demo_publishing(broker: &Broker, dir: &Path, prefix: &str, extra: &[&str]) -> PathBuf {
+    let kafka = dir.join(format!("{prefix}kafka.toml"));
     std::fs::write(
         &kafka,
-        format!("[kafka]\nbrokers = \"{}\"\nlinger_ms = 20\n[publish]\n", broker.brokers()),
+        format!(
+            "[kafka]\nbrokers = \"{}\"\ntopic_prefix = \"{prefix}\"\nlinger_ms = 20\n[publish]\n",
+            broker.brokers()
+        ),
     )
     .unwrap();
-    let db = dir.path().join("demo.db");
+    let db = dir.join(format!("{prefix}db"));
     let out = Command::new(env!("CARGO_BIN_EXE_telemark"))
         .args(["demo", "--no-wait", "--listen", "127.0.0.1:19911", "--db"])
         .arg(&db)
         .arg("--kafka")
         .arg(&kafka)
-        .args(["--before", "2s", "--background", "3s", "--after", "2s"])
+        .args(extra)
         .output()
         .unwrap();
     assert!(out.status.success(), "demo: {}", String::from_utf8_lossy(&out.stderr));
     for line in String::from_utf8_lossy(&out.stderr).lines().filter(|l| l.contains("kafka")) {
         println!("demo: {line}");
     }
-    let stored = stored(&db);
-    assert!(stored.len() > 50, "only {} records stored", stored.len());
+    db
+}
+
+/// Every record stored in `db` is on its kind's topic under `prefix` (Kafka's console
+/// consumer reads them), keyed by flow or agent, with its origin in the headers, equal to
+/// what was stored, once; and nothing else is there. `required`: kinds the run must have
+/// stored. Returns how many records of each kind.
+fn assert_topics_hold_what_was_stored(
+    broker: &Broker,
+    db: &Path,
+    prefix: &str,
+    required: &[&str],
+) -> BTreeMap<String, usize> {
+    let stored = stored(db);
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
     for (kind, _) in stored.values() {
         *kinds.entry(kind.clone()).or_default() += 1;
     }
-    for kind in ["loss", "summary", "health"] {
-        assert!(kinds.contains_key(kind), "the demo stored no {kind} record: {kinds:?}");
+    for kind in required {
+        assert!(kinds.contains_key(*kind), "the demo stored no {kind} record: {kinds:?}");
     }
     let mut seen = BTreeMap::new();
-    for kind in kinds.keys() {
-        let topic = format!("telemark.{kind}.v1");
-        let msgs = broker.console_consume(&topic, Duration::from_secs(5));
+    let every_kind = ["loss", "summary", "flow_loss", "flow", "cost", "capture", "health", "event"];
+    for kind in every_kind {
+        let topic = format!("{prefix}{kind}.v1");
+        let msgs = if kinds.contains_key(kind) {
+            broker.console_consume(&topic, Duration::from_secs(5))
+        } else {
+            Vec::new()
+        };
         println!("{topic}: {} messages", msgs.len());
         for m in msgs {
-            assert_eq!(m.headers.get("telemark-kind"), Some(kind), "{m:?}");
+            assert_eq!(m.headers.get("telemark-kind").map(String::as_str), Some(kind), "{m:?}");
             assert_eq!(m.headers.get("telemark-schema").map(String::as_str), Some("1"));
             let v: serde_json::Value = serde_json::from_str(&m.value).unwrap();
-            assert_eq!(v["kind"], kind.as_str(), "{m:?}");
+            assert_eq!(v["kind"], kind, "{m:?}");
             let origin = m.origin();
             assert!(
-                seen.insert(origin.clone(), (kind.clone(), v, m.key)).is_none(),
+                seen.insert(origin.clone(), (kind.to_string(), v, m.key)).is_none(),
                 "twice: {origin:?}"
             );
+        }
+    }
+    // A kind the collector did not store must not be on Kafka either.
+    let topics = broker.topics().unwrap_or_default();
+    for kind in every_kind.iter().filter(|k| !kinds.contains_key(**k)) {
+        let topic = format!("{prefix}{kind}.v1");
+        if topics.contains(&topic) {
+            assert!(broker.console_consume(&topic, Duration::from_secs(3)).is_empty(), "{topic}");
         }
     }
     let missing: Vec<_> = stored.iter().filter(|(o, _)| !seen.contains_key(*o)).collect();
@@ -289,34 +321,61 @@ fn every_stored_record_is_on_its_topic_as_kafkas_console_consumer_reads_it() {
         missing.first(),
         extra.len(),
         extra.first(),
-        outbox_left(&db)
+        outbox_left(db)
     );
     for (origin, (kind, want)) in &stored {
         let (k, got, key) = &seen[origin];
         assert_eq!(k, kind);
-        if kind == "loss" {
-            for field in ["point", "batch", "lost", "observed", "first_ns"] {
-                assert_eq!(got[field], want[field], "{origin:?} {field}");
-            }
-            let f = &want["flow"];
-            assert_eq!(&got["flow"]["src"], &f["src"]);
-            assert_eq!(&got["flow"]["dport"], &f["dport"]);
-            let flow_key = format!(
+        let flow_key = |f: &serde_json::Value| {
+            format!(
                 "{}/{}/{}/{}/{}",
                 f["proto"],
                 f["src"].as_str().unwrap(),
                 f["sport"],
                 f["dst"].as_str().unwrap(),
                 f["dport"]
-            );
-            assert_eq!(key, &flow_key, "loss records are keyed by their flow");
+            )
+        };
+        if kind == "loss" {
+            for field in ["point", "batch", "lost", "observed", "first_ns"] {
+                assert_eq!(got[field], want[field], "{origin:?} {field}");
+            }
+            assert_eq!(&got["flow"]["src"], &want["flow"]["src"]);
+            assert_eq!(&got["flow"]["dport"], &want["flow"]["dport"]);
+            assert_eq!(key, &flow_key(&want["flow"]), "loss records are keyed by their flow");
         } else {
             assert_eq!(got, want, "{origin:?}");
-            if kind != "flow" && kind != "event" && kind != "flow_loss" {
+            if kind == "event" {
+                // INT events name the flow whose packet fired them.
+                assert_eq!(key, &flow_key(&want["flow"]), "events are keyed by their flow");
+            } else if kind != "flow" && kind != "flow_loss" {
                 assert_eq!(key, &origin.0, "{kind} records are keyed by their agent");
             }
         }
     }
+    kinds
+}
+
+/// The live demos with their collector publishing to a real broker: the loss demo (loss,
+/// summary, cost, health, flow records) and the INT demo (INT events) each put every record
+/// their collector stored on its kind's topic, as Kafka's own console consumer reads it.
+#[test]
+fn every_stored_record_is_on_its_topic_as_kafkas_console_consumer_reads_it() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let short = ["--before", "2s", "--background", "3s", "--after", "2s"];
+    let db = demo_publishing(&broker, dir.path(), "telemark.", &short);
+    let loss = assert_topics_hold_what_was_stored(
+        &broker,
+        &db,
+        "telemark.",
+        &["loss", "summary", "health"],
+    );
+    println!("loss demo: {loss:?}");
+    assert!(loss.values().sum::<usize>() > 50, "only {loss:?} stored");
+    let db = demo_publishing(&broker, dir.path(), "tmint.", &[&["--int"][..], &short].concat());
+    let int = assert_topics_hold_what_was_stored(&broker, &db, "tmint.", &["event", "health"]);
+    println!("INT demo: {int:?}");
 }
 
 /// A `telemark collector` process; killed when dropped.
@@ -664,4 +723,106 @@ fn an_agent_publishes_directly_every_record_once() {
     health.sort_by_key(|(s, _)| *s);
     let last = &health.last().expect("health records").1;
     assert_eq!(last["export_dropped"], 0, "{last}");
+}
+
+/// The value of `name` (summed over its label sets) on the `/metrics` page at `url`.
+fn scrape(url: &str, name: &str) -> u64 {
+    let text =
+        ureq::get(url).call().map(|r| r.into_string().unwrap_or_default()).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Sends `secs` seconds of small UDP datagrams to the discard port on `lo`; returns how many.
+fn traffic_on_lo(secs: u64) -> u64 {
+    let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let until = Instant::now() + Duration::from_secs(secs);
+    let mut sent = 0;
+    while Instant::now() < until {
+        for _ in 0..50 {
+            if tx.send_to(&[0u8; 64], "127.0.0.1:9").is_ok() {
+                sent += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    sent
+}
+
+/// An agent whose broker is away (root: it taps `lo`). Its fast path goes on (its frame
+/// counter covers every datagram sent, which it could not if export blocked it), records
+/// beyond its bounded queue are dropped and counted in `/metrics` and in its health records,
+/// and once the broker is up, what it queued and what follows reach Kafka: sequence numbers
+/// 0, 1, 2, … with no gap (dropped records were never numbered) and no duplicate.
+#[test]
+fn an_agent_whose_broker_is_away_counts_drops_and_never_blocks() {
+    let mut broker = Broker::formatted();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("agent.toml");
+    let metrics = free_port();
+    std::fs::write(
+        &cfg,
+        format!(
+            "agent = \"away-agent\"\n[[tap]]\nport = \"lo\"\n\
+             [export]\ninterval = \"100ms\"\nsummary_interval = \"200ms\"\nreport_all = true\n\
+             [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
+             [kafka]\nbrokers = \"{}\"\nlinger_ms = 10\nbuffer_records = 50\n\
+             delivery_timeout_ms = 120000\n",
+            broker.brokers()
+        ),
+    )
+    .unwrap();
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_telemark"))
+        .args(["agent", "--config"])
+        .arg(&cfg)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(agent.stderr.take().unwrap()).lines();
+    std::thread::spawn(move || lines.by_ref().for_each(drop));
+    let url = format!("http://127.0.0.1:{metrics}/metrics");
+    wait_for("the agent's /metrics", 30, || ureq::get(&url).call().is_ok());
+    let frames_before = scrape(&url, "telemark_agent_rx_frames_total");
+    let sent = traffic_on_lo(4);
+    std::thread::sleep(Duration::from_millis(500));
+    let frames = scrape(&url, "telemark_agent_rx_frames_total") - frames_before;
+    let dropped = scrape(&url, "telemark_agent_export_dropped_records_total");
+    let pending = scrape(&url, "telemark_agent_export_pending_records");
+    println!("broker away: {sent} datagrams sent, {frames} frames seen, {dropped} records dropped, {pending} pending");
+    assert!(frames >= sent, "the fast path saw every datagram: {frames} of {sent}");
+    assert!(dropped > 0, "records beyond the queue are dropped and counted");
+    assert!(pending <= 50, "the queue is bounded: {pending}");
+    // The broker comes; what was queued and what follows is delivered.
+    broker.run();
+    traffic_on_lo(3);
+    wait_for("the queue delivered", 60, || {
+        scrape(&url, "telemark_agent_export_pending_records") == 0
+            && scrape(&url, "telemark_agent_export_acked_records_total") > 50
+    });
+    let acked = scrape(&url, "telemark_agent_export_acked_records_total");
+    let stopping = Instant::now();
+    kill(agent.id(), "TERM");
+    assert!(agent.wait().unwrap().success(), "the agent stops cleanly");
+    assert!(stopping.elapsed() < Duration::from_secs(10), "and promptly");
+    let mut seqs = Vec::new();
+    let mut health = Vec::new();
+    for kind in ["loss", "summary", "cost", "health", "flow"] {
+        for m in broker.console_consume(&format!("telemark.{kind}.v1"), Duration::from_secs(4)) {
+            seqs.push(m.origin().2);
+            if kind == "health" {
+                let v: serde_json::Value = serde_json::from_str(&m.value).unwrap();
+                health.push((m.origin().2, v["export_dropped"].as_u64().unwrap()));
+            }
+        }
+    }
+    seqs.sort_unstable();
+    assert!(seqs.len() as u64 >= acked, "{} on Kafka, {acked} acknowledged", seqs.len());
+    assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>(), "every number once, no gap");
+    // Each health record counts the drops since the last one that got out, so those on Kafka
+    // add up to every drop before the last of them.
+    let counted: u64 = health.iter().map(|h| h.1).sum();
+    assert!(!health.is_empty(), "health records reach Kafka");
+    assert!(counted >= dropped, "the health records count the drops: {counted} of {dropped}");
 }
