@@ -18,6 +18,7 @@
 
 use crate::config::{AgentConfig, IntRules, MarkSide};
 use crate::egress::{Egress, IntStage, IntStats, RuledEvent};
+use crate::kafka_out::KafkaOut;
 use crate::metrics::AgentMetrics;
 use serde::Serialize;
 use std::io::Write;
@@ -715,22 +716,6 @@ enum Out {
     Discard,
 }
 
-/// Records published to Kafka directly (docs/kafka.md, "From an agent"): numbered in this run
-/// as for a collector, handed to the producer's bounded queue; when it is full (the brokers away
-/// for long), new records are dropped and counted. Never blocks.
-struct KafkaOut {
-    producer: telemark_kafka::Producer,
-    agent: String,
-    boot: u64,
-    next_seq: u64,
-    /// Dropped: the producer's queue was full.
-    dropped: u64,
-    /// Acknowledged by the brokers.
-    acked: u64,
-    /// Failed after the producer's retries (lost).
-    failed: u64,
-}
-
 impl Out {
     /// Records lost on the way out so far: no room to hold them, or (Kafka) failed.
     fn dropped(&self) -> u64 {
@@ -739,47 +724,6 @@ impl Out {
             Out::Kafka(k) => k.lost(),
             Out::Stdout | Out::Discard => 0,
         }
-    }
-}
-
-impl KafkaOut {
-    /// Queues `r`; false when the queue was full (dropped, counted).
-    fn push(&mut self, r: &Record) -> bool {
-        let origin = telemark_kafka::Origin {
-            agent: self.agent.clone(),
-            boot: self.boot,
-            seq: self.next_seq,
-        };
-        match self.producer.send(&telemark_kafka::Message::new(r, origin), self.next_seq) {
-            Ok(()) => {
-                self.next_seq += 1;
-                true
-            }
-            Err(_) => {
-                self.dropped += 1;
-                false
-            }
-        }
-    }
-
-    /// Takes the delivery reports in.
-    fn poll(&mut self) {
-        for d in self.producer.deliveries() {
-            match d.error {
-                None => self.acked += 1,
-                Some(e) => {
-                    if self.failed == 0 {
-                        tracing::warn!("kafka: a record was not delivered: {e}");
-                    }
-                    self.failed += 1;
-                }
-            }
-        }
-    }
-
-    /// Records lost: dropped at a full queue, or failed.
-    fn lost(&self) -> u64 {
-        self.dropped + self.failed
     }
 }
 
@@ -798,15 +742,9 @@ impl Slow {
         let boot = now_ns();
         let kafka = self.cfg.kafka.as_ref().map(|k| telemark_kafka::Producer::new(k, true));
         let mut out = match (&self.cfg.collector, kafka) {
-            (_, Some(Ok(producer))) => Out::Kafka(Box::new(KafkaOut {
-                producer,
-                agent: self.cfg.agent.clone(),
-                boot,
-                next_seq: 0,
-                dropped: 0,
-                acked: 0,
-                failed: 0,
-            })),
+            (_, Some(Ok(producer))) => {
+                Out::Kafka(Box::new(KafkaOut::new(producer, &self.cfg.agent, boot)))
+            }
             (_, Some(Err(e))) => {
                 tracing::error!("kafka: {e}; records are discarded");
                 Out::Discard

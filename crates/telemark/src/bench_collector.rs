@@ -42,7 +42,7 @@ pub struct Args {
     pub query_batches: Option<u64>,
 }
 
-struct Proc(Child);
+pub(crate) struct Proc(Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -53,9 +53,20 @@ impl Drop for Proc {
 
 /// Starts `exe collector` on a fresh database, pinned to `cpu`; returns it and its base URL.
 fn start(exe: &std::path::Path, db: &std::path::Path, cpu: usize) -> Result<(Proc, String)> {
+    start_with(exe, db, cpu, &[])
+}
+
+/// [`start`], with `extra` arguments.
+pub(crate) fn start_with(
+    exe: &std::path::Path,
+    db: &std::path::Path,
+    cpu: usize,
+    extra: &[&std::ffi::OsStr],
+) -> Result<(Proc, String)> {
     let mut cmd = Command::new(exe);
     cmd.args(["collector", "--listen", "127.0.0.1:0", "--retention", "0", "--db"])
         .arg(db)
+        .args(extra)
         .stderr(Stdio::piped());
     // SAFETY: sched_setaffinity on the child itself, between fork and exec; async-signal-safe.
     unsafe {
@@ -67,16 +78,23 @@ fn start(exe: &std::path::Path, db: &std::path::Path, cpu: usize) -> Result<(Pro
         });
     }
     let mut child = cmd.spawn().with_context(|| format!("starting {}", exe.display()))?;
+    let mut err = BufReader::new(child.stderr.take().context("collector stderr")?);
     let mut line = String::new();
-    let err = child.stderr.take().context("collector stderr")?;
-    BufReader::new(err).read_line(&mut line)?;
-    let Some(url) = line.split_whitespace().find(|w| w.starts_with("http://")) else {
-        bail!("{} did not say where it listens: {line:?}", exe.display());
+    let url = loop {
+        line.clear();
+        if err.read_line(&mut line)? == 0 {
+            bail!("{} did not say where it listens", exe.display());
+        }
+        if let Some(url) = line.split_whitespace().find(|w| w.starts_with("http://")) {
+            break url.to_string();
+        }
     };
-    Ok((Proc(child), url.to_string()))
+    // Keep reading its log so that it never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    Ok((Proc(child), url))
 }
 
-fn record(agent: &str, batch: u64, t: u64) -> Record {
+pub(crate) fn record(agent: &str, batch: u64, t: u64) -> Record {
     Record::Loss(LossRecord {
         agent: agent.into(),
         port: "p1".into(),
@@ -135,7 +153,7 @@ fn load(url: &str, a: &Args) -> Result<f64> {
     Ok(acked as f64 / started.elapsed().as_secs_f64())
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }

@@ -4,6 +4,7 @@ mod agent;
 mod bench;
 mod bench_collector;
 mod bench_int;
+mod bench_kafka;
 mod bench_live;
 mod bench_sketch;
 mod collector;
@@ -63,6 +64,9 @@ enum Cmd {
     /// Records per second one collector stores, acknowledged, pinned to one core (optionally
     /// against another build's collector, alternating).
     BenchCollector(bench_collector::Args),
+    /// Records per second through Kafka with the broker on this host: an agent's producer, a
+    /// collector publishing its outbox, a collector consuming and storing; JSON and protobuf.
+    BenchKafka(bench_kafka::Args),
 }
 
 /// Logs to stderr with time and level; `TELEMARK_LOG` filters (e.g. `debug`,
@@ -96,6 +100,7 @@ fn main() {
         Cmd::Demo(a) => demo::run(a),
         Cmd::IntCollector(a) => int_collector::run(a),
         Cmd::BenchInt(a) => bench_int::run(a),
+        Cmd::BenchKafka(a) => bench_kafka::run(a),
     };
     if let Err(e) = r {
         // The reader went away (`telemark replay … | head`): not an error.
