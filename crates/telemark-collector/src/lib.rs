@@ -8,6 +8,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod flows;
 pub mod kafka;
 pub mod link;
 pub mod metrics;

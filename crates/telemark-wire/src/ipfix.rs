@@ -174,7 +174,7 @@ impl<'a> Set<'a> {
 
     /// Its data records, read with `template` (which must be the one its set id names).
     pub fn records<'t>(&self, template: &'t Template) -> DataRecords<'a, 't> {
-        DataRecords { rest: self.body, template, min_len: template.min_record_len() }
+        DataRecords::new(self.body, template)
     }
 }
 
@@ -347,6 +347,14 @@ pub struct DataRecords<'a, 't> {
     rest: &'a [u8],
     template: &'t Template,
     min_len: usize,
+}
+
+impl<'a, 't> DataRecords<'a, 't> {
+    /// The records of a data set's `body` (kept from an earlier message, say), read with
+    /// `template`.
+    pub fn new(body: &'a [u8], template: &'t Template) -> DataRecords<'a, 't> {
+        DataRecords { rest: body, template, min_len: template.min_record_len() }
+    }
 }
 
 impl<'a, 't> Iterator for DataRecords<'a, 't> {

@@ -86,10 +86,37 @@ pub struct FlowSample<'a> {
     pub drops: u32,
     /// Input interface (ifIndex; 0 unknown).
     pub input: u32,
-    /// Output interface (ifIndex; 0 unknown; the top bit set: a count or a discard code).
-    pub output: u32,
+    /// Where the packet went.
+    pub output: Output,
     /// Its flow records.
     pub records: Vec<FlowData<'a>>,
+}
+
+/// Where a sampled packet went: sFlow v5's `interface` (the top two bits of the compact form,
+/// the format word of the expanded form).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// Out of this ifIndex (0 unknown, 0x3fffffff the agent itself).
+    Interface(u32),
+    /// Discarded, for this reason code.
+    Discarded(u32),
+    /// Out of this many interfaces (0: unknown how many).
+    Multiple(u32),
+}
+
+impl Output {
+    fn from_format(format: u32, value: u32) -> Output {
+        match format {
+            1 => Output::Discarded(value),
+            2 => Output::Multiple(value),
+            _ => Output::Interface(value),
+        }
+    }
+
+    /// The compact form: format in the top two bits.
+    fn compact(word: u32) -> Output {
+        Output::from_format(word >> 30, word & 0x3fff_ffff)
+    }
 }
 
 /// A discarded packet.
@@ -362,10 +389,10 @@ fn sample(enterprise: u32, format: u32, body: &[u8]) -> Result<Sample<'_>> {
             let (sampling_rate, sample_pool, drops) = (x.u32()?, x.u32()?, x.u32()?);
             let (input, output) = if expanded {
                 // interface_expanded: a format word, then the value.
-                let (_, i, _, o) = (x.u32()?, x.u32()?, x.u32()?, x.u32()?);
-                (i, o)
+                let (_, i, of, o) = (x.u32()?, x.u32()?, x.u32()?, x.u32()?);
+                (i, Output::from_format(of, o))
             } else {
-                (x.u32()?, x.u32()?)
+                (x.u32()? & 0x3fff_ffff, Output::compact(x.u32()?))
             };
             let records = flow_records(&mut x)?;
             Sample::Flow(FlowSample {
