@@ -71,6 +71,8 @@ pub struct Api {
     pub transport: Arc<ServerStats>,
     /// What publishing to and consuming from Kafka did, shown in `/metrics` when on.
     pub kafka: Arc<crate::kafka::KafkaStats>,
+    /// Flow-export listener counters.
+    pub flows: Arc<crate::flow_listen::FlowStats>,
 }
 
 impl Handler for Api {
@@ -544,6 +546,7 @@ impl Api {
         ));
         self.transport.render("telemark_collector", &mut page);
         self.kafka.render(&mut page);
+        self.flows.render(&mut page);
         Response::text("text/plain; version=0.0.4", page)
     }
 

@@ -105,6 +105,8 @@ pub enum Refusal {
     Malformed,
     /// Data held for a template that did not come before the bound was reached.
     PendingDropped,
+    /// A new exporter or domain past [`MAX_DOMAINS`] (spoofed sources must not grow memory).
+    TooManyDomains,
 }
 
 impl Refusal {
@@ -114,6 +116,7 @@ impl Refusal {
             Refusal::Version => "version",
             Refusal::Malformed => "malformed",
             Refusal::PendingDropped => "pending_dropped",
+            Refusal::TooManyDomains => "too_many_domains",
         }
     }
 }
@@ -169,6 +172,10 @@ struct Domain {
     /// The exporter's boot time, ms since the epoch (IPFIX systemInitTimeMilliseconds).
     boot_ms: Option<u64>,
 }
+
+/// The most (exporter, domain) pairs a decoder remembers; datagrams of new ones past it are
+/// refused.
+pub const MAX_DOMAINS: usize = 10_000;
 
 /// Decodes datagrams; remembers what each exporter's domain defined.
 pub struct Decoder {
@@ -250,9 +257,21 @@ impl Decoder {
         self.stats.flows += (out.len() - before) as u64;
     }
 
+    /// Whether `key`'s state may be kept: known already, or room for one more.
+    fn admit(&mut self, key: (IpAddr, u32)) -> bool {
+        if self.domains.contains_key(&key) || self.domains.len() < MAX_DOMAINS {
+            return true;
+        }
+        self.refuse(Refusal::TooManyDomains);
+        false
+    }
+
     fn netflow5(&mut self, from: IpAddr, buf: &[u8], out: &mut Vec<ExportedFlow>) {
         let Ok((h, records)) = netflow5::parse(buf) else { return self.refuse(Refusal::Malformed) };
         let domain = (u32::from(h.engine_type) << 8) | u32::from(h.engine_id);
+        if !self.admit((from, domain)) {
+            return;
+        }
         let d = self.domains.entry((from, domain)).or_default();
         self.stats.sequence_lost +=
             gap(&mut d.next_sequence, h.flow_sequence, records.len() as u32);
@@ -301,6 +320,9 @@ impl Decoder {
             uptime_ms: h.sys_uptime_ms.map(u64::from),
         };
         let key = (from, h.domain);
+        if !self.admit(key) {
+            return;
+        }
         let mut data_records = 0u32;
         let mut malformed = false;
         for set in m.sets() {
@@ -417,8 +439,12 @@ impl Decoder {
 
     fn sflow(&mut self, buf: &[u8], out: &mut Vec<ExportedFlow>) {
         let Ok(dg) = sflow::parse(buf) else { return self.refuse(Refusal::Malformed) };
+        let key = (dg.agent, dg.sub_agent);
+        if !self.sflow_next.contains_key(&key) && self.sflow_next.len() >= MAX_DOMAINS {
+            return self.refuse(Refusal::TooManyDomains);
+        }
         // sFlow numbers datagrams: the records of the ones that never came are lost.
-        let next = self.sflow_next.entry((dg.agent, dg.sub_agent)).or_default();
+        let next = self.sflow_next.entry(key).or_default();
         self.stats.sequence_lost += gap(next, dg.sequence, 1);
         for s in &dg.samples {
             match s {

@@ -8,6 +8,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod flow_listen;
 pub mod flows;
 pub mod kafka;
 pub mod link;
@@ -48,6 +49,8 @@ pub struct Config {
     pub auth: Option<auth::Auth>,
     /// Kafka: publish what is stored, store what is read (docs/kafka.md).
     pub kafka: Option<kafka::KafkaFile>,
+    /// NetFlow, IPFIX and sFlow listeners (docs/flows.md); none when `listen` is empty.
+    pub flows: flow_listen::FlowListenConfig,
 }
 
 impl Default for Config {
@@ -62,6 +65,7 @@ impl Default for Config {
             stale: Duration::from_secs(15),
             auth: None,
             kafka: None,
+            flows: flow_listen::FlowListenConfig::default(),
         }
     }
 }
@@ -89,6 +93,9 @@ pub enum StartError {
     /// Kafka could not be set up (a bad setting, an in-memory database to publish from).
     #[error("kafka: {0}")]
     Kafka(String),
+    /// A flow-export listener could not be set up.
+    #[error("{0}")]
+    Flows(String),
     /// The address could not be bound.
     #[error("cannot listen on {addr}: {err}")]
     Listen {
@@ -140,6 +147,7 @@ impl Collector {
             auth: std::sync::RwLock::new(cfg.auth.clone()),
             transport: Arc::new(ServerStats::default()),
             kafka: Arc::new(kafka::KafkaStats::default()),
+            flows: Arc::new(flow_listen::FlowStats::default()),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
@@ -166,6 +174,11 @@ impl Collector {
                 .map_err(StartError::Kafka)?;
                 threads.push(t);
             }
+        }
+        if !cfg.flows.listen.is_empty() {
+            let t = flow_listen::start(api.clone(), &cfg.flows, api.flows.clone(), stop.clone())
+                .map_err(StartError::Flows)?;
+            threads.extend(t);
         }
         let server_cfg = ServerConfig {
             listen: cfg.listen,

@@ -50,6 +50,20 @@ pub struct Args {
     /// what is stored, `[consume]` to store what a consumer group reads; docs/kafka.md).
     #[arg(long)]
     pub kafka: Option<PathBuf>,
+    /// Take NetFlow v5/v9, IPFIX and sFlow v5 on this UDP address (repeatable; e.g.
+    /// 0.0.0.0:2055, 0.0.0.0:6343; docs/flows.md).
+    #[arg(long = "flows-listen")]
+    pub flows_listen: Vec<std::net::SocketAddr>,
+    /// Exporters allowed to send flows (address or prefix, repeatable); required for a
+    /// non-loopback --flows-listen.
+    #[arg(long = "flows-allow")]
+    pub flows_allow: Vec<telemark_collector::flow_listen::Prefix>,
+    /// Sockets per --flows-listen address (SO_REUSEPORT).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub flows_workers: u16,
+    /// Receive buffer per flow socket, bytes.
+    #[arg(long, default_value_t = 8 << 20)]
+    pub flows_rcvbuf: usize,
 }
 
 /// A duration such as `30s`, `15m`, `48h`, `7d` (seconds without a unit; 0 allowed).
@@ -86,6 +100,13 @@ pub fn run(a: Args) -> Result<()> {
         },
         workers: usize::from(a.workers),
         kafka,
+        flows: telemark_collector::flow_listen::FlowListenConfig {
+            listen: a.flows_listen,
+            allow: a.flows_allow,
+            workers: usize::from(a.flows_workers),
+            rcvbuf: a.flows_rcvbuf,
+            ..defaults.flows.clone()
+        },
         ..defaults
     };
     let mut signals =

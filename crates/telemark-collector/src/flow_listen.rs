@@ -1,0 +1,467 @@
+//! The collector's flow-export listeners (docs/flows.md): UDP sockets that take NetFlow v5,
+//! NetFlow v9, IPFIX and sFlow v5 from any exporter, decode them ([`crate::flows`]) and store
+//! the flows as `flow` records, one agent per exporter address.
+//!
+//! - **Workers.** Each address gets `workers` sockets bound with `SO_REUSEPORT`: the kernel
+//!   spreads exporters over them by their address and port, so one exporter's templates stay
+//!   with one worker's decoder.
+//! - **Overflows.** `SO_RXQ_OVFL` makes the kernel say, with each datagram, how many it dropped
+//!   on that socket because its receive buffer (`rcvbuf`) was full; they are counted.
+//! - **Storing.** Flows are stored once a second (or every 10,000), numbered in the exporter's
+//!   run as this worker saw it: (exporter, collector start + worker, n).
+//! - **Times.** A flow the exporter did not time (sFlow samples, or times older than the store
+//!   keeps) takes its arrival time.
+
+use crate::api::Api;
+use crate::flows::{Decoder, ExportedFlow, Refusal};
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::FromRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use telemark_core::records::{Flow, FlowRecord, Record};
+
+/// Listener settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowListenConfig {
+    /// Addresses to listen on (2055 NetFlow/IPFIX, 4739 IPFIX, 6343 sFlow by convention; any
+    /// address takes any of the formats).
+    pub listen: Vec<SocketAddr>,
+    /// Sockets per address.
+    pub workers: usize,
+    /// Receive buffer per socket, bytes (the kernel caps it at `net.core.rmem_max`).
+    pub rcvbuf: usize,
+    /// Data sets held for templates not seen yet, per worker.
+    pub pending_max: usize,
+    /// The exporters whose datagrams are read (address prefixes); empty: any, which only a
+    /// loopback listener may do. These protocols carry no credentials: the prefixes (and a
+    /// firewall) are what keeps strangers out.
+    pub allow: Vec<Prefix>,
+}
+
+/// An address prefix, `192.0.2.0/24` or `2001:db8::/32` (a bare address is its /32 or /128).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prefix {
+    addr: IpAddr,
+    len: u8,
+}
+
+impl std::str::FromStr for Prefix {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Prefix, String> {
+        let (a, l) = s.split_once('/').map_or((s, None), |(a, l)| (a, Some(l)));
+        let addr: IpAddr = a.parse().map_err(|_| format!("{s:?}: not an address or prefix"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let len = match l {
+            None => max,
+            Some(l) => l
+                .parse()
+                .ok()
+                .filter(|l| *l <= max)
+                .ok_or(format!("{s:?}: prefix length 0-{max}"))?,
+        };
+        Ok(Prefix { addr, len })
+    }
+}
+
+impl Prefix {
+    /// Whether `ip` is in it.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let bits = |ip: IpAddr| match ip {
+            IpAddr::V4(a) => (u128::from(u32::from(a)) << 96, 32),
+            IpAddr::V6(a) => (u128::from(a), 128),
+        };
+        let ((p, pmax), (x, xmax)) = (bits(self.addr), bits(ip));
+        if pmax != xmax {
+            return false;
+        }
+        let mask = if self.len == 0 { 0 } else { u128::MAX << (128 - u32::from(self.len)) };
+        p & mask == x & mask
+    }
+}
+
+impl Default for FlowListenConfig {
+    fn default() -> Self {
+        FlowListenConfig {
+            listen: Vec::new(),
+            workers: 1,
+            rcvbuf: 8 << 20,
+            pending_max: 10_000,
+            allow: Vec::new(),
+        }
+    }
+}
+
+/// Counters, shared by the workers and rendered in `/metrics`.
+#[derive(Debug, Default)]
+pub struct FlowStats {
+    listening: AtomicBool,
+    datagrams: AtomicU64,
+    flows: AtomicU64,
+    stored: AtomicU64,
+    store_errors: AtomicU64,
+    overflows: AtomicU64,
+    sequence_lost: AtomicU64,
+    pending: AtomicU64,
+    counter_samples: AtomicU64,
+    refused: [AtomicU64; 4],
+    not_allowed: AtomicU64,
+}
+
+const REFUSALS: [Refusal; 4] =
+    [Refusal::Version, Refusal::Malformed, Refusal::PendingDropped, Refusal::TooManyDomains];
+
+impl FlowStats {
+    /// The `telemark_collector_flow_*` families (nothing when no listener runs).
+    pub fn render(&self, o: &mut String) {
+        if !self.listening.load(Ordering::Relaxed) {
+            return;
+        }
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let families: [(&str, &str, &str, u64); 8] = [
+            ("datagrams_total", "counter", "Flow-export datagrams received.", g(&self.datagrams)),
+            ("flows_total", "counter", "Flows decoded.", g(&self.flows)),
+            ("stored_total", "counter", "Flow records stored.", g(&self.stored)),
+            ("store_errors_total", "counter", "Batches of flows the store refused.", g(&self.store_errors)),
+            (
+                "receive_overflows_total",
+                "counter",
+                "Datagrams the kernel dropped: a socket's receive buffer was full (SO_RXQ_OVFL).",
+                g(&self.overflows),
+            ),
+            (
+                "exporter_lost_total",
+                "counter",
+                "Records (IPFIX, v5) or datagrams (v9, sFlow) exporters' sequence numbers say never arrived.",
+                g(&self.sequence_lost),
+            ),
+            ("pending_sets", "gauge", "Data sets held for templates not seen yet.", g(&self.pending)),
+            ("counter_samples_total", "counter", "sFlow counter samples received.", g(&self.counter_samples)),
+        ];
+        for (name, kind, help, v) in families {
+            let name = format!("telemark_collector_flow_{name}");
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+        }
+        let name = "telemark_collector_flow_refused_total";
+        let _ = writeln!(
+            o,
+            "# HELP {name} Datagrams or data sets not decoded, by reason.\n# TYPE {name} counter"
+        );
+        for (r, c) in REFUSALS.iter().zip(&self.refused) {
+            let _ = writeln!(o, "{name}{{reason=\"{}\"}} {}", r.name(), g(c));
+        }
+        let _ = writeln!(o, "{name}{{reason=\"not_allowed\"}} {}", g(&self.not_allowed));
+    }
+}
+
+/// Binds every socket and starts a worker on each.
+pub fn start(
+    api: Arc<Api>,
+    cfg: &FlowListenConfig,
+    stats: Arc<FlowStats>,
+    stop: Arc<AtomicBool>,
+) -> Result<Vec<JoinHandle<()>>, String> {
+    if let Some(a) = cfg.listen.iter().find(|a| !a.ip().is_loopback() && cfg.allow.is_empty()) {
+        return Err(format!(
+            "flows: {a} is not a loopback address: say which exporters may send to it \
+             (--flows-allow PREFIX, docs/flows.md)"
+        ));
+    }
+    let mut sockets = Vec::new();
+    for addr in &cfg.listen {
+        for _ in 0..cfg.workers.max(1) {
+            sockets.push(bind(*addr, cfg.rcvbuf).map_err(|e| format!("flows: {addr}: {e}"))?);
+        }
+    }
+    stats.listening.store(true, Ordering::Relaxed);
+    let boot = crate::now_ns();
+    Ok(sockets
+        .into_iter()
+        .enumerate()
+        .map(|(i, sock)| {
+            let mut w = Worker {
+                api: api.clone(),
+                stats: stats.clone(),
+                decoder: Decoder::new(cfg.pending_max),
+                boot: boot + i as u64,
+                next_seq: HashMap::new(),
+                flows: Vec::new(),
+                last_overflow: 0,
+                seen: Default::default(),
+                allow: cfg.allow.clone(),
+            };
+            let stop = stop.clone();
+            std::thread::spawn(move || w.run(&sock, &stop))
+        })
+        .collect())
+}
+
+/// A UDP socket with SO_REUSEPORT, SO_RCVBUF and SO_RXQ_OVFL set before it binds.
+fn bind(addr: SocketAddr, rcvbuf: usize) -> std::io::Result<UdpSocket> {
+    let family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: a plain socket call; the descriptor is owned by the UdpSocket made from it below
+    // (or closed on error).
+    let fd = unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a socket we own; from here on the UdpSocket closes it.
+    let sock = unsafe { UdpSocket::from_raw_fd(fd) };
+    let set = |opt: libc::c_int, v: libc::c_int| -> std::io::Result<()> {
+        // SAFETY: the option value is a c_int that lives across the call.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    set(libc::SO_REUSEPORT, 1)?;
+    set(libc::SO_RCVBUF, i32::try_from(rcvbuf).unwrap_or(i32::MAX))?;
+    set(libc::SO_RXQ_OVFL, 1)?;
+    let (storage, len) = sockaddr(addr);
+    // SAFETY: storage holds a sockaddr of `len` bytes for this family.
+    let rc = unsafe { libc::bind(fd, (&storage as *const libc::sockaddr_storage).cast(), len) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    sock.set_read_timeout(Some(Duration::from_millis(200)))?;
+    Ok(sock)
+}
+
+fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut s: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            let sin = unsafe {
+                &mut *(&mut s as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
+            };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 = unsafe {
+                &mut *(&mut s as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_addr.s6_addr = a.ip().octets();
+            sin6.sin6_scope_id = a.scope_id();
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (s, len as libc::socklen_t)
+}
+
+/// One datagram: its sender and the kernel's drop count on the socket so far (SO_RXQ_OVFL).
+fn recv(sock: &UdpSocket, buf: &mut [u8]) -> std::io::Result<(usize, IpAddr, Option<u32>)> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: all-zero is valid for these C structs.
+    let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut control = [0u64; 8];
+    // SAFETY: as above.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    // SAFETY: every pointer in msg points into locals that outlive the call.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut dropped = None;
+    // SAFETY: the CMSG macros walk the control buffer the kernel filled, within controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SO_RXQ_OVFL {
+                dropped = Some(std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<u32>()));
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    let ip = match i32::from(from.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the kernel wrote a sockaddr_in.
+            let sin =
+                unsafe { &*(&from as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes())
+        }
+        _ => {
+            // SAFETY: the kernel wrote a sockaddr_in6.
+            let sin6 =
+                unsafe { &*(&from as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let v6 = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+        }
+    };
+    Ok((n as usize, ip, dropped))
+}
+
+struct Worker {
+    api: Arc<Api>,
+    stats: Arc<FlowStats>,
+    decoder: Decoder,
+    /// This worker's run, as the stored records' boot.
+    boot: u64,
+    /// The next number per exporter.
+    next_seq: HashMap<String, u64>,
+    flows: Vec<ExportedFlow>,
+    last_overflow: u32,
+    /// Decoder counters already added to the shared ones.
+    seen: crate::flows::DecodeStats,
+    allow: Vec<Prefix>,
+}
+
+impl Worker {
+    fn run(&mut self, sock: &UdpSocket, stop: &AtomicBool) {
+        let mut buf = vec![0u8; 65_536];
+        let mut last_store = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            match recv(sock, &mut buf) {
+                Ok((n, from, dropped)) => {
+                    if let Some(d) = dropped {
+                        let new = d.wrapping_sub(self.last_overflow);
+                        self.last_overflow = d;
+                        self.stats.overflows.fetch_add(u64::from(new), Ordering::Relaxed);
+                    }
+                    if self.allow.is_empty() || self.allow.iter().any(|p| p.contains(from)) {
+                        self.decoder.datagram(from, &buf[..n], &mut self.flows);
+                    } else {
+                        self.stats.not_allowed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => {
+                    tracing::warn!("flows: receive: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+            if self.flows.len() >= 10_000 || last_store.elapsed() >= Duration::from_secs(1) {
+                last_store = Instant::now();
+                self.store();
+            }
+        }
+        self.store();
+    }
+
+    /// Stores the flows decoded since the last call, and publishes the decoder's counters.
+    fn store(&mut self) {
+        let s = &self.decoder.stats;
+        let add = |a: &AtomicU64, now: u64, before: u64| {
+            a.fetch_add(now.saturating_sub(before), Ordering::Relaxed);
+        };
+        add(&self.stats.datagrams, s.datagrams, self.seen.datagrams);
+        add(&self.stats.flows, s.flows, self.seen.flows);
+        add(&self.stats.sequence_lost, s.sequence_lost, self.seen.sequence_lost);
+        add(&self.stats.counter_samples, s.counter_samples, self.seen.counter_samples);
+        for (r, c) in REFUSALS.iter().zip(&self.stats.refused) {
+            let get = |st: &crate::flows::DecodeStats| st.refused.get(r).copied().unwrap_or(0);
+            add(c, get(s), get(&self.seen));
+        }
+        // Pending is a gauge per worker; the shared one sums the changes.
+        if s.pending >= self.seen.pending {
+            self.stats.pending.fetch_add(s.pending - self.seen.pending, Ordering::Relaxed);
+        } else {
+            self.stats.pending.fetch_sub(self.seen.pending - s.pending, Ordering::Relaxed);
+        }
+        self.seen = s.clone();
+        if self.flows.is_empty() {
+            return;
+        }
+        let now = crate::now_ns();
+        let mut by_exporter: HashMap<String, Vec<Record>> = HashMap::new();
+        for f in self.flows.drain(..) {
+            let agent = f.exporter.to_string();
+            by_exporter
+                .entry(agent.clone())
+                .or_default()
+                .push(Record::Flow(record(&agent, &f, now)));
+        }
+        let mut st = self.api.store();
+        for (agent, recs) in by_exporter {
+            let next = self.next_seq.entry(agent.clone()).or_insert(0);
+            let numbered: Vec<(u64, Record)> =
+                recs.into_iter().enumerate().map(|(i, r)| (*next + i as u64, r)).collect();
+            *next += numbered.len() as u64;
+            match st.ingest_numbered(&agent, self.boot, &numbered, now) {
+                Ok(s) => {
+                    self.stats.stored.fetch_add(s.accepted, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    tracing::warn!("flows: storing {agent}'s flows: {e}");
+                    self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+/// How far back an exporter's own times are believed: older ones (a clock far off, a
+/// replayed capture) take the arrival time.
+const BELIEVED_NS: u64 = 3600 * 1_000_000_000;
+
+/// The `flow` record of an exported flow: packets and bytes scaled by the sampling rate,
+/// exact only when every packet was counted; a sampled count's `error_bound` is the half
+/// width of its 95 % interval (1.96 · rate · √samples).
+fn record(agent: &str, f: &ExportedFlow, now: u64) -> FlowRecord {
+    let believable = |t: u64| t != 0 && t + BELIEVED_NS >= now && t <= now + BELIEVED_NS;
+    let (start, end) = if believable(f.start_ns) && believable(f.end_ns) && f.start_ns <= f.end_ns {
+        (f.start_ns, f.end_ns)
+    } else {
+        (now, now)
+    };
+    let rate = u64::from(f.sampling_rate.max(1));
+    let exact = rate == 1;
+    FlowRecord {
+        agent: agent.to_string(),
+        port: f.in_if.to_string(),
+        point: f.protocol.name().to_string(),
+        flow: Flow {
+            src: f.key.src.to_string(),
+            dst: f.key.dst.to_string(),
+            sport: f.key.sport,
+            dport: f.key.dport,
+            proto: f.key.proto,
+            spi: f.key.spi,
+            si: f.key.si,
+        },
+        window_start_ns: start,
+        window_end_ns: end,
+        packets: f.packets_estimated(),
+        bytes: f.bytes_estimated(),
+        exact,
+        error_bound: if exact {
+            0
+        } else {
+            (1.96 * rate as f64 * (f.packets as f64).sqrt()).ceil() as u64
+        },
+        truth_packets: None,
+        truth_bytes: None,
+    }
+}
