@@ -168,6 +168,10 @@ struct Domain {
     default_rate: Option<u32>,
     /// The sequence number the next message should carry.
     next_sequence: Option<u32>,
+    /// The sequence number of the last message, as sent.
+    last_sequence: Option<u32>,
+    /// The exporter counts a message's own records in its sequence number (a quirk).
+    counts_own_records: bool,
     pending: VecDeque<Pending>,
     /// The exporter's boot time, ms since the epoch (IPFIX systemInitTimeMilliseconds).
     boot_ms: Option<u64>,
@@ -374,7 +378,23 @@ impl Decoder {
             Protocol::Ipfix => data_records,
             _ => 1,
         };
-        self.stats.sequence_lost += gap(&mut d.next_sequence, h.sequence, sent);
+        // An exporter whose numbers count this message's own records too (softflowd): its
+        // message k + 1 says seq_k + n_(k+1) where RFC 7011 says seq_k + n_k. Seen once, the
+        // domain is read that way from then on.
+        let seq = match (protocol, d.next_sequence, d.last_sequence) {
+            (Protocol::Ipfix, Some(next), Some(last))
+                if !d.counts_own_records
+                    && h.sequence != next
+                    && h.sequence.wrapping_sub(sent) == last =>
+            {
+                d.counts_own_records = true;
+                h.sequence
+            }
+            _ => h.sequence,
+        };
+        d.last_sequence = Some(seq);
+        let seq = if d.counts_own_records { seq.wrapping_sub(sent) } else { seq };
+        self.stats.sequence_lost += gap(&mut d.next_sequence, seq, sent);
     }
 
     /// Drops the oldest waiting data sets past the bound.

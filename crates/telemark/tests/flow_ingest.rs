@@ -90,23 +90,7 @@ fn metric(base: &str, name: &str) -> u64 {
 fn every_logstash_capture_sent_over_udp_is_stored_as_tshark_decodes_it() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("flows.db");
-    let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_telemark"))
-        .args(["collector", "--listen", "127.0.0.1:0", "--retention", "0", "--db"])
-        .arg(&db)
-        .args(["--flows-listen", &format!("127.0.0.1:{port}")])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let base = loop {
-        let line = lines.next().expect("collector says where it listens").unwrap();
-        if let Some(rest) = line.split("http://").nth(1) {
-            break format!("http://{}", rest.split_whitespace().next().unwrap());
-        }
-    };
-    std::thread::spawn(move || lines.for_each(drop));
-    let _c = Collector(child);
+    let (_c, base, port) = collector(&db);
 
     let expected: Vec<serde_json::Value> = serde_json::from_slice(
         &std::fs::read(pcaps()[0].parent().unwrap().join("../expected.json")).unwrap(),
@@ -170,4 +154,96 @@ fn every_logstash_capture_sent_over_udp_is_stored_as_tshark_decodes_it() {
         metric(&base, "telemark_collector_flow_refused_total")
     );
     assert!(diff.is_empty(), "{}", diff.join("\n"));
+}
+
+/// A collector with a flow listener on a free loopback port: (process, base URL, port).
+fn collector(db: &Path) -> (Collector, String, u16) {
+    let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_telemark"))
+        .args(["collector", "--listen", "127.0.0.1:0", "--retention", "0", "--db"])
+        .arg(db)
+        .args(["--flows-listen", &format!("127.0.0.1:{port}")])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let base = loop {
+        let line = lines.next().expect("collector says where it listens").unwrap();
+        if let Some(rest) = line.split("http://").nth(1) {
+            break format!("http://{}", rest.split_whitespace().next().unwrap());
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    (Collector(child), base, port)
+}
+
+/// softflowd (a real exporter; needs softflowd) reads a 10,000-packet CAIDA trace and exports
+/// its flows as NetFlow v9 and as IPFIX to the collector: the packets of the flows stored add
+/// up to the trace's IP packets as tshark counts them, and the exporter's sequence numbers
+/// say nothing was lost (softflowd's IPFIX numbering counts each message's own records; the
+/// decoder learns that).
+#[test]
+fn softflowd_exports_a_trace_and_every_packet_is_in_the_stored_flows() {
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/testdata/captures/caida-equinix-nyc-2018-10k.pcap");
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(&trace)
+        .args(["-Y", "ip or ipv6", "-T", "fields", "-e", "frame.number"])
+        .stderr(Stdio::null())
+        .output()
+        .expect("tshark runs");
+    let ip_packets = String::from_utf8_lossy(&out.stdout).lines().count() as u64;
+    assert!(ip_packets > 9000);
+    for version in ["9", "10"] {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("flows.db");
+        let (_c, base, port) = collector(&db);
+        let ctl = dir.path().join("ctl");
+        let mut sf = Command::new("softflowd")
+            .args(["-d", "-r"])
+            .arg(&trace)
+            .args(["-n", &format!("127.0.0.1:{port}"), "-v", version, "-c"])
+            .arg(&ctl)
+            .arg("-p")
+            .arg(dir.path().join("pid"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("softflowd runs");
+        // With -r it waits on its control socket before each batch of packets.
+        let until = Instant::now() + Duration::from_secs(60);
+        while sf.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < until, "softflowd did not finish");
+            let _ = Command::new("softflowctl")
+                .arg("-c")
+                .arg(&ctl)
+                .arg("statistics")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let until = Instant::now() + Duration::from_secs(20);
+        let packets = || {
+            let out = Command::new("sqlite3")
+                .arg(&db)
+                .arg("SELECT COALESCE(SUM(json_extract(json, '$.packets')), 0), COUNT(*) FROM other WHERE kind = 'flow'")
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            let (p, n) = text.split_once('|').unwrap_or(("0", "0"));
+            (p.parse::<u64>().unwrap_or(0), n.parse::<u64>().unwrap_or(0))
+        };
+        while packets().0 < ip_packets && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+        let (stored, flows) = packets();
+        let lost = metric(&base, "telemark_collector_flow_exporter_lost_total");
+        println!("softflowd -v {version}: {flows} flows, {stored} packets (tshark: {ip_packets}), lost {lost}");
+        assert_eq!(stored, ip_packets, "-v {version}: every packet of the trace in a flow");
+        assert!(flows > 1000, "-v {version}: {flows} flows");
+        assert_eq!(lost, 0, "-v {version}: nothing lost on loopback");
+    }
 }
