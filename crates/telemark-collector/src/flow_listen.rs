@@ -9,6 +9,8 @@
 //!   on that socket because its receive buffer (`rcvbuf`) was full; they are counted.
 //! - **Storing.** Flows are stored once a second (or every 10,000), numbered in the exporter's
 //!   run as this worker saw it: (exporter, collector start + worker, n).
+//! - **Templates survive restarts.** What exporters' templates and options data taught a
+//!   worker is kept in the database each second, and every worker starts from it.
 //! - **Times.** A flow the exporter did not time (sFlow samples, or times older than the store
 //!   keeps) takes its arrival time.
 
@@ -179,14 +181,20 @@ pub fn start(
     }
     stats.listening.store(true, Ordering::Relaxed);
     let boot = crate::now_ns();
+    // What exporters taught the last run: every worker starts from all of it.
+    let remembered = api.store().flow_state().map_err(|e| format!("flows: {e}"))?;
     Ok(sockets
         .into_iter()
         .enumerate()
         .map(|(i, sock)| {
+            let mut decoder = Decoder::new(cfg.pending_max);
+            for r in &remembered {
+                decoder.restore(r.clone());
+            }
             let mut w = Worker {
                 api: api.clone(),
                 stats: stats.clone(),
-                decoder: Decoder::new(cfg.pending_max),
+                decoder,
                 boot: boot + i as u64,
                 next_seq: HashMap::new(),
                 flows: Vec::new(),
@@ -391,6 +399,13 @@ impl Worker {
             self.stats.pending.fetch_sub(self.seen.pending - s.pending, Ordering::Relaxed);
         }
         self.seen = s.clone();
+        let changes = self.decoder.take_changes();
+        if !changes.is_empty() {
+            if let Err(e) = self.api.store().remember_flow_state(&changes) {
+                tracing::warn!("flows: keeping templates: {e}");
+                self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         if self.flows.is_empty() {
             return;
         }

@@ -189,6 +189,19 @@ pub struct Decoder {
     pending_max: usize,
     /// Counters.
     pub stats: DecodeStats,
+    /// What was learnt since [`Decoder::take_changes`] last took it.
+    changes: Vec<Remembered>,
+}
+
+/// What a decoder learns that a restart must not forget: kept by the collector (its
+/// database) and given back with [`Decoder::restore`], so the first data after a restart
+/// decodes without waiting for templates and options data to come again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Remembered {
+    /// A template record (definition or withdrawal) of an (exporter, domain).
+    Template((IpAddr, u32), TemplateRecord),
+    /// A sampler's rate (no sampler: the domain's own rate).
+    Sampler((IpAddr, u32), Option<u64>, u32),
 }
 
 /// IANA element ids the decoder reads (RFC 7012 names).
@@ -241,6 +254,22 @@ impl Decoder {
             sflow_next: HashMap::new(),
             pending_max,
             stats: DecodeStats::default(),
+            changes: Vec::new(),
+        }
+    }
+
+    /// What was learnt since the last call, in order.
+    pub fn take_changes(&mut self) -> Vec<Remembered> {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Takes back what an earlier run learnt.
+    pub fn restore(&mut self, r: Remembered) {
+        match r {
+            Remembered::Template(key, t) => self.domains.entry(key).or_default().templates.apply(t),
+            Remembered::Sampler(key, sampler, rate) => {
+                self.domains.entry(key).or_default().remember_rate(sampler, rate)
+            }
         }
     }
 
@@ -345,6 +374,7 @@ impl Decoder {
                             TemplateRecord::Define(t) => Some(t.id),
                             _ => None,
                         };
+                        self.changes.push(Remembered::Template(key, r.clone()));
                         self.domains.entry(key).or_default().templates.apply(r);
                         if let Some(id) = id {
                             self.stats.templates += 1;
@@ -449,7 +479,9 @@ impl Decoder {
             n += 1;
             let d = self.domains.entry(key).or_default();
             if t.options {
-                d.options_record(&rec);
+                if let Some(learnt) = d.options_record(&rec) {
+                    self.changes.push(Remembered::Sampler(key, learnt.0, learnt.1));
+                }
             } else if let Some(f) = d.flow_record(key, protocol, &rec, clock) {
                 out.push(f);
             }
@@ -644,8 +676,9 @@ fn ip_length(frame: &[u8], off: usize) -> Option<u64> {
 }
 
 impl Domain {
-    /// Learns sampling rates and the exporter's boot time from an options record.
-    fn options_record(&mut self, rec: &ipfix::DataRecord) {
+    /// Learns sampling rates and the exporter's boot time from an options record; returns a
+    /// rate it learnt that it did not know (the sampler, or none for the domain's).
+    fn options_record(&mut self, rec: &ipfix::DataRecord) -> Option<(Option<u64>, u32)> {
         let mut sampling = Sampling::default();
         for (f, bytes) in rec.fields() {
             if f.enterprise != 0 {
@@ -656,12 +689,21 @@ impl Domain {
                 self.boot_ms = Some(v);
             }
         }
-        match (sampling.sampler, sampling.rate()) {
-            (Some(s), Some(r)) => {
-                self.samplers.insert(s, r);
+        let rate = sampling.rate()?;
+        let known = match sampling.sampler {
+            Some(s) => self.samplers.insert(s, rate),
+            None => self.default_rate.replace(rate),
+        };
+        (known != Some(rate)).then_some((sampling.sampler, rate))
+    }
+
+    /// Takes back a rate learnt before a restart.
+    fn remember_rate(&mut self, sampler: Option<u64>, rate: u32) {
+        match sampler {
+            Some(s) => {
+                self.samplers.insert(s, rate);
             }
-            (None, Some(r)) => self.default_rate = Some(r),
-            _ => {}
+            None => self.default_rate = Some(rate),
         }
     }
 

@@ -6,6 +6,7 @@
 //! the primary key, so a batch the agent sends again after a lost acknowledgement is taken once
 //! and counted as duplicate: at-least-once delivery, exactly-once storage.
 
+use crate::flows::Remembered;
 use crate::link::Batch;
 use crate::path::PointRecords;
 use rusqlite::{params, Connection, OptionalExtension, ToSql};
@@ -15,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use telemark_core::records::{EventRecord, Flow, HealthRecord, PointHealth, Record, Scope};
 use telemark_kafka::{Message, Origin};
+use telemark_wire::ipfix::{Template, TemplateRecord};
 
 /// A storage failure: the request is not acknowledged.
 #[derive(Debug, thiserror::Error)]
@@ -262,6 +264,11 @@ CREATE TABLE IF NOT EXISTS outbox (
     agent TEXT NOT NULL, boot INTEGER NOT NULL, seq INTEGER NOT NULL,
     kind TEXT NOT NULL, key TEXT NOT NULL, json TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS flow_state (
+    exporter TEXT NOT NULL, domain INTEGER NOT NULL, kind TEXT NOT NULL, id INTEGER NOT NULL,
+    options INTEGER NOT NULL DEFAULT 0, value BLOB NOT NULL,
+    PRIMARY KEY (exporter, domain, kind, id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS flow_hours (
     hour INTEGER NOT NULL,
     src TEXT NOT NULL, dst TEXT NOT NULL, sport INTEGER NOT NULL, dport INTEGER NOT NULL,
@@ -470,6 +477,84 @@ impl Store {
         let numbered = records.iter().enumerate().map(|(n, r)| (seq.saturating_add(n as u64), r));
         let publishing = self.publishing.clone();
         self.store(agent, boot, numbered, Some(export_dropped), publishing.as_deref(), now)
+    }
+
+    /// Keeps what flow exporters' templates and options data taught the decoders
+    /// (docs/flows.md), in one transaction.
+    pub fn remember_flow_state(&mut self, changes: &[Remembered]) -> Result<(), StoreError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        self.check_file()?;
+        let tx = self.db.transaction()?;
+        for c in changes {
+            match c {
+                Remembered::Template((ip, domain), r) => {
+                    let (ip, domain) = (ip.to_string(), i64::from(*domain));
+                    match r {
+                        TemplateRecord::Define(t) => tx.execute(
+                            "INSERT OR REPLACE INTO flow_state VALUES (?1, ?2, 'template', ?3, ?4, ?5)",
+                            params![ip, domain, t.id, t.options, t.to_bytes()],
+                        )?,
+                        TemplateRecord::Withdraw(id) => tx.execute(
+                            "DELETE FROM flow_state WHERE exporter = ?1 AND domain = ?2 \
+                             AND kind = 'template' AND id = ?3",
+                            params![ip, domain, id],
+                        )?,
+                        TemplateRecord::WithdrawAll { options } => tx.execute(
+                            "DELETE FROM flow_state WHERE exporter = ?1 AND domain = ?2 \
+                             AND kind = 'template' AND options = ?3",
+                            params![ip, domain, options],
+                        )?,
+                    };
+                }
+                Remembered::Sampler((ip, domain), sampler, rate) => {
+                    // No sampler (the domain's rate) is id -1; ids are kept bit for bit.
+                    let id = sampler.map_or(-1, |s| s as i64);
+                    tx.execute(
+                        "INSERT OR REPLACE INTO flow_state VALUES (?1, ?2, 'sampler', ?3, 0, ?4)",
+                        params![ip.to_string(), i64::from(*domain), id, rate],
+                    )?;
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// What [`Store::remember_flow_state`] kept, to give a decoder back at start; rows that
+    /// do not read are skipped.
+    pub fn flow_state(&self) -> Result<Vec<Remembered>, StoreError> {
+        let mut q = self.db.prepare("SELECT exporter, domain, kind, id, value FROM flow_state")?;
+        let rows = q.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, rusqlite::types::Value>(4)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (ip, domain, kind, id, value) = row?;
+            let (Ok(ip), Ok(domain)) = (ip.parse(), u32::try_from(domain)) else { continue };
+            let key = (ip, domain);
+            match (kind.as_str(), value) {
+                ("template", rusqlite::types::Value::Blob(b)) => {
+                    if let Some(t) = Template::from_bytes(&b) {
+                        out.push(Remembered::Template(key, TemplateRecord::Define(t)));
+                    }
+                }
+                ("sampler", rusqlite::types::Value::Integer(rate)) => {
+                    let sampler = (id != -1).then_some(id as u64);
+                    let rate = u32::try_from(rate).unwrap_or(u32::MAX).max(1);
+                    out.push(Remembered::Sampler(key, sampler, rate));
+                }
+                _ => {}
+            }
+        }
+        Ok(out)
     }
 
     /// Stores records read from Kafka, each numbered in `agent`'s run `boot` (not in order,

@@ -241,6 +241,39 @@ impl Template {
     }
 }
 
+impl Template {
+    /// Telemark's storage encoding of a template (not a wire format): id, scope field count,
+    /// options flag, field count, then each field's id, length and enterprise number, all
+    /// big-endian. [`Template::from_bytes`] reads it back.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(7 + 8 * self.fields.len());
+        b.extend_from_slice(&self.id.to_be_bytes());
+        b.extend_from_slice(&self.scope_fields.to_be_bytes());
+        b.push(u8::from(self.options));
+        b.extend_from_slice(&(self.fields.len() as u16).to_be_bytes());
+        for f in &self.fields {
+            b.extend_from_slice(&f.id.to_be_bytes());
+            b.extend_from_slice(&f.len.to_be_bytes());
+            b.extend_from_slice(&f.enterprise.to_be_bytes());
+        }
+        b
+    }
+
+    /// Reads [`Template::to_bytes`]' encoding; `None` if it is not one.
+    pub fn from_bytes(b: &[u8]) -> Option<Template> {
+        let n = usize::from(u16::from_be_bytes([*b.get(5)?, *b.get(6)?]));
+        let body = b.get(7..)?;
+        if body.len() != 8 * n || n > usize::from(u16::MAX) {
+            return None;
+        }
+        let fields = body
+            .chunks_exact(8)
+            .map(|c| FieldSpec { id: be16(c, 0), len: be16(c, 2), enterprise: be32(c, 4) })
+            .collect();
+        Some(Template { id: be16(b, 0), scope_fields: be16(b, 2), options: b[4] != 0, fields })
+    }
+}
+
 /// One template record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TemplateRecord {

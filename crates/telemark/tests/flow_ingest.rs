@@ -247,3 +247,61 @@ fn softflowd_exports_a_trace_and_every_packet_is_in_the_stored_flows() {
         assert_eq!(lost, 0, "-v {version}: nothing lost on loopback");
     }
 }
+
+fn logstash_dat(name: &str) -> Vec<u8> {
+    std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/testdata/flow/logstash-codec-netflow/dat")
+            .join(name),
+    )
+    .unwrap()
+}
+
+fn stored_flows(db: &Path) -> u64 {
+    let out = Command::new("sqlite3")
+        .arg(db)
+        .arg("SELECT COUNT(*) FROM other WHERE kind = 'flow'")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0)
+}
+
+/// A collector killed (SIGKILL) after an exporter's templates came decodes that exporter's
+/// next data at once after its restart (MikroTik's IPFIX, Logstash's captures: 46 flows in its
+/// two data datagrams, as Logstash's test expects): templates outlive the process.
+#[test]
+fn after_a_restart_the_first_data_decodes_without_waiting_for_templates() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("flows.db");
+    let exporter = UdpSocket::bind("127.0.2.1:0").unwrap();
+    {
+        let (_c, _base, port) = collector(&db);
+        exporter
+            .send_to(&logstash_dat("ipfix_test_mikrotik_tpl.dat"), ("127.0.0.1", port))
+            .unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let out = Command::new("sqlite3")
+                .arg(&db)
+                .arg("SELECT COUNT(*) FROM flow_state WHERE kind = 'template'")
+                .output()
+                .unwrap();
+            if String::from_utf8_lossy(&out.stdout).trim().parse::<u64>().unwrap_or(0) > 0 {
+                break;
+            }
+            assert!(Instant::now() < until, "templates not kept");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // Dropping the collector kills it (SIGKILL).
+    }
+    let (_c, base, port) = collector(&db);
+    for f in ["ipfix_test_mikrotik_data258.dat", "ipfix_test_mikrotik_data259.dat"] {
+        exporter.send_to(&logstash_dat(f), ("127.0.0.1", port)).unwrap();
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    while stored_flows(&db) < 46 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(stored_flows(&db), 46, "every record of the data after the restart");
+    assert_eq!(metric(&base, "telemark_collector_flow_pending_sets"), 0, "none waited");
+}
