@@ -7,8 +7,10 @@
 //!   with one worker's decoder.
 //! - **Overflows.** `SO_RXQ_OVFL` makes the kernel say, with each datagram, how many it dropped
 //!   on that socket because its receive buffer (`rcvbuf`) was full; they are counted.
-//! - **Storing.** Flows are stored once a second (or every 10,000), numbered in the exporter's
-//!   run as this worker saw it: (exporter, collector start + worker, n).
+//! - **Storing.** Each receiver hands its flows to one storing thread every half second (or
+//!   every 10,000), so receiving never waits for the database; when the store falls behind, the
+//!   flows it has no room for are dropped and counted. They are numbered in the exporter's run
+//!   as the worker saw it: (exporter, collector start + worker, n).
 //! - **Templates survive restarts.** What exporters' templates and options data taught a
 //!   worker is kept in the database each second, and every worker starts from it.
 //! - **Times.** A flow the exporter did not time (sFlow samples, or times older than the store
@@ -112,6 +114,7 @@ pub struct FlowStats {
     counter_samples: AtomicU64,
     refused: [AtomicU64; 4],
     not_allowed: AtomicU64,
+    store_behind: AtomicU64,
 }
 
 const REFUSALS: [Refusal; 4] =
@@ -124,7 +127,13 @@ impl FlowStats {
             return;
         }
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let families: [(&str, &str, &str, u64); 8] = [
+        let families: [(&str, &str, &str, u64); 9] = [
+            (
+                "store_behind_total",
+                "counter",
+                "Flows decoded and not stored: the store was behind (receiving went on).",
+                g(&self.store_behind),
+            ),
             ("datagrams_total", "counter", "Flow-export datagrams received.", g(&self.datagrams)),
             ("flows_total", "counter", "Flows decoded.", g(&self.flows)),
             ("stored_total", "counter", "Flow records stored.", g(&self.stored)),
@@ -183,29 +192,35 @@ pub fn start(
     let boot = crate::now_ns();
     // What exporters taught the last run: every worker starts from all of it.
     let remembered = api.store().flow_state().map_err(|e| format!("flows: {e}"))?;
-    Ok(sockets
-        .into_iter()
-        .enumerate()
-        .map(|(i, sock)| {
-            let mut decoder = Decoder::new(cfg.pending_max);
-            for r in &remembered {
-                decoder.restore(r.clone());
-            }
-            let mut w = Worker {
-                api: api.clone(),
-                stats: stats.clone(),
-                decoder,
-                boot: boot + i as u64,
-                next_seq: HashMap::new(),
-                flows: Vec::new(),
-                last_overflow: 0,
-                seen: Default::default(),
-                allow: cfg.allow.clone(),
-            };
-            let stop = stop.clone();
-            std::thread::spawn(move || w.run(&sock, &stop))
-        })
-        .collect())
+    // Receivers hand batches to one storing thread; a store that falls behind costs flows
+    // (counted), never the receive buffers.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(64);
+    let mut storer = Storer { api, stats: stats.clone(), boot, next_seq: HashMap::new() };
+    let mut threads = vec![std::thread::spawn(move || {
+        for b in rx {
+            storer.store(b);
+        }
+    })];
+    for (i, sock) in sockets.into_iter().enumerate() {
+        let mut decoder = Decoder::new(cfg.pending_max);
+        for r in &remembered {
+            decoder.restore(r.clone());
+        }
+        let mut w = Worker {
+            worker: i,
+            stats: stats.clone(),
+            decoder,
+            flows: Vec::new(),
+            changes: Vec::new(),
+            last_overflow: 0,
+            seen: Default::default(),
+            allow: cfg.allow.clone(),
+            tx: tx.clone(),
+        };
+        let stop = stop.clone();
+        threads.push(std::thread::spawn(move || w.run(&sock, &stop)));
+    }
+    Ok(threads)
 }
 
 /// A UDP socket with SO_REUSEPORT, SO_RCVBUF and SO_RXQ_OVFL set before it binds.
@@ -327,25 +342,32 @@ fn recv(sock: &UdpSocket, buf: &mut [u8]) -> std::io::Result<(usize, IpAddr, Opt
     Ok((n as usize, ip, dropped))
 }
 
+/// What a receiver hands the storing thread.
+struct Batch {
+    worker: usize,
+    flows: Vec<ExportedFlow>,
+    changes: Vec<crate::flows::Remembered>,
+}
+
+/// One socket's receiver: reads, decodes, hands batches over.
 struct Worker {
-    api: Arc<Api>,
+    worker: usize,
     stats: Arc<FlowStats>,
     decoder: Decoder,
-    /// This worker's run, as the stored records' boot.
-    boot: u64,
-    /// The next number per exporter.
-    next_seq: HashMap<String, u64>,
     flows: Vec<ExportedFlow>,
+    /// What the decoder learnt and the storer has not taken yet.
+    changes: Vec<crate::flows::Remembered>,
     last_overflow: u32,
     /// Decoder counters already added to the shared ones.
     seen: crate::flows::DecodeStats,
     allow: Vec<Prefix>,
+    tx: std::sync::mpsc::SyncSender<Batch>,
 }
 
 impl Worker {
     fn run(&mut self, sock: &UdpSocket, stop: &AtomicBool) {
         let mut buf = vec![0u8; 65_536];
-        let mut last_store = Instant::now();
+        let mut last_handed = Instant::now();
         while !stop.load(Ordering::Relaxed) {
             match recv(sock, &mut buf) {
                 Ok((n, from, dropped)) => {
@@ -370,16 +392,16 @@ impl Worker {
                     std::thread::sleep(Duration::from_millis(100));
                 }
             }
-            if self.flows.len() >= 10_000 || last_store.elapsed() >= Duration::from_secs(1) {
-                last_store = Instant::now();
-                self.store();
+            if self.flows.len() >= 10_000 || last_handed.elapsed() >= Duration::from_millis(500) {
+                last_handed = Instant::now();
+                self.hand_over();
             }
         }
-        self.store();
+        self.hand_over();
     }
 
-    /// Stores the flows decoded since the last call, and publishes the decoder's counters.
-    fn store(&mut self) {
+    /// Publishes the decoder's counters and hands the flows and what it learnt to the storer.
+    fn hand_over(&mut self) {
         let s = &self.decoder.stats;
         let add = |a: &AtomicU64, now: u64, before: u64| {
             a.fetch_add(now.saturating_sub(before), Ordering::Relaxed);
@@ -399,32 +421,58 @@ impl Worker {
             self.stats.pending.fetch_sub(self.seen.pending - s.pending, Ordering::Relaxed);
         }
         self.seen = s.clone();
-        let changes = self.decoder.take_changes();
-        if !changes.is_empty() {
-            if let Err(e) = self.api.store().remember_flow_state(&changes) {
+        self.changes.extend(self.decoder.take_changes());
+        if self.flows.is_empty() && self.changes.is_empty() {
+            return;
+        }
+        let b = Batch {
+            worker: self.worker,
+            flows: std::mem::take(&mut self.flows),
+            changes: std::mem::take(&mut self.changes),
+        };
+        if let Err(std::sync::mpsc::TrySendError::Full(b)) = self.tx.try_send(b) {
+            // The store is behind: the flows go (counted), what was learnt waits.
+            self.stats.store_behind.fetch_add(b.flows.len() as u64, Ordering::Relaxed);
+            self.changes = b.changes;
+        }
+    }
+}
+
+/// The storing thread: flows as `flow` records, numbered per exporter and worker.
+struct Storer {
+    api: Arc<Api>,
+    stats: Arc<FlowStats>,
+    /// This run's start; worker `i`'s records have boot `boot + i`.
+    boot: u64,
+    /// The next number per (exporter, worker).
+    next_seq: HashMap<(String, usize), u64>,
+}
+
+impl Storer {
+    fn store(&mut self, b: Batch) {
+        if !b.changes.is_empty() {
+            if let Err(e) = self.api.store().remember_flow_state(&b.changes) {
                 tracing::warn!("flows: keeping templates: {e}");
                 self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
             }
         }
-        if self.flows.is_empty() {
+        if b.flows.is_empty() {
             return;
         }
         let now = crate::now_ns();
         let mut by_exporter: HashMap<String, Vec<Record>> = HashMap::new();
-        for f in self.flows.drain(..) {
+        for f in &b.flows {
             let agent = f.exporter.to_string();
-            by_exporter
-                .entry(agent.clone())
-                .or_default()
-                .push(Record::Flow(record(&agent, &f, now)));
+            let r = Record::Flow(record(&agent, f, now));
+            by_exporter.entry(agent).or_default().push(r);
         }
         let mut st = self.api.store();
         for (agent, recs) in by_exporter {
-            let next = self.next_seq.entry(agent.clone()).or_insert(0);
+            let next = self.next_seq.entry((agent.clone(), b.worker)).or_insert(0);
             let numbered: Vec<(u64, Record)> =
                 recs.into_iter().enumerate().map(|(i, r)| (*next + i as u64, r)).collect();
             *next += numbered.len() as u64;
-            match st.ingest_numbered(&agent, self.boot, &numbered, now) {
+            match st.ingest_numbered(&agent, self.boot + b.worker as u64, &numbered, now) {
                 Ok(s) => {
                     self.stats.stored.fetch_add(s.accepted, Ordering::Relaxed);
                 }

@@ -3,6 +3,7 @@
 mod agent;
 mod bench;
 mod bench_collector;
+mod bench_flows;
 mod bench_int;
 mod bench_kafka;
 mod bench_live;
@@ -67,6 +68,9 @@ enum Cmd {
     /// Records per second through Kafka with the broker on this host: an agent's producer, a
     /// collector publishing its outbox, a collector consuming and storing; JSON and protobuf.
     BenchKafka(bench_kafka::Args),
+    /// Flow export into the collector: IPFIX, NetFlow v5 and sFlow decoded per second on one
+    /// core, and flows stored per second over loopback UDP at given datagram rates.
+    BenchFlows(bench_flows::Args),
 }
 
 /// Logs to stderr with time and level; `TELEMARK_LOG` filters (e.g. `debug`,
@@ -101,6 +105,7 @@ fn main() {
         Cmd::IntCollector(a) => int_collector::run(a),
         Cmd::BenchInt(a) => bench_int::run(a),
         Cmd::BenchKafka(a) => bench_kafka::run(a),
+        Cmd::BenchFlows(a) => bench_flows::run(a),
     };
     if let Err(e) = r {
         // The reader went away (`telemark replay … | head`): not an error.
