@@ -94,6 +94,15 @@ pub(crate) fn start_with(
     Ok((Proc(child), url))
 }
 
+/// The value of `name` on the collector's `/metrics` page.
+pub(crate) fn metric(url: &str, name: &str) -> Result<u64> {
+    let text = ureq::get(&format!("{url}/metrics")).call()?.into_string()?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64))
+}
+
 pub(crate) fn record(agent: &str, batch: u64, t: u64) -> Record {
     Record::Loss(LossRecord {
         agent: agent.into(),

@@ -8,6 +8,7 @@
 //!   core, sent bursts of IPFIX datagrams at a given rate: flows stored per second, and the
 //!   datagrams the kernel dropped (the socket's overflow counter) and never read.
 
+use crate::bench_collector::metric;
 use anyhow::{bail, Context, Result};
 use clap::Args as ClapArgs;
 use std::ffi::OsStr;
@@ -171,15 +172,6 @@ fn decode_rate(datagrams: &[Vec<u8>], seconds: f64) -> f64 {
         }
     }
     flows as f64 / start.elapsed().as_secs_f64()
-}
-
-/// The value of `name` on the collector's `/metrics` page.
-fn metric(url: &str, name: &str) -> Result<u64> {
-    let text = ureq::get(&format!("{url}/metrics")).call()?.into_string()?;
-    Ok(text
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64))
 }
 
 /// Sends `n` datagrams at `rate` per second; returns the seconds it took.

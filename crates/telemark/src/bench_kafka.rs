@@ -11,7 +11,7 @@
 //!
 //! And a loss record's size and encoding time as JSON and as protobuf, to weigh the two.
 
-use crate::bench_collector::{median, record, start_with, Proc};
+use crate::bench_collector::{median, metric, record, start_with, Proc};
 use anyhow::{bail, Context, Result};
 use clap::Args as ClapArgs;
 use prost::Message as _;
@@ -191,15 +191,6 @@ fn agent(cfg: &KafkaConfig, recs: &[Record], encoding: Encoding) -> Result<f64> 
         bail!("{} records failed", out.failed);
     }
     Ok(recs.len() as f64 / started.elapsed().as_secs_f64())
-}
-
-/// The value of `name` on the collector's `/metrics` page.
-fn metric(url: &str, name: &str) -> Result<u64> {
-    let text = ureq::get(&format!("{url}/metrics")).call()?.into_string()?;
-    Ok(text
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64))
 }
 
 /// Records per second by the collector counter `name`, from its first change until it
