@@ -470,14 +470,14 @@ impl Decoder {
         clock: Clock,
         out: &mut Vec<ExportedFlow>,
     ) -> u32 {
-        let mut n = 0;
+        let (mut n, mut malformed) = (0, false);
+        let d = self.domains.entry(key).or_default();
         for rec in ipfix::DataRecords::new(body, t) {
             let Ok(rec) = rec else {
-                self.refuse(Refusal::Malformed);
+                malformed = true;
                 break;
             };
             n += 1;
-            let d = self.domains.entry(key).or_default();
             if t.options {
                 if let Some(learnt) = d.options_record(&rec) {
                     self.changes.push(Remembered::Sampler(key, learnt.0, learnt.1));
@@ -485,6 +485,9 @@ impl Decoder {
             } else if let Some(f) = d.flow_record(key, protocol, &rec, clock) {
                 out.push(f);
             }
+        }
+        if malformed {
+            self.refuse(Refusal::Malformed);
         }
         n
     }

@@ -686,23 +686,9 @@ fn an_agent_publishes_directly_every_record_once() {
         ),
     )
     .unwrap();
-    let mut agent = Command::new(env!("CARGO_BIN_EXE_telemark"))
-        .args(["agent", "--config"])
-        .arg(&cfg)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(agent.stderr.take().unwrap()).lines();
-    std::thread::spawn(move || lines.by_ref().for_each(drop));
+    let mut agent = spawn_agent(&cfg);
     // Traffic on lo for the tap to see.
-    let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let until = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < until {
-        for _ in 0..50 {
-            let _ = tx.send_to(&[0u8; 64], "127.0.0.1:9");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    traffic_on_lo(3);
     kill(agent.id(), "TERM");
     assert!(agent.wait().unwrap().success(), "the agent stops cleanly");
     let mut seqs = Vec::new();
@@ -733,6 +719,19 @@ fn scrape(url: &str, name: &str) -> u64 {
         .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
+}
+
+/// `telemark agent --config cfg`, its log drained.
+fn spawn_agent(cfg: &Path) -> Child {
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_telemark"))
+        .args(["agent", "--config"])
+        .arg(cfg)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(agent.stderr.take().unwrap()).lines();
+    std::thread::spawn(move || lines.by_ref().for_each(drop));
+    agent
 }
 
 /// Sends `secs` seconds of small UDP datagrams to the discard port on `lo`; returns how many.
@@ -774,14 +773,7 @@ fn an_agent_whose_broker_is_away_counts_drops_and_never_blocks() {
         ),
     )
     .unwrap();
-    let mut agent = Command::new(env!("CARGO_BIN_EXE_telemark"))
-        .args(["agent", "--config"])
-        .arg(&cfg)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(agent.stderr.take().unwrap()).lines();
-    std::thread::spawn(move || lines.by_ref().for_each(drop));
+    let mut agent = spawn_agent(&cfg);
     let url = format!("http://127.0.0.1:{metrics}/metrics");
     wait_for("the agent's /metrics", 30, || ureq::get(&url).call().is_ok());
     let frames_before = scrape(&url, "telemark_agent_rx_frames_total");
