@@ -16,6 +16,7 @@ macro_rules! each_width {
     };
 }
 
+pub mod flowexport;
 pub mod hash;
 pub mod int;
 pub mod loss;
