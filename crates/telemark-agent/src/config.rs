@@ -416,6 +416,173 @@ pub struct FileConfig {
     /// Egress queues with a rate.
     #[serde(default)]
     pub queue: Vec<QueueSection>,
+    /// sFlow export (docs/flow-export.md).
+    pub sflow: Option<SflowSection>,
+    /// IPFIX export (docs/flow-export.md).
+    pub ipfix: Option<IpfixSection>,
+}
+
+/// `[sflow]`: sample the switch's packets, poll its ports' counters, send both as sFlow v5.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SflowSection {
+    /// Collectors, `host:port` (UDP).
+    pub collectors: Vec<String>,
+    /// One packet in this many is sampled per port (default 400, Open vSwitch's default).
+    pub sampling: Option<u32>,
+    /// Header bytes sent of each sampled packet (default 128, at most 256).
+    pub header_bytes: Option<usize>,
+    /// Counter polling interval per port (default 30s).
+    pub polling: Option<String>,
+    /// The agent address in datagrams (default: the address the agent reaches the first
+    /// collector from).
+    pub agent_address: Option<std::net::IpAddr>,
+}
+
+/// `[ipfix]`: meter the switch's flows in a cache and export them as IPFIX.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IpfixSection {
+    /// Collectors: `host:port` or `udp://host:port` (UDP), `tcp://host:port` (TCP).
+    pub collectors: Vec<String>,
+    /// One packet in this many is metered per port (default 1: every packet).
+    pub sampling: Option<u32>,
+    /// Observation domain id (default 1).
+    pub domain: Option<u32>,
+    /// A flow is reported at least this often while it lasts (default 60s).
+    pub active_timeout: Option<String>,
+    /// A flow silent this long is reported and forgotten (default 15s).
+    pub idle_timeout: Option<String>,
+    /// The most flows the cache holds (default 65536).
+    pub max_flows: Option<usize>,
+    /// Templates are sent again this often over UDP (default 60s; RFC 7011 §8.4).
+    pub template_refresh: Option<String>,
+    /// Loss records go out too, as Telemark's enterprise elements (default true).
+    pub loss: Option<bool>,
+}
+
+/// How an IPFIX collector is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpfixTransport {
+    /// Datagrams (templates resent every `template_refresh`).
+    Udp,
+    /// A stream (templates once per connection; reconnected when it breaks).
+    Tcp,
+}
+
+/// Validated `[sflow]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SflowExport {
+    /// Where datagrams go.
+    pub collectors: Vec<std::net::SocketAddr>,
+    /// Sampling.
+    pub settings: telemark_datapath::flow_meter::SflowSettings,
+    /// Counter polling interval, ns.
+    pub polling_ns: u64,
+    /// Agent address, when given.
+    pub agent_address: Option<std::net::IpAddr>,
+}
+
+/// Validated `[ipfix]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpfixExport {
+    /// Where messages go, and how.
+    pub collectors: Vec<(IpfixTransport, std::net::SocketAddr)>,
+    /// Metering.
+    pub settings: telemark_datapath::flow_meter::IpfixSettings,
+    /// Observation domain.
+    pub domain: u32,
+    /// UDP template refresh, ns.
+    pub template_refresh_ns: u64,
+    /// Loss records too.
+    pub loss: bool,
+}
+
+/// A collector address: `host:port`, resolved now (the first address it resolves to).
+fn collector_addr(what: &str, s: &str) -> Result<std::net::SocketAddr, ConfigError> {
+    use std::net::ToSocketAddrs;
+    s.to_socket_addrs()
+        .map_err(|e| invalid(format!("{what} {s:?}: {e} (write host:port)")))?
+        .next()
+        .ok_or_else(|| invalid(format!("{what} {s:?}: resolves to no address")))
+}
+
+fn sampling(what: &str, v: Option<u32>, default: u32) -> Result<u32, ConfigError> {
+    match v.unwrap_or(default) {
+        0 => Err(invalid(format!("{what}: 1 or more (one packet in N)"))),
+        n => Ok(n),
+    }
+}
+
+impl SflowSection {
+    fn validate(self) -> Result<SflowExport, ConfigError> {
+        if self.collectors.is_empty() {
+            return Err(invalid("[sflow] collectors: give at least one host:port"));
+        }
+        let collectors = self
+            .collectors
+            .iter()
+            .map(|c| collector_addr("[sflow] collector", c))
+            .collect::<Result<_, _>>()?;
+        let header_bytes = self.header_bytes.unwrap_or(128);
+        if !(14..=telemark_datapath::flow_meter::MAX_HEADER).contains(&header_bytes) {
+            return Err(invalid(format!("sflow.header_bytes {header_bytes}: 14 to 256")));
+        }
+        Ok(SflowExport {
+            collectors,
+            settings: telemark_datapath::flow_meter::SflowSettings {
+                rate: sampling("sflow.sampling", self.sampling, 400)?,
+                header_bytes,
+            },
+            polling_ns: duration("sflow.polling", &self.polling, 30_000_000_000)?,
+            agent_address: self.agent_address,
+        })
+    }
+}
+
+impl IpfixSection {
+    fn validate(self) -> Result<IpfixExport, ConfigError> {
+        if self.collectors.is_empty() {
+            return Err(invalid("[ipfix] collectors: give at least one host:port"));
+        }
+        let mut collectors = Vec::new();
+        for c in &self.collectors {
+            let (t, rest) = match c.split_once("://") {
+                None => (IpfixTransport::Udp, c.as_str()),
+                Some(("udp", r)) => (IpfixTransport::Udp, r),
+                Some(("tcp", r)) => (IpfixTransport::Tcp, r),
+                Some((other, _)) => {
+                    return Err(invalid(format!(
+                        "[ipfix] collector {c:?}: transport {other:?} is not udp or tcp"
+                    )))
+                }
+            };
+            collectors.push((t, collector_addr("[ipfix] collector", rest)?));
+        }
+        let max_flows = self.max_flows.unwrap_or(65_536);
+        if !(16..=1 << 24).contains(&max_flows) {
+            return Err(invalid(format!("ipfix.max_flows {max_flows}: 16 to 16777216")));
+        }
+        let cache = telemark_core::flowexport::CacheConfig {
+            max_flows,
+            active_ns: duration("ipfix.active_timeout", &self.active_timeout, 60_000_000_000)?,
+            idle_ns: duration("ipfix.idle_timeout", &self.idle_timeout, 15_000_000_000)?,
+        };
+        Ok(IpfixExport {
+            collectors,
+            settings: telemark_datapath::flow_meter::IpfixSettings {
+                rate: sampling("ipfix.sampling", self.sampling, 1)?,
+                cache,
+            },
+            domain: self.domain.unwrap_or(1),
+            template_refresh_ns: duration(
+                "ipfix.template_refresh",
+                &self.template_refresh,
+                60_000_000_000,
+            )?,
+            loss: self.loss.unwrap_or(true),
+        })
+    }
 }
 
 /// The validated configuration the agent runs with.
@@ -461,6 +628,10 @@ pub struct AgentConfig {
     pub measure: bool,
     /// Discard records instead of printing them when there is no collector (benchmarks).
     pub quiet: bool,
+    /// sFlow export.
+    pub sflow: Option<SflowExport>,
+    /// IPFIX export.
+    pub ipfix: Option<IpfixExport>,
 }
 
 /// The one token in file `f` (whitespace around it ignored).
@@ -693,6 +864,8 @@ impl FileConfig {
             queues,
             measure: self.measure.unwrap_or(true),
             quiet: false,
+            sflow: self.sflow.map(SflowSection::validate).transpose()?,
+            ipfix: self.ipfix.map(IpfixSection::validate).transpose()?,
         })
     }
 }

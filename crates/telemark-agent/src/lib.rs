@@ -2,6 +2,7 @@
 //! aggregator, and export to the collector. See docs/agent.md.
 pub mod config;
 mod egress;
+pub mod flow_export;
 pub mod kafka_out;
 mod metrics;
 pub mod run;

@@ -338,6 +338,64 @@ impl AgentMetrics {
                 &per_queue(&|q| q.max_backlog_bytes),
             );
         }
+        if let Some(m) = &p.meter {
+            let f = &s.flow_export;
+            for (name, help, v) in [
+                ("sflow_samples", "Packets sFlow sampled.", m.sflow_samples),
+                (
+                    "sflow_samples_dropped",
+                    "Samples dropped on the way to the exporter (ring full).",
+                    m.sflow_drops,
+                ),
+                (
+                    "sflow_datagrams",
+                    "sFlow datagrams sent (each collector's counted).",
+                    f.sflow_datagrams,
+                ),
+                ("ipfix_cache_packets", "Packets the IPFIX flow cache counted.", m.cache.packets),
+                ("ipfix_cache_flows_created", "Flows the IPFIX cache created.", m.cache.created),
+                (
+                    "ipfix_cache_evictions",
+                    "Flows pushed out of a full IPFIX cache (reason lackOfResources).",
+                    m.cache.evicted,
+                ),
+                (
+                    "ipfix_cache_records_dropped",
+                    "Flow records dropped on the way to the exporter (ring full).",
+                    m.ipfix_drops,
+                ),
+                (
+                    "ipfix_messages",
+                    "IPFIX messages sent (each collector's counted).",
+                    f.ipfix_messages,
+                ),
+                ("ipfix_flow_records", "IPFIX flow records sent.", f.ipfix_flow_records),
+                (
+                    "ipfix_loss_records",
+                    "IPFIX loss records sent (Telemark's enterprise elements).",
+                    f.ipfix_loss_records,
+                ),
+                (
+                    "ipfix_records_not_sent",
+                    "IPFIX records not sent: collector unreachable, send failed, queue full.",
+                    f.ipfix_not_sent,
+                ),
+                (
+                    "flow_send_errors",
+                    "sFlow datagrams and IPFIX messages whose send failed.",
+                    f.flow_send_errors,
+                ),
+            ] {
+                family(&mut o, &format!("telemark_agent_{name}_total"), "counter", help, &one(v));
+            }
+            family(
+                &mut o,
+                "telemark_agent_ipfix_cache_flows",
+                "gauge",
+                "Flows the IPFIX cache holds now.",
+                &one(m.cache_flows),
+            );
+        }
         self.transport.render("telemark_agent", &mut o);
         o
     }

@@ -12,12 +12,17 @@
 //! limited queue where one is configured and the flow's INT role where `[int]` is; INT events
 //! reach the aggregator thread through their own ring and leave as `event` records.
 //!
+//! With `[sflow]` or `[ipfix]`, the fast path's flow meter samples and caches what the switch
+//! forwarded, and a third thread (flow_export.rs) encodes and sends it, the aggregator's loss
+//! records as IPFIX too.
+//!
 //! The fast path sleeps in `poll` only when every RX ring is empty; it never waits on the
 //! aggregator or the collector. What it cannot hand over (a full event ring, a full TX ring, a
 //! full RX ring in the kernel) is counted and exported as the agent's health.
 
 use crate::config::{AgentConfig, IntRules, MarkSide};
 use crate::egress::{Egress, IntStage, IntStats, RuledEvent};
+use crate::flow_export::{self, FlowExportStats, PortInfo};
 use crate::kafka_out::KafkaOut;
 use crate::metrics::AgentMetrics;
 use serde::Serialize;
@@ -33,6 +38,7 @@ use telemark_core::records::{CostRecord, HealthRecord, PointHealth, Record};
 use telemark_core::spsc::{self, Consumer};
 use telemark_datapath::afpacket::{self, RingConfig, RxRing};
 use telemark_datapath::events::RingSink;
+use telemark_datapath::flow_meter::{FlowMeter, MeterStats, PortCounters};
 use telemark_datapath::int_roles::IntRoles;
 use telemark_datapath::queue::{EgressQueue, QueueStats};
 use telemark_datapath::switch::{Action, Switch, SwitchConfig, SwitchStats, Tx, BURST};
@@ -96,6 +102,9 @@ pub struct PathStats {
     /// Each egress queue's port number and counters.
     #[serde(skip)]
     pub queues: Vec<(usize, QueueStats)>,
+    /// The flow meter's counters, with `[sflow]` or `[ipfix]`.
+    #[serde(skip)]
+    pub meter: Option<MeterStats>,
 }
 
 /// Counters of the aggregator and exporter.
@@ -122,6 +131,9 @@ pub struct AgentStats {
     /// The aggregator's and exporter's.
     #[serde(flatten)]
     pub export: ExportStats,
+    /// The sFlow and IPFIX exporter's.
+    #[serde(flatten)]
+    pub flow_export: FlowExportStats,
 }
 
 /// Where each thread publishes its counters; each writes only its own.
@@ -135,6 +147,8 @@ pub(crate) struct Shared {
     new_export: Mutex<Option<AgentConfig>>,
     /// The INT rules: in force, and new ones for the fast path to take.
     int: Mutex<IntMailbox>,
+    /// The flow-export thread's counters.
+    pub(crate) flow_export: Mutex<FlowExportStats>,
 }
 
 /// INT rules in force (what `GET /api/v1/int` shows) and those the fast path is to take next,
@@ -172,12 +186,19 @@ impl Shared {
         self.int.lock().unwrap_or_else(|p| p.into_inner()).in_force.clone()
     }
 
-    /// Both threads' counters as last published.
+    /// Every thread's counters as last published.
     pub(crate) fn snapshot(&self) -> AgentStats {
         AgentStats {
             path: self.path.lock().map(|s| s.clone()).unwrap_or_default(),
             export: self.export.lock().map(|s| s.clone()).unwrap_or_default(),
+            flow_export: self.flow_export.lock().map(|s| s.clone()).unwrap_or_default(),
         }
+    }
+
+    /// Each port's counters as the flow meter last published them.
+    pub(crate) fn meter_ports(&self) -> Vec<PortCounters> {
+        let p = self.path.lock().unwrap_or_else(|p| p.into_inner());
+        p.meter.as_ref().map(|m| m.ports.clone()).unwrap_or_default()
     }
 }
 
@@ -208,6 +229,7 @@ pub struct Agent {
     running: Mutex<AgentConfig>,
     fast: Option<JoinHandle<()>>,
     agg: Option<JoinHandle<()>>,
+    flow_export: Option<JoinHandle<()>>,
 }
 
 /// The aggregator's points for the configuration, and for each input port the switch
@@ -263,6 +285,8 @@ impl Agent {
             rxs.push(r);
             txs.push(t);
         }
+        let port_info: Vec<PortInfo> =
+            rxs.iter().map(|r: &RxRing| PortInfo { ifindex: r.ifindex() }).collect();
         let (points, per_port) = layout(&cfg);
         let stats = Arc::new(Shared::default());
         if let Some(i) = &cfg.int {
@@ -350,7 +374,22 @@ impl Agent {
             .collect();
         let stop = Arc::new(AtomicBool::new(false));
         let fast_done = Arc::new(AtomicBool::new(false));
+        let (meter, flow_export, loss_tx) = if cfg.sflow.is_some() || cfg.ipfix.is_some() {
+            let (meter, rings) = FlowMeter::new(
+                names.len(),
+                cfg.sflow.as_ref().map(|s| s.settings),
+                cfg.ipfix.as_ref().map(|i| i.settings),
+                now_ns(),
+            );
+            let (h, loss_tx) =
+                flow_export::start(&cfg, rings, port_info, stats.clone(), fast_done.clone())
+                    .map_err(AgentError::Report)?;
+            (Some(meter), Some(h), loss_tx)
+        } else {
+            (None, None, None)
+        };
         let fast = FastPath {
+            meter,
             points: per_port.clone(),
             rxs,
             egress: Egress::new(txs, queues, int),
@@ -367,13 +406,13 @@ impl Agent {
         let batch = Some(cfg.loss.batch).filter(|_| cfg.loss.period_ns.is_none());
         let agg = Aggregator::new(points, batch, 0).report_all(cfg.report_all);
         let running = Mutex::new(cfg.clone());
-        let slow = Slow { cfg, agg, cons, int_events: int_cons, last_export_dropped: 0 };
+        let slow = Slow { cfg, agg, cons, int_events: int_cons, last_export_dropped: 0, loss_tx };
         let st2 = stats.clone();
         let agg = std::thread::Builder::new()
             .name("tm-aggregator".into())
             .spawn(move || slow.run(&fast_done, &st2))
             .map_err(AgentError::Thread)?;
-        Ok(Agent { stop, stats, metrics, running, fast: Some(fast), agg: Some(agg) })
+        Ok(Agent { stop, stats, metrics, running, fast: Some(fast), agg: Some(agg), flow_export })
     }
 
     /// The flag that stops the agent (for a signal handler).
@@ -480,6 +519,9 @@ impl Agent {
         if let Some(h) = self.agg.take() {
             let _ = h.join();
         }
+        if let Some(h) = self.flow_export.take() {
+            let _ = h.join();
+        }
     }
 }
 
@@ -499,6 +541,8 @@ struct FastPath {
     watch: telemark_core::watch::Watch,
     sink: RingSink,
     idle_check_ns: u64,
+    /// sFlow sampling and the IPFIX cache, when configured.
+    meter: Option<FlowMeter>,
 }
 
 impl FastPath {
@@ -543,6 +587,10 @@ impl FastPath {
             }
             if last_pub.elapsed() >= Duration::from_millis(100) {
                 last_pub = Instant::now();
+                if let Some(m) = &mut self.meter {
+                    // The whole cache every second.
+                    m.sweep(now, m.cache_capacity() / 10 + 1);
+                }
                 self.publish(&shared.path, busy_ns);
                 if let Some(w) = shared.new_watch.lock().ok().and_then(|mut w| w.take()) {
                     self.set_watch(w);
@@ -576,14 +624,23 @@ impl FastPath {
                 Proc::Tap(t, _) => t.flush(&mut self.sink),
             }
         }
+        if let Some(m) = &mut self.meter {
+            m.flush();
+        }
         self.publish(&shared.path, busy_ns);
         done.store(true, Ordering::Release);
     }
 
     /// Reads one RX block of port `pi` in bursts through its processor; frames read.
     fn read_block(&mut self, pi: usize, burst: &mut [Pkt], out: &mut Outbox) -> usize {
-        let (rxs, procs, egress, sink, watch) =
-            (&mut self.rxs, &mut self.procs, &mut self.egress, &mut self.sink, &self.watch);
+        let (rxs, procs, egress, sink, watch, meter) = (
+            &mut self.rxs,
+            &mut self.procs,
+            &mut self.egress,
+            &mut self.sink,
+            &self.watch,
+            &mut self.meter,
+        );
         let Some(rx) = rxs.get_mut(pi) else { return 0 };
         let Some(proc) = procs.get_mut(pi) else { return 0 };
         let mut n = 0;
@@ -596,12 +653,12 @@ impl FastPath {
                 n += 1;
             }
             if n == BURST {
-                run_burst(proc, pi as u16, &mut burst[..n], sink, out, egress, watch);
+                run_burst(proc, pi as u16, &mut burst[..n], sink, out, egress, watch, meter);
                 n = 0;
             }
         });
         if n > 0 {
-            run_burst(proc, pi as u16, &mut burst[..n], sink, out, egress, watch);
+            run_burst(proc, pi as u16, &mut burst[..n], sink, out, egress, watch, meter);
         }
         got
     }
@@ -663,6 +720,7 @@ impl FastPath {
             }
         }
         s.int = self.egress.int.as_ref().map(IntStage::stats);
+        s.meter = self.meter.as_ref().map(FlowMeter::stats);
         s.queues = self.egress.queue_stats();
         // Never wait for the lock: the aggregator holds it only to copy.
         if let Ok(mut g) = shared.try_lock() {
@@ -671,9 +729,10 @@ impl FastPath {
     }
 }
 
-/// One burst, arrived on port `in_port`, through a switch direction (then out by Egress) or
-/// a tap.
+/// One burst, arrived on port `in_port`, through a switch direction (then the flow meter,
+/// then out by Egress) or a tap (then the flow meter).
 #[inline]
+#[allow(clippy::too_many_arguments)]
 fn run_burst(
     proc: &mut Proc,
     in_port: u16,
@@ -682,6 +741,7 @@ fn run_burst(
     out: &mut Outbox,
     egress: &mut Egress,
     watch: &telemark_core::watch::Watch,
+    meter: &mut Option<FlowMeter>,
 ) {
     match proc {
         Proc::Switch(sw) => {
@@ -690,6 +750,10 @@ fn run_burst(
             let now = now_ns();
             for &(port, idx) in &out.0 {
                 if let Some(p) = pkts.get_mut(idx) {
+                    if let Some(m) = meter.as_mut() {
+                        let len = p.bytes_on_wire() as u32;
+                        m.packet(in_port, port, &p.data, len, sw.parsed(idx), p.ts_ns);
+                    }
                     egress.send(in_port, port, &mut p.data, p.ts_ns, now);
                 }
             }
@@ -697,7 +761,13 @@ fn run_burst(
         }
         Proc::Tap(t, color_bit) => {
             for p in pkts.iter() {
-                let Ok(parsed) = flow::extract(&p.data, LinkType::Ethernet) else { continue };
+                let parsed = flow::extract(&p.data, LinkType::Ethernet);
+                if let Some(m) = meter.as_mut() {
+                    let len = p.bytes_on_wire() as u32;
+                    let key = parsed.as_ref().ok().map(|x| (x, flow_hash(&x.key)));
+                    m.packet(in_port, u16::MAX, &p.data, len, key, p.ts_ns);
+                }
+                let Ok(parsed) = parsed else { continue };
                 if !watch.matches(&parsed.key) {
                     continue;
                 }
@@ -735,6 +805,8 @@ struct Slow {
     int_events: Consumer<RuledEvent>,
     /// Export drops reported in the last health record.
     last_export_dropped: u64,
+    /// Where loss records go as IPFIX too (`[ipfix] loss`).
+    loss_tx: Option<std::sync::mpsc::SyncSender<telemark_core::records::LossRecord>>,
 }
 
 impl Slow {
@@ -777,6 +849,7 @@ impl Slow {
             }
             while let Some(r) = self.agg.poll_record() {
                 records += 1;
+                self.offer_ipfix(&r, shared);
                 emit(&mut out, r);
             }
             records += self.drain_int_events(&mut out);
@@ -837,8 +910,11 @@ impl Slow {
         self.agg.flush();
         while let Some(r) = self.agg.poll_record() {
             records += 1;
+            self.offer_ipfix(&r, shared);
             emit(&mut out, r);
         }
+        // The flow-export thread ends when it has sent what it holds.
+        self.loss_tx = None;
         let now = now_ns();
         let snap = shared.path.lock().map(|s| s.clone()).unwrap_or_default();
         self.report_interval(&mut out, &snap, &last_path, interval_start, now);
@@ -865,6 +941,13 @@ impl Slow {
             }
         }
         self.publish(shared, &out, records);
+    }
+
+    /// A loss record to the IPFIX exporter too, when it takes them.
+    fn offer_ipfix(&self, r: &Record, shared: &Shared) {
+        if let (Some(tx), Record::Loss(l)) = (&self.loss_tx, r) {
+            flow_export::offer_loss(tx, l, shared);
+        }
     }
 
     /// INT events from the fast path, as records; how many.

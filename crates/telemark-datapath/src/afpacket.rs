@@ -163,6 +163,7 @@ pub struct RxRing {
     blocks: u32,
     next: u32,
     name: String,
+    ifindex: u32,
     stats: RxStats,
 }
 
@@ -336,6 +337,7 @@ fn open_here(ifname: &str, cfg: RingConfig) -> io::Result<(RxRing, TxRing)> {
         blocks: rx.block_nr,
         next: 0,
         name: ifname.to_string(),
+        ifindex,
         stats: RxStats::default(),
     };
     let txr = TxRing {
@@ -355,6 +357,11 @@ impl RxRing {
     /// The interface name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The interface's index in its namespace (the ifIndex sFlow and IPFIX report).
+    pub fn ifindex(&self) -> u32 {
+        self.ifindex
     }
 
     /// The socket, for `poll`.

@@ -9,6 +9,7 @@ pub mod capture;
 pub mod dropper;
 pub mod eval;
 pub mod events;
+pub mod flow_meter;
 pub mod gen;
 pub mod int_roles;
 pub mod nitro_thread;

@@ -472,6 +472,14 @@ impl Switch {
         each_core!(&self.inner, (core, _l) => core.fib.max)
     }
 
+    /// The flow key the last [`Switch::process`] parsed from packet `idx` of its burst, with
+    /// its `flow_hash` (`None`: the packet had no flow key), for stages after the switch.
+    pub fn parsed(&self, idx: usize) -> Option<(&Parsed, u64)> {
+        each_core!(&self.inner, (core, _l) => {
+            core.meta.get(idx).and_then(|m| m.parsed.as_ref().map(|p| (p, m.hash)))
+        })
+    }
+
     /// Processes up to [`BURST`] packets. `drop_inside` is the evaluation's hook between the
     /// ingress and egress points (a real switch passes `|_, _| false`).
     #[inline]

@@ -1,0 +1,319 @@
+//! The switch's flow-export stage: sFlow sampling and the IPFIX flow cache
+//! (`telemark_core::flowexport`) run on every packet the switch forwarded, and what they
+//! produce leaves through a ring to the exporting thread, which encodes and sends it. A full
+//! ring drops and counts; nothing here waits.
+
+use telemark_core::flowexport::{
+    CacheConfig, CacheStats, EndReason, FlowCache, FlowEntry, Observation, Sampler,
+};
+use telemark_core::spsc::{self, Consumer, Producer};
+use telemark_wire::flow::Parsed;
+
+/// The most header bytes an sFlow sample carries.
+pub const MAX_HEADER: usize = 256;
+
+/// sFlow sampling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SflowSettings {
+    /// One packet in this many is sampled, per input port.
+    pub rate: u32,
+    /// Header bytes copied from a sampled packet (at most [`MAX_HEADER`]).
+    pub header_bytes: usize,
+}
+
+/// The IPFIX metering process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpfixSettings {
+    /// One packet in this many is metered, per input port (1: every packet).
+    pub rate: u32,
+    /// The flow cache's room and timeouts.
+    pub cache: CacheConfig,
+}
+
+/// A sampled packet on its way to the sFlow exporter.
+#[derive(Debug, Clone, Copy)]
+pub struct SampledPacket {
+    /// Input port (index in the agent's port list).
+    pub port: u16,
+    /// Output port (`u16::MAX`: none).
+    pub out_port: u16,
+    /// Length of the frame on the wire.
+    pub frame_len: u32,
+    /// Packets the port's sampler had seen (sFlow's sample pool).
+    pub pool: u32,
+    /// Samples of this port dropped before this one (ring full).
+    pub drops: u32,
+    /// Header bytes copied.
+    pub header_len: u16,
+    /// The header.
+    pub header: [u8; MAX_HEADER],
+}
+
+/// A flow the cache handed out, and why.
+pub type ExportedFlow = (FlowEntry, EndReason);
+
+/// One port's traffic as the switch saw it (sFlow's generic interface counters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PortCounters {
+    /// Frames received.
+    pub in_packets: u64,
+    /// Their bytes.
+    pub in_octets: u64,
+    /// Frames sent.
+    pub out_packets: u64,
+    /// Their bytes.
+    pub out_octets: u64,
+}
+
+/// What the stage did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MeterStats {
+    /// sFlow samples taken.
+    pub sflow_samples: u64,
+    /// sFlow samples dropped (ring full).
+    pub sflow_drops: u64,
+    /// The IPFIX cache's counters.
+    pub cache: CacheStats,
+    /// Flows it held.
+    pub cache_flows: u64,
+    /// Flow records dropped (ring full).
+    pub ipfix_drops: u64,
+    /// Per port.
+    pub ports: Vec<PortCounters>,
+}
+
+struct SflowStage {
+    settings: SflowSettings,
+    samplers: Vec<Sampler>,
+    drops: Vec<u32>,
+    samples: u64,
+    ring: Producer<SampledPacket>,
+}
+
+struct IpfixStage {
+    samplers: Vec<Sampler>,
+    cache: FlowCache,
+    drops: u64,
+    ring: Producer<ExportedFlow>,
+}
+
+/// The consuming ends, for the exporting thread.
+pub struct MeterRings {
+    /// Sampled packets (with sFlow).
+    pub samples: Option<Consumer<SampledPacket>>,
+    /// Finished flows (with IPFIX).
+    pub flows: Option<Consumer<ExportedFlow>>,
+}
+
+/// The stage, owned by the fast path.
+pub struct FlowMeter {
+    sflow: Option<SflowStage>,
+    ipfix: Option<IpfixStage>,
+    ports: Vec<PortCounters>,
+}
+
+impl FlowMeter {
+    /// A stage for `ports` ports with sFlow, IPFIX or both, and the rings' consuming ends.
+    pub fn new(
+        ports: usize,
+        sflow: Option<SflowSettings>,
+        ipfix: Option<IpfixSettings>,
+        seed: u64,
+    ) -> (FlowMeter, MeterRings) {
+        let samplers = |rate, salt: u64| -> Vec<Sampler> {
+            (0..ports as u64).map(|p| Sampler::new(rate, seed ^ (salt + p))).collect()
+        };
+        let (sflow, samples) = match sflow {
+            None => (None, None),
+            Some(mut s) => {
+                s.header_bytes = s.header_bytes.min(MAX_HEADER);
+                let (tx, rx) = spsc::channel(4096);
+                let stage = SflowStage {
+                    settings: s,
+                    samplers: samplers(s.rate, 0x5f10),
+                    drops: vec![0; ports],
+                    samples: 0,
+                    ring: tx,
+                };
+                (Some(stage), Some(rx))
+            }
+        };
+        let (ipfix, flows) = match ipfix {
+            None => (None, None),
+            Some(i) => {
+                let (tx, rx) = spsc::channel(1 << 14);
+                let stage = IpfixStage {
+                    samplers: samplers(i.rate, 0x1f1c),
+                    cache: FlowCache::new(i.cache),
+                    drops: 0,
+                    ring: tx,
+                };
+                (Some(stage), Some(rx))
+            }
+        };
+        let meter = FlowMeter { sflow, ipfix, ports: vec![PortCounters::default(); ports] };
+        (meter, MeterRings { samples, flows })
+    }
+
+    /// One packet the switch received on `in_port` and sent out of `out_port` (`u16::MAX`:
+    /// none), with what the switch parsed of it.
+    #[inline]
+    pub fn packet(
+        &mut self,
+        in_port: u16,
+        out_port: u16,
+        frame: &[u8],
+        wire_len: u32,
+        parsed: Option<(&Parsed, u64)>,
+        ts_ns: u64,
+    ) {
+        let i = usize::from(in_port);
+        if let Some(c) = self.ports.get_mut(i) {
+            c.in_packets += 1;
+            c.in_octets += u64::from(wire_len);
+        }
+        if let Some(c) = self.ports.get_mut(usize::from(out_port)) {
+            c.out_packets += 1;
+            c.out_octets += u64::from(wire_len);
+        }
+        if let Some(s) = &mut self.sflow {
+            if s.samplers.get_mut(i).is_some_and(Sampler::sample) {
+                s.sample(i, in_port, out_port, frame, wire_len);
+            }
+        }
+        if let (Some(x), Some((p, hash))) = (&mut self.ipfix, parsed) {
+            if x.samplers.get_mut(i).is_some_and(Sampler::sample) {
+                let obs = observation(frame, p, hash, in_port, out_port, ts_ns);
+                let (ring, drops) = (&x.ring, &mut x.drops);
+                x.cache.observe(&obs, &mut |e, why| hand_out(ring, drops, e, why));
+            }
+        }
+    }
+
+    /// Sweeps the next `ways` entries of the flow cache for timeouts at `now`.
+    pub fn sweep(&mut self, now: u64, ways: usize) {
+        if let Some(x) = &mut self.ipfix {
+            let (ring, drops) = (&x.ring, &mut x.drops);
+            x.cache.sweep(now, ways, &mut |e, why| hand_out(ring, drops, e, why));
+        }
+    }
+
+    /// Entries in the flow cache (0 without IPFIX).
+    pub fn cache_capacity(&self) -> usize {
+        self.ipfix.as_ref().map_or(0, |x| x.cache.capacity())
+    }
+
+    /// Hands out every cached flow (the agent stops), waiting up to two seconds in all for
+    /// room in the ring (the exporting thread drains it meanwhile).
+    pub fn flush(&mut self) {
+        if let Some(x) = &mut self.ipfix {
+            let (ring, drops) = (&x.ring, &mut x.drops);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            x.cache.flush(&mut |e, why| {
+                let mut item = (*e, why);
+                loop {
+                    match ring.push(item) {
+                        Ok(()) => return,
+                        Err(back) if std::time::Instant::now() < deadline => {
+                            item = back;
+                            std::thread::sleep(std::time::Duration::from_micros(200));
+                        }
+                        Err(_) => {
+                            *drops += 1;
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    }
+
+    /// What it did so far.
+    pub fn stats(&self) -> MeterStats {
+        MeterStats {
+            sflow_samples: self.sflow.as_ref().map_or(0, |s| s.samples),
+            sflow_drops: self
+                .sflow
+                .as_ref()
+                .map_or(0, |s| s.drops.iter().map(|&d| u64::from(d)).sum()),
+            cache: self.ipfix.as_ref().map(|x| x.cache.stats()).unwrap_or_default(),
+            cache_flows: self.ipfix.as_ref().map_or(0, |x| x.cache.len() as u64),
+            ipfix_drops: self.ipfix.as_ref().map_or(0, |x| x.drops),
+            ports: self.ports.clone(),
+        }
+    }
+
+    /// The sampling rates: sFlow's and IPFIX's (0: off).
+    pub fn rates(&self) -> (u32, u32) {
+        let rate = |s: &[Sampler]| s.first().map_or(1, Sampler::rate);
+        (
+            self.sflow.as_ref().map_or(0, |s| rate(&s.samplers)),
+            self.ipfix.as_ref().map_or(0, |x| rate(&x.samplers)),
+        )
+    }
+}
+
+impl SflowStage {
+    #[cold]
+    fn sample(&mut self, i: usize, in_port: u16, out_port: u16, frame: &[u8], wire_len: u32) {
+        let n = frame.len().min(self.settings.header_bytes);
+        let mut s = SampledPacket {
+            port: in_port,
+            out_port,
+            frame_len: wire_len,
+            pool: self.samplers[i].pool(),
+            drops: self.drops[i],
+            header_len: n as u16,
+            header: [0; MAX_HEADER],
+        };
+        s.header[..n].copy_from_slice(&frame[..n]);
+        self.samples += 1;
+        if self.ring.push(s).is_err() {
+            self.drops[i] = self.drops[i].wrapping_add(1);
+        }
+    }
+}
+
+fn hand_out(ring: &Producer<ExportedFlow>, drops: &mut u64, e: &FlowEntry, why: EndReason) {
+    if ring.push((*e, why)).is_err() {
+        *drops += 1;
+    }
+}
+
+/// What the flow cache needs of a packet: its key, VLAN, DSCP, IP length and TCP flags.
+pub fn observation(
+    frame: &[u8],
+    p: &Parsed,
+    hash: u64,
+    in_port: u16,
+    out_port: u16,
+    ts_ns: u64,
+) -> Observation {
+    let be16 = |at: usize| frame.get(at..at + 2).map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
+    let vlan = if be16(12) == 0x8100 { be16(14) & 0x0fff } else { 0 };
+    let ip = p.ip_offset;
+    let (octets, l4) = match p.ip_version {
+        4 => {
+            let ihl = frame.get(ip).map_or(20, |b| usize::from(b & 0x0f) * 4);
+            (u32::from(be16(ip + 2)), Some(ip + ihl))
+        }
+        // The TCP header right after the fixed header (extension headers: no flags read).
+        _ => (u32::from(be16(ip + 4)) + 40, (frame.get(ip + 6) == Some(&6)).then_some(ip + 40)),
+    };
+    let tcp_flags = match l4 {
+        Some(at) if p.key.proto == 6 => frame.get(at + 13).copied().unwrap_or(0),
+        _ => 0,
+    };
+    Observation {
+        key: p.key,
+        hash,
+        in_port,
+        out_port,
+        vlan,
+        ip_version: p.ip_version,
+        dscp: p.dscp,
+        tcp_flags,
+        octets,
+        ts_ns,
+    }
+}
