@@ -18,12 +18,10 @@ use telemark_core::flowexport::{EndReason, FlowEntry};
 use telemark_core::records::{LossRecord, Scope};
 use telemark_datapath::flow_meter::{MeterRings, PortCounters, SampledPacket};
 use telemark_transport::now_ns;
-use telemark_wire::ipfix::{put_variable, FieldSpec, MessageWriter, Template, VARIABLE_LENGTH};
+use telemark_wire::ipfix::{
+    put_variable, FieldSpec, MessageWriter, Template, TELEMARK_PEN, VARIABLE_LENGTH,
+};
 use telemark_wire::sflow::{self, CounterData, CounterSample, FlowData, FlowSample, IfCounters};
-
-/// Telemark's enterprise number in IPFIX: the documentation PEN of RFC 5612 until one is
-/// registered (docs/flow-export.md lists the elements).
-pub const TELEMARK_PEN: u32 = 32473;
 
 /// Largest datagram sent (fits a 1,500-byte path with IPv6 and UDP headers).
 const MAX_DATAGRAM: usize = 1400;

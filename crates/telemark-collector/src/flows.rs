@@ -735,6 +735,11 @@ impl Domain {
             vlan: None,
             dropped: false,
         };
+        // Telemark's own loss records over IPFIX (docs/flow-export.md) are not flows: the
+        // agent sends them to the collector's HTTP ingest as loss records already.
+        if rec.template().fields.iter().any(|f| f.enterprise == ipfix::TELEMARK_PEN) {
+            return None;
+        }
         let (mut sampling, mut has_addr) = (Sampling::default(), false);
         let (mut start_up, mut end_up) = (None, None);
         for (spec, bytes) in rec.fields() {

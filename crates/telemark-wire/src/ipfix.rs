@@ -36,6 +36,9 @@ pub const VARIABLE_LENGTH: u16 = 65535;
 pub const MIN_DATA_SET_ID: u16 = 256;
 /// The Private Enterprise Number RFC 5103 gives reverse-direction elements.
 pub const REVERSE_PEN: u32 = 29305;
+/// Telemark's elements' enterprise number: the documentation PEN of RFC 5612 until one is
+/// registered (docs/flow-export.md lists the elements).
+pub const TELEMARK_PEN: u32 = 32473;
 
 const LAYER: &str = "ipfix";
 

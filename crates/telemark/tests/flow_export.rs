@@ -1,0 +1,414 @@
+//! The agent's sFlow and IPFIX export on a live switch (veth ports in network namespaces made
+//! for the test), read by decoders that share no code with Telemark. Needs root, tshark and
+//! sqlite3; nfdump's nfcapd and pmacct's sfacctd (Debian `nfdump`, `pmacct`) as peers.
+//!
+//! Host A sends four UDP flows through the Telemark switch S to host B. The ground truth is
+//! the sender's count per flow, checked against the kernel's receive counter of S's port (so
+//! nothing was lost before the switch). The agent exports sFlow (1 in 10) and IPFIX (every
+//! packet, over UDP and TCP) at once to:
+//! - a recorder in this test, whose datagrams and TCP messages tshark dissects: no malformed
+//!   field, no expert warning, and the packets tshark reads per flow match the truth;
+//! - Telemark's collector (`--flows-listen`): IPFIX packets per flow exact, sFlow's estimate
+//!   within its statistical bound;
+//! - nfcapd (IPFIX) and sfacctd (sFlow): the flows they print match the same way.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::net::{TcpListener, UdpSocket};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use telemark_agent::traffic::{self, FlowSpec};
+use telemark_agent::{Agent, FileConfig};
+use telemark_wire::FlowKey;
+
+const SPORTS: [u16; 4] = [5001, 5002, 5003, 5004];
+const PPS: u64 = 800;
+const SECS: u64 = 4;
+const SFLOW_RATE: u64 = 10;
+
+struct Bed {
+    prefix: String,
+}
+
+fn sh(cmd: &str) -> String {
+    let out = Command::new("bash").args(["-c", cmd]).output().unwrap();
+    assert!(out.status.success(), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl Bed {
+    /// A ── (sa) S (sb) ── B, every name beginning with a prefix of this process.
+    fn up() -> Bed {
+        let prefix = format!("tmfx{}-", std::process::id() % 100_000);
+        let b = Bed { prefix };
+        let p = &b.prefix;
+        b.down();
+        for n in ["a", "s", "b"] {
+            sh(&format!(
+                "ip netns add {p}{n} && ip netns exec {p}{n} sysctl -qw \
+                 net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 && \
+                 ip -n {p}{n} link set lo up"
+            ));
+        }
+        sh(&format!(
+            "ip link add a0 netns {p}a type veth peer name sa netns {p}s && \
+             ip link add sb netns {p}s type veth peer name b0 netns {p}b && \
+             ip -n {p}a link set a0 address 02:00:00:00:0a:01 && \
+             ip -n {p}b link set b0 address 02:00:00:00:0b:01 && \
+             for x in a:a0 s:sa s:sb b:b0; do ip -n {p}${{x%%:*}} link set ${{x#*:}} up; done && \
+             ip netns exec {p}a ethtool -K a0 tx off >/dev/null 2>&1 || true"
+        ));
+        b
+    }
+
+    fn down(&self) {
+        for n in ["a", "s", "b"] {
+            let _ =
+                Command::new("ip").args(["netns", "del", &format!("{}{n}", self.prefix)]).status();
+        }
+    }
+
+    /// Frames the kernel says S's port `sa` received.
+    fn rx_packets(&self) -> u64 {
+        let j = sh(&format!("ip -n {}s -s -j link show sa", self.prefix));
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        v[0]["stats64"]["rx"]["packets"].as_u64().unwrap()
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
+
+fn key(sport: u16) -> FlowKey {
+    FlowKey {
+        src: "10.31.0.1".parse().unwrap(),
+        dst: "10.31.0.2".parse().unwrap(),
+        sport,
+        dport: 7000,
+        proto: 17,
+        spi: None,
+        si: None,
+    }
+}
+
+/// What a recorder received: (its port, bytes) in arrival order.
+type Recorded = Arc<Mutex<Vec<(u16, Vec<u8>)>>>;
+
+/// A UDP recorder on a free port.
+fn udp_recorder(into: &Recorded, stop: &Arc<AtomicBool>) -> u16 {
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let port = s.local_addr().unwrap().port();
+    let (into, stop) = (into.clone(), stop.clone());
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 65_536];
+        while !stop.load(Ordering::Relaxed) {
+            if let Ok(n) = s.recv(&mut buf) {
+                into.lock().unwrap().push((port, buf[..n].to_vec()));
+            }
+        }
+    });
+    port
+}
+
+/// A TCP recorder on a free port: each IPFIX message of the stream, split by its length.
+fn tcp_recorder(into: &Recorded) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let into = into.clone();
+    std::thread::spawn(move || {
+        let Ok((mut s, _)) = l.accept() else { return };
+        let mut head = [0u8; 4];
+        while s.read_exact(&mut head).is_ok() {
+            let len = usize::from(u16::from_be_bytes([head[2], head[3]]));
+            let mut m = head.to_vec();
+            m.resize(len.max(4), 0);
+            if s.read_exact(&mut m[4..]).is_err() {
+                break;
+            }
+            into.lock().unwrap().push((port, m));
+        }
+    });
+    port
+}
+
+/// A pcap of `payloads`, each in an Ethernet/IPv4/UDP frame from 127.0.0.1 to 127.0.0.1 and
+/// the port it came to, for tshark.
+fn write_pcap(path: &Path, payloads: &[(u16, Vec<u8>)]) {
+    let mut f = Vec::new();
+    for v in [0xa1b2_c3d4u32.to_le_bytes(), [2, 0, 4, 0], [0; 4], [0; 4]] {
+        f.extend_from_slice(&v);
+    }
+    f.extend_from_slice(&65_535u32.to_le_bytes());
+    f.extend_from_slice(&1u32.to_le_bytes());
+    for (i, (port, p)) in payloads.iter().enumerate() {
+        let mut fr = vec![0u8; 12];
+        fr.extend_from_slice(&[0x08, 0x00]);
+        let total = (20 + 8 + p.len()) as u16;
+        let mut ip = vec![0x45, 0];
+        ip.extend_from_slice(&total.to_be_bytes());
+        ip.extend_from_slice(&(i as u16).to_be_bytes());
+        ip.extend_from_slice(&[0x40, 0, 64, 17, 0, 0, 127, 0, 0, 1, 127, 0, 0, 1]);
+        let mut sum: u32 = ip.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        fr.extend_from_slice(&ip);
+        fr.extend_from_slice(&40000u16.to_be_bytes());
+        fr.extend_from_slice(&port.to_be_bytes());
+        fr.extend_from_slice(&((8 + p.len()) as u16).to_be_bytes());
+        fr.extend_from_slice(&[0, 0]);
+        fr.extend_from_slice(p);
+        f.extend_from_slice(&(i as u32).to_le_bytes());
+        f.extend_from_slice(&0u32.to_le_bytes());
+        f.extend_from_slice(&(fr.len() as u32).to_le_bytes());
+        f.extend_from_slice(&(fr.len() as u32).to_le_bytes());
+        f.extend_from_slice(&fr);
+    }
+    std::fs::write(path, f).unwrap();
+}
+
+fn tshark(pcap: &Path, decode: &[String], args: &[&str]) -> String {
+    let mut c = Command::new("timeout");
+    c.args(["60", "tshark", "-r"]).arg(pcap).args(["-o", "cflow.max_template_fields:200"]);
+    for d in decode {
+        c.args(["-d", d]);
+    }
+    let out = c.args(args).output().expect("tshark runs (Debian package tshark)");
+    assert!(out.status.success(), "tshark: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `telemark collector` storing in `db`, its flow listener on a free UDP port: (process,
+/// HTTP base URL, flow port).
+fn collector(db: &Path) -> (Proc, String, u16) {
+    let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_telemark"))
+        .args(["collector", "--listen", "127.0.0.1:0", "--retention", "0", "--db"])
+        .arg(db)
+        .args(["--flows-listen", &format!("127.0.0.1:{port}")])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let base = loop {
+        let line = lines.next().expect("collector says where it listens").unwrap();
+        if let Some(rest) = line.split("http://").nth(1) {
+            break format!("http://{}", rest.split_whitespace().next().unwrap());
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    (Proc(child), base, port)
+}
+
+/// Flow records the collector stored from `protocol` ("ipfix", "sflow"): packets per source
+/// port (scaled by sampling).
+fn stored(db: &Path, protocol: &str) -> BTreeMap<u16, u64> {
+    let q = format!(
+        "SELECT json_extract(json, '$.flow.sport'), SUM(json_extract(json, '$.packets')) \
+         FROM other WHERE kind = 'flow' AND json_extract(json, '$.point') = '{protocol}' \
+         GROUP BY 1"
+    );
+    let out = Command::new("sqlite3").arg(db).arg(q).output().expect("sqlite3 runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (p, n) = l.split_once('|')?;
+            Some((p.parse().ok()?, n.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Within four standard deviations of `truth` for 1-in-`rate` sampling (binomial, an upper
+/// bound of the random-skip sampler's variance).
+fn within_sampling_bound(estimate: u64, truth: u64, rate: u64) -> bool {
+    let sd = ((truth * rate) as f64).sqrt();
+    (estimate as f64 - truth as f64).abs() <= 4.0 * sd + rate as f64
+}
+
+#[test]
+fn sflow_and_ipfix_from_the_switch_decode_in_tshark_telemarks_collector_nfdump_and_pmacct() {
+    let bed = Bed::up();
+    let p = bed.prefix.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("collector.db");
+    let (_collector, base, flow_port) = collector(&db);
+
+    let recorded: Recorded = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let rec_sflow = udp_recorder(&recorded, &stop);
+    let rec_ipfix = udp_recorder(&recorded, &stop);
+    let rec_tcp = tcp_recorder(&recorded);
+
+    let cfg = format!(
+        "agent = \"fx\"\nnetns = \"{p}s\"\n\
+         [[pair]]\na = \"sa\"\nb = \"sb\"\nmark = \"a\"\n\
+         [export]\ncollector = \"{base}\"\nreport_all = true\ninterval = \"500ms\"\n\
+         [sflow]\ncollectors = [\"127.0.0.1:{rec_sflow}\", \"127.0.0.1:{flow_port}\"]\n\
+         sampling = {SFLOW_RATE}\npolling = \"1s\"\n\
+         [ipfix]\ncollectors = [\"127.0.0.1:{rec_ipfix}\", \"tcp://127.0.0.1:{rec_tcp}\", \
+         \"127.0.0.1:{flow_port}\"]\nactive_timeout = \"2s\"\nidle_timeout = \"1s\"\n"
+    );
+    let agent = Agent::start(FileConfig::parse(&cfg).unwrap().validate().unwrap()).unwrap();
+    let rx_before = bed.rx_packets();
+    let senders: Vec<_> = SPORTS
+        .iter()
+        .map(|&sport| {
+            let ns = format!("{p}a");
+            std::thread::spawn(move || {
+                let spec = FlowSpec {
+                    key: key(sport),
+                    src_mac: [2, 0, 0, 0, 0x0a, 1],
+                    dst_mac: [2, 0, 0, 0, 0x0b, 1],
+                    payload: 200,
+                    pps: PPS,
+                    catch_up: traffic::catch_up(PPS),
+                    churn: false,
+                };
+                let stop = AtomicBool::new(false);
+                traffic::send(Some(&ns), "a0", &spec, Duration::from_secs(SECS), &stop).unwrap()
+            })
+        })
+        .collect();
+    let sent: BTreeMap<u16, u64> =
+        SPORTS.iter().zip(senders).map(|(&s, h)| (s, h.join().unwrap().sent)).collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let rx = bed.rx_packets() - rx_before;
+    let total: u64 = sent.values().sum();
+    assert_eq!(rx, total, "the switch's port received every packet sent");
+    let stats = agent.stop();
+    println!("sent {sent:?}; agent: {stats:?}");
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(stats.flow_export.ipfix_not_sent, 0);
+
+    // tshark: every datagram and message dissects cleanly.
+    let rec = recorded.lock().unwrap().clone();
+    let pcap = dir.path().join("export.pcap");
+    write_pcap(&pcap, &rec);
+    let decode = vec![
+        format!("udp.port=={rec_sflow},sflow"),
+        format!("udp.port=={rec_ipfix},cflow"),
+        format!("udp.port=={rec_tcp},cflow"),
+    ];
+    let kinds = |port: u16| rec.iter().filter(|r| r.0 == port).count();
+    println!(
+        "recorded: {} sFlow datagrams, {} IPFIX datagrams, {} IPFIX messages over TCP",
+        kinds(rec_sflow),
+        kinds(rec_ipfix),
+        kinds(rec_tcp)
+    );
+    assert!(kinds(rec_sflow) > 0 && kinds(rec_ipfix) > 0 && kinds(rec_tcp) > 0);
+    let bad = tshark(
+        &pcap,
+        &decode,
+        &[
+            "-Y",
+            "_ws.malformed || _ws.expert.severity >= 0x00600000",
+            "-T",
+            "fields",
+            "-e",
+            "frame.number",
+            "-e",
+            "_ws.expert.message",
+        ],
+    );
+    assert!(bad.trim().is_empty(), "tshark flags frames: {bad}");
+
+    // tshark's reading of the IPFIX flow records (UDP, then TCP): packets per source port.
+    for port in [rec_ipfix, rec_tcp] {
+        let only = format!("udp.dstport=={port}");
+        let out = tshark(
+            &pcap,
+            &decode,
+            &[
+                "-Y",
+                &only,
+                "-T",
+                "fields",
+                "-E",
+                "occurrence=a",
+                "-E",
+                "aggregator=;",
+                "-e",
+                "cflow.srcport",
+                "-e",
+                "cflow.packets",
+            ],
+        );
+        let mut by_port: BTreeMap<u16, u64> = BTreeMap::new();
+        for line in out.lines() {
+            let (ports, packets) = line.split_once('\t').unwrap_or(("", ""));
+            for (sp, n) in ports.split(';').zip(packets.split(';')) {
+                if let (Ok(sp), Ok(n)) = (sp.parse::<u16>(), n.parse::<u64>()) {
+                    *by_port.entry(sp).or_default() += n;
+                }
+            }
+        }
+        assert_eq!(by_port, sent, "IPFIX to port {port}, as tshark reads it");
+    }
+    // … and of the sFlow flow samples: the sampled headers' UDP source ports, times the rate.
+    let only = format!("udp.dstport=={rec_sflow}");
+    let out = tshark(
+        &pcap,
+        &decode,
+        &[
+            "-Y",
+            &only,
+            "-T",
+            "fields",
+            "-E",
+            "occurrence=a",
+            "-E",
+            "aggregator=;",
+            "-e",
+            "udp.srcport",
+        ],
+    );
+    let mut samples: BTreeMap<u16, u64> = BTreeMap::new();
+    for sp in out.lines().flat_map(|l| l.split(';')).filter_map(|s| s.parse::<u16>().ok()) {
+        if SPORTS.contains(&sp) {
+            *samples.entry(sp).or_default() += 1;
+        }
+    }
+    for (sp, truth) in &sent {
+        let est = samples.get(sp).copied().unwrap_or(0) * SFLOW_RATE;
+        assert!(
+            within_sampling_bound(est, *truth, SFLOW_RATE),
+            "sFlow by tshark, port {sp}: {est} for {truth}"
+        );
+    }
+
+    // Telemark's collector.
+    let until = Instant::now() + Duration::from_secs(10);
+    while stored(&db, "ipfix") != sent && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(stored(&db, "ipfix"), sent, "IPFIX flows in Telemark's collector");
+    let sflow = stored(&db, "sflow");
+    for (sp, truth) in &sent {
+        let est = sflow.get(sp).copied().unwrap_or(0);
+        assert!(
+            within_sampling_bound(est, *truth, SFLOW_RATE),
+            "sFlow in the collector, port {sp}: {est} for {truth}"
+        );
+    }
+    println!("tshark sFlow samples {samples:?}; collector sFlow estimates {sflow:?}");
+}
