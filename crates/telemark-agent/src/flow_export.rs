@@ -394,13 +394,11 @@ fn templates() -> Vec<Template> {
             id: tid::SAMPLING,
             scope_fields: 1,
             options: true,
+            // samplingInterval alone: what collectors read (nfdump 1.7 ignores it next to
+            // samplingAlgorithm or selectorAlgorithm).
             fields: vec![
                 iana(149, 4), // observationDomainId (scope)
                 iana(34, 4),  // samplingInterval
-                iana(35, 1),  // samplingAlgorithm
-                iana(304, 2), // selectorAlgorithm
-                iana(309, 4), // samplingSize
-                iana(310, 4), // samplingPopulation
             ],
         },
         Template {
@@ -540,10 +538,6 @@ impl IpfixOut {
         let rate = self.cfg.settings.rate;
         let mut s = Vec::new();
         s.extend_from_slice(&self.cfg.domain.to_be_bytes());
-        s.extend_from_slice(&rate.to_be_bytes());
-        s.push(if rate == 1 { 1 } else { 2 }); // deterministic (every packet), random
-        s.extend_from_slice(&(if rate == 1 { 1u16 } else { 3 }).to_be_bytes()); // count-based, random n-out-of-N
-        s.extend_from_slice(&1u32.to_be_bytes());
         s.extend_from_slice(&rate.to_be_bytes());
         let mut st = Vec::new();
         st.extend_from_slice(&self.cfg.domain.to_be_bytes());

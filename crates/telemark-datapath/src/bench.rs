@@ -2,12 +2,14 @@
 //! switch with `no_action`, with `dec_ttl`, and with the loss check at ingress and egress, over
 //! tables of 4 … 65,536 flows. Shared by `telemark bench` and the criterion benchmark.
 
+use crate::flow_meter::{FlowMeter, IpfixSettings, MeterRings, SflowSettings};
 use crate::gen::build_frame;
 use crate::rng::Rng;
 use crate::switch::{Action, Switch, SwitchConfig, Tx, BURST};
 use crate::Pkt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Instant;
+use telemark_core::flowexport::CacheConfig;
 use telemark_core::loss::{BatchEvent, EventSink, LossConfig};
 use telemark_core::spsc::{self, Consumer, Producer};
 use telemark_core::FlowKey;
@@ -98,6 +100,42 @@ pub struct Case {
     clock: u64,
     rings: Rings,
     events: Events,
+    /// The flow meter after the switch, and its rings (drained as the exporter would).
+    meter: Option<(FlowMeter, MeterRings)>,
+}
+
+/// What the flow meter after the switch does in a flow-export case (`telemark bench`'s second
+/// table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Export {
+    /// Nothing.
+    Off,
+    /// sFlow, one packet in N sampled (128 header bytes).
+    Sflow(u32),
+    /// IPFIX, one packet in N into the flow cache (room for the case's flows).
+    Ipfix(u32),
+}
+
+/// The flow-export cases, baseline first: the switch alone, with the loss check, with sFlow
+/// and with the IPFIX cache at 1:1 and 1:64.
+pub const EXPORT_CASES: [(Variant, Export); 6] = [
+    (Variant::NoAction, Export::Off),
+    (Variant::LossCheck, Export::Off),
+    (Variant::NoAction, Export::Sflow(64)),
+    (Variant::NoAction, Export::Sflow(1)),
+    (Variant::NoAction, Export::Ipfix(64)),
+    (Variant::NoAction, Export::Ipfix(1)),
+];
+
+impl Export {
+    /// The case's name.
+    pub fn name(self, v: Variant) -> String {
+        match self {
+            Export::Off => v.name().to_string(),
+            Export::Sflow(n) => format!("sflow_1:{n}"),
+            Export::Ipfix(n) => format!("ipfix_1:{n}"),
+        }
+    }
 }
 
 /// Packets in the in-memory pool cycled through by every pass.
@@ -147,10 +185,47 @@ impl Case {
             clock: 0,
             rings,
             events,
+            meter: None,
         };
         case.warm(&mut Rng::new(seed));
         case.deal(seed);
         case
+    }
+
+    /// The same case with a flow meter after the switch, its cache (IPFIX) holding every flow
+    /// already, as in steady state.
+    pub fn with_export(mut self, export: Export) -> Case {
+        let ports = 3;
+        let meter = match export {
+            Export::Off => return self,
+            Export::Sflow(n) => {
+                FlowMeter::new(ports, Some(SflowSettings { rate: n, header_bytes: 128 }), None, 7)
+            }
+            Export::Ipfix(_) => {
+                let cache = CacheConfig {
+                    max_flows: self.keys.len().max(16),
+                    active_ns: u64::MAX / 4,
+                    idle_ns: u64::MAX / 4,
+                };
+                FlowMeter::new(ports, None, Some(IpfixSettings { rate: 1, cache }), 7)
+            }
+        };
+        self.meter = Some(meter);
+        if matches!(export, Export::Ipfix(_)) {
+            // Every flow into the cache, untimed.
+            let mut burst: Vec<Pkt> = (0..BURST).map(|_| Pkt::default()).collect();
+            let keys = self.keys.clone();
+            for chunk in keys.chunks(BURST) {
+                for (p, k) in burst.iter_mut().zip(chunk) {
+                    p.data = self.frame(k);
+                }
+                self.run(&mut burst[..chunk.len()]);
+            }
+            if let (Some((m, _)), Export::Ipfix(n)) = (&mut self.meter, export) {
+                m.set_ipfix_rate(n);
+            }
+        }
+        self
     }
 
     /// A copy of this case, tables and flow state included, in memory of its own and with a
@@ -169,6 +244,7 @@ impl Case {
             clock: self.clock,
             rings,
             events,
+            meter: self.meter.as_ref().map(|(m, _)| m.fork()),
         };
         case.deal(seed);
         case
@@ -219,9 +295,7 @@ impl Case {
     /// Processes and drains `pkts` untimed.
     fn run(&mut self, pkts: &mut [Pkt]) {
         self.switch.process(pkts, &mut self.events, &mut self.rings, |_, _| false);
-        for r in &self.rings.rx {
-            while r.pop().is_some() {}
-        }
+        forwarded(&self.rings, &self.switch, &mut self.meter, pkts);
         while self.events.rx.pop().is_some() {}
     }
 
@@ -248,11 +322,7 @@ impl Case {
         let mut n = 0u64;
         for chunk in self.pool.chunks_mut(BURST) {
             self.switch.process(chunk, &mut self.events, &mut self.rings, |_, _| false);
-            for r in &self.rings.rx {
-                while let Some(i) = r.pop() {
-                    n += u64::from(i < BURST as u32);
-                }
-            }
+            n += forwarded(&self.rings, &self.switch, &mut self.meter, chunk);
             while self.events.rx.pop().is_some() {
                 self.events.drained += 1;
             }
@@ -282,6 +352,37 @@ impl Case {
     pub fn lost(&self) -> u64 {
         self.switch.stats().dropped + self.rings.full + self.events.dropped
     }
+}
+
+/// Takes the burst's packets off the output rings (through the flow meter, whose rings are
+/// drained as the exporting thread would, when there is one); how many.
+#[inline(always)]
+fn forwarded(
+    rings: &Rings,
+    switch: &Switch,
+    meter: &mut Option<(FlowMeter, MeterRings)>,
+    pkts: &[Pkt],
+) -> u64 {
+    let mut n = 0;
+    for (port, r) in rings.rx.iter().enumerate() {
+        while let Some(i) = r.pop() {
+            let Some(p) = pkts.get(i as usize) else { continue };
+            n += 1;
+            if let Some((m, _)) = meter {
+                let len = p.data.len() as u32;
+                m.packet(0, port as u16, &p.data, len, switch.parsed(i as usize), p.ts_ns);
+            }
+        }
+    }
+    if let Some((_, rings)) = meter {
+        if let Some(s) = &rings.samples {
+            while s.pop().is_some() {}
+        }
+        if let Some(f) = &rings.flows {
+            while f.pop().is_some() {}
+        }
+    }
+    n
 }
 
 /// Colors an IPv4 frame as packet number `n` of its flow (B = [`MARK_B`]) and restores its
@@ -430,6 +531,42 @@ pub fn measure(flows: usize, frame_len: usize, rounds: usize) -> Row {
         *o = median(s);
     }
     Row { flows, frame_len, ns_per_pkt, refused }
+}
+
+/// One row of the flow-export table: median ns per packet of each of [`EXPORT_CASES`].
+#[derive(Debug, Clone)]
+pub struct ExportRow {
+    /// Flows.
+    pub flows: usize,
+    /// Median ns per packet, in [`EXPORT_CASES`] order.
+    pub ns_per_pkt: Vec<f64>,
+}
+
+impl ExportRow {
+    /// Throughput of case `i` normalised to `no_action`.
+    pub fn normalised(&self, i: usize) -> f64 {
+        self.ns_per_pkt[0] / self.ns_per_pkt[i]
+    }
+}
+
+/// Measures every flow-export case at `flows` flows, as [`measure`] does the loss cases.
+pub fn measure_export(flows: usize, frame_len: usize, rounds: usize) -> ExportRow {
+    let warmed: Vec<Case> = EXPORT_CASES
+        .iter()
+        .map(|(v, e)| Case::new(*v, flows, frame_len, 42).with_export(*e))
+        .collect();
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); EXPORT_CASES.len()];
+    for round in 0..rounds {
+        let mut cases: Vec<Case> = warmed.iter().map(|c| c.fork(1 + round as u64)).collect();
+        for c in cases.iter_mut() {
+            c.pass();
+        }
+        for (c, s) in cases.iter_mut().zip(samples.iter_mut()) {
+            let (n, ns) = c.pass();
+            s.push(ns as f64 / n.max(1) as f64);
+        }
+    }
+    ExportRow { flows, ns_per_pkt: samples.iter_mut().map(|s| median(s)).collect() }
 }
 
 #[cfg(test)]

@@ -243,6 +243,43 @@ impl FlowMeter {
         }
     }
 
+    /// A copy with the same samplers and cache contents and rings of its own (benchmarks).
+    pub fn fork(&self) -> (FlowMeter, MeterRings) {
+        let sflow = self.sflow.as_ref().map(|s| {
+            let (tx, rx) = spsc::channel(4096);
+            let stage = SflowStage {
+                settings: s.settings,
+                samplers: s.samplers.clone(),
+                drops: s.drops.clone(),
+                samples: s.samples,
+                ring: tx,
+            };
+            (stage, rx)
+        });
+        let ipfix = self.ipfix.as_ref().map(|x| {
+            let (tx, rx) = spsc::channel(1 << 14);
+            let stage = IpfixStage {
+                samplers: x.samplers.clone(),
+                cache: x.cache.clone(),
+                drops: x.drops,
+                ring: tx,
+            };
+            (stage, rx)
+        });
+        let (sflow, samples) = sflow.map_or((None, None), |(s, r)| (Some(s), Some(r)));
+        let (ipfix, flows) = ipfix.map_or((None, None), |(s, r)| (Some(s), Some(r)));
+        (FlowMeter { sflow, ipfix, ports: self.ports.clone() }, MeterRings { samples, flows })
+    }
+
+    /// Samples one packet in `rate` into the IPFIX cache from now on (benchmarks fill the
+    /// cache at 1:1 first).
+    pub fn set_ipfix_rate(&mut self, rate: u32) {
+        if let Some(x) = &mut self.ipfix {
+            x.samplers =
+                (0..x.samplers.len() as u64).map(|p| Sampler::new(rate, 0x1f1c + p)).collect();
+        }
+    }
+
     /// The sampling rates: sFlow's and IPFIX's (0: off).
     pub fn rates(&self) -> (u32, u32) {
         let rate = |s: &[Sampler]| s.first().map_or(1, Sampler::rate);

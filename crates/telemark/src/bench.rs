@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use clap::Args as ClapArgs;
-use telemark_datapath::bench::{measure, Variant, POOL};
+use telemark_datapath::bench::{measure, measure_export, Variant, EXPORT_CASES, POOL};
 
 /// `telemark bench` flags.
 #[derive(ClapArgs, Debug)]
@@ -17,6 +17,10 @@ pub struct Args {
     /// Passes of the packet pool per variant; the median is reported.
     #[arg(long, default_value_t = 15)]
     pub rounds: usize,
+    /// Flow counts of the flow-export table (sFlow sampling and the IPFIX cache next to the
+    /// loss check); `--export-flows 0` leaves the table out.
+    #[arg(long, value_delimiter = ',', default_values_t = [1024usize, 65536])]
+    pub export_flows: Vec<usize>,
     /// Print CSV instead of a table.
     #[arg(long)]
     pub csv: bool,
@@ -86,6 +90,47 @@ pub fn run(a: Args) -> Result<()> {
             "columns dec_ttl, loss_chk ({}), both: throughput normalised to no_action; +ns/pkt: what the loss check adds",
             Variant::LossCheck.name()
         );
+    }
+    export_table(&a)
+}
+
+/// The flow-export table: the fast path's cost with sFlow sampling and the IPFIX cache next
+/// to the loss check, normalised to `no_action` (64-byte frames or the first `--sizes`).
+fn export_table(a: &Args) -> Result<()> {
+    let flows: Vec<usize> = a.export_flows.iter().copied().filter(|&f| f > 0).collect();
+    if flows.is_empty() {
+        return Ok(());
+    }
+    let size = a.sizes.first().copied().unwrap_or(64);
+    let names: Vec<String> = EXPORT_CASES.iter().map(|(v, e)| e.name(*v)).collect();
+    if a.csv {
+        println!(
+            "\nflows,frame_bytes,{}",
+            names.iter().map(|n| format!("{n}_ns")).collect::<Vec<_>>().join(",")
+        );
+    } else {
+        println!("\nflow export after the switch: throughput normalised to no_action ({size}-byte frames)");
+        print!("{:>6} {:>10}", "flows", "no_action");
+        for n in &names[1..] {
+            print!(" {n:>12}");
+        }
+        println!();
+    }
+    for f in flows {
+        let r = measure_export(f, size, a.rounds);
+        if a.csv {
+            let ns: Vec<String> = r.ns_per_pkt.iter().map(|v| format!("{v:.2}")).collect();
+            println!("{f},{size},{}", ns.join(","));
+        } else {
+            print!("{:>6} {:>7.1} ns", f, r.ns_per_pkt[0]);
+            for i in 1..names.len() {
+                print!(" {:>12.3}", r.normalised(i));
+            }
+            println!();
+        }
+    }
+    if !a.csv {
+        println!("sflow_1:N: 1-in-N sampling, 128 header bytes handed to the exporter's ring; ipfix_1:N: 1-in-N into the flow cache (room for every flow, held already)");
     }
     Ok(())
 }

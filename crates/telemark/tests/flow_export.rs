@@ -235,6 +235,133 @@ fn stored(db: &Path, protocol: &str) -> BTreeMap<u16, u64> {
         .collect()
 }
 
+/// nfcapd (nfdump 1.7) collecting IPFIX on a free port into `dir`.
+struct Nfcapd {
+    dir: std::path::PathBuf,
+}
+
+impl Nfcapd {
+    fn start(dir: &Path) -> (Nfcapd, u16) {
+        let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        std::fs::create_dir_all(dir.join("flows")).unwrap();
+        let st = Command::new("timeout")
+            .args(["10", "nfcapd", "-D", "-b", "127.0.0.1", "-p", &port.to_string(), "-w"])
+            .arg(dir.join("flows"))
+            .args(["-t", "60", "-B", "4000000", "-C", "none", "-P"])
+            .arg(dir.join("nfcapd.pid"))
+            .status()
+            .expect("nfcapd runs (Debian package nfdump)");
+        assert!(st.success(), "nfcapd did not start");
+        let pid = dir.join("nfcapd.pid");
+        let until = Instant::now() + Duration::from_secs(5);
+        while std::fs::metadata(&pid).map_or(true, |m| m.len() == 0) {
+            assert!(Instant::now() < until, "nfcapd wrote no pidfile");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (Nfcapd { dir: dir.to_path_buf() }, port)
+    }
+
+    /// Stops it (it writes what it holds and removes its pidfile), then reads every flow with
+    /// nfdump: packets per source port.
+    fn flows(&self) -> BTreeMap<u16, u64> {
+        let pid = self.dir.join("nfcapd.pid");
+        let n = std::fs::read_to_string(&pid).unwrap();
+        sh(&format!("kill -TERM {}", n.trim()));
+        let until = Instant::now() + Duration::from_secs(10);
+        while pid.exists() {
+            assert!(Instant::now() < until, "nfcapd did not stop");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = Command::new("timeout")
+            .args(["30", "nfdump", "-R"])
+            .arg(self.dir.join("flows"))
+            .args(["-o", "json"])
+            .env("TZ", "UTC")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let flows: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap_or_default();
+        let mut by_port = BTreeMap::new();
+        for f in flows {
+            let (Some(sp), Some(n)) = (f["src_port"].as_u64(), f["in_packets"].as_u64()) else {
+                continue;
+            };
+            *by_port.entry(sp as u16).or_default() += n;
+        }
+        by_port
+    }
+}
+
+impl Drop for Nfcapd {
+    fn drop(&mut self) {
+        if let Ok(n) = std::fs::read_to_string(self.dir.join("nfcapd.pid")) {
+            let _ = Command::new("kill").arg(n.trim()).status();
+        }
+    }
+}
+
+/// sfacctd (pmacct) collecting sFlow on a free port, renormalising by the sampling rate, its
+/// print plugin writing CSV into `dir`.
+fn sfacctd(dir: &Path) -> (Proc, u16) {
+    let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let d = dir.display();
+    let conf = format!(
+        "daemonize: false
+pidfile: {d}/sfacctd.pid
+logfile: {d}/sfacctd.log
+         sfacctd_ip: 127.0.0.1
+sfacctd_port: {port}
+sfacctd_renormalize: true
+         plugins: print[out]
+aggregate[out]: src_host, dst_host, src_port, dst_port, proto
+         print_output[out]: csv
+print_output_file[out]: {d}/out.csv
+         print_output_file_append[out]: true
+print_refresh_time[out]: 2
+         print_num_protos[out]: true
+"
+    );
+    std::fs::write(dir.join("sfacctd.conf"), conf).unwrap();
+    let child = Command::new("sfacctd")
+        .arg("-f")
+        .arg(dir.join("sfacctd.conf"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("sfacctd runs (Debian package pmacct)");
+    let until = Instant::now() + Duration::from_secs(10);
+    let log = dir.join("sfacctd.log");
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("waiting for sFlow data") {
+        assert!(Instant::now() < until, "sfacctd did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (Proc(child), port)
+}
+
+/// Stops sfacctd (SIGINT: it writes out its cache) and reads its CSV: packets per source port.
+fn sfacctd_flows(dir: &Path, p: &mut Proc) -> BTreeMap<u16, u64> {
+    if let Ok(n) = std::fs::read_to_string(dir.join("sfacctd.pid")) {
+        sh(&format!("kill -INT {}", n.trim()));
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    while p.0.try_wait().unwrap().is_none() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let csv = std::fs::read_to_string(dir.join("out.csv")).unwrap_or_default();
+    let mut lines = csv.lines();
+    let head: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
+    let col = |name: &str| head.iter().position(|h| *h == name).unwrap();
+    let (sp, pk) = (col("SRC_PORT"), col("PACKETS"));
+    let mut by_port = BTreeMap::new();
+    for l in lines.filter(|l| !l.starts_with("SRC_") && !l.is_empty()) {
+        let v: Vec<&str> = l.split(',').collect();
+        if let (Ok(s), Ok(n)) = (v[sp].parse::<u16>(), v[pk].parse::<u64>()) {
+            *by_port.entry(s).or_default() += n;
+        }
+    }
+    by_port
+}
+
 /// Within four standard deviations of `truth` for 1-in-`rate` sampling (binomial, an upper
 /// bound of the random-skip sampler's variance).
 fn within_sampling_bound(estimate: u64, truth: u64, rate: u64) -> bool {
@@ -255,15 +382,21 @@ fn sflow_and_ipfix_from_the_switch_decode_in_tshark_telemarks_collector_nfdump_a
     let rec_sflow = udp_recorder(&recorded, &stop);
     let rec_ipfix = udp_recorder(&recorded, &stop);
     let rec_tcp = tcp_recorder(&recorded);
+    let nf_dir = dir.path().join("nfcapd");
+    let (nfcapd, nf_port) = Nfcapd::start(&nf_dir);
+    let sf_dir = dir.path().join("sfacctd");
+    std::fs::create_dir_all(&sf_dir).unwrap();
+    let (mut sfacct, sf_port) = sfacctd(&sf_dir);
 
     let cfg = format!(
         "agent = \"fx\"\nnetns = \"{p}s\"\n\
          [[pair]]\na = \"sa\"\nb = \"sb\"\nmark = \"a\"\n\
          [export]\ncollector = \"{base}\"\nreport_all = true\ninterval = \"500ms\"\n\
-         [sflow]\ncollectors = [\"127.0.0.1:{rec_sflow}\", \"127.0.0.1:{flow_port}\"]\n\
+         [sflow]\ncollectors = [\"127.0.0.1:{rec_sflow}\", \"127.0.0.1:{flow_port}\", \
+         \"127.0.0.1:{sf_port}\"]\n\
          sampling = {SFLOW_RATE}\npolling = \"1s\"\n\
          [ipfix]\ncollectors = [\"127.0.0.1:{rec_ipfix}\", \"tcp://127.0.0.1:{rec_tcp}\", \
-         \"127.0.0.1:{flow_port}\"]\nactive_timeout = \"2s\"\nidle_timeout = \"1s\"\n"
+         \"127.0.0.1:{flow_port}\", \"127.0.0.1:{nf_port}\"]\nactive_timeout = \"2s\"\nidle_timeout = \"1s\"\n"
     );
     let agent = Agent::start(FileConfig::parse(&cfg).unwrap().validate().unwrap()).unwrap();
     let rx_before = bed.rx_packets();
@@ -411,4 +544,17 @@ fn sflow_and_ipfix_from_the_switch_decode_in_tshark_telemarks_collector_nfdump_a
         );
     }
     println!("tshark sFlow samples {samples:?}; collector sFlow estimates {sflow:?}");
+
+    // nfdump reads Telemark's IPFIX: every packet in its flows.
+    assert_eq!(nfcapd.flows(), sent, "IPFIX flows as nfdump reads them");
+    // pmacct reads Telemark's sFlow: renormalised packets within the sampling bound.
+    let pm = sfacctd_flows(&sf_dir, &mut sfacct);
+    println!("sfacctd: {pm:?}");
+    for (sp, truth) in &sent {
+        let est = pm.get(sp).copied().unwrap_or(0);
+        assert!(
+            within_sampling_bound(est, *truth, SFLOW_RATE),
+            "sFlow in sfacctd, port {sp}: {est} for {truth}"
+        );
+    }
 }
