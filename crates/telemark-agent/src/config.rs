@@ -515,7 +515,8 @@ fn sampling(what: &str, v: Option<u32>, default: u32) -> Result<u32, ConfigError
 }
 
 impl SflowSection {
-    fn validate(self) -> Result<SflowExport, ConfigError> {
+    /// Checks every value and fills in defaults.
+    pub fn validate(self) -> Result<SflowExport, ConfigError> {
         if self.collectors.is_empty() {
             return Err(invalid("[sflow] collectors: give at least one host:port"));
         }
@@ -541,7 +542,8 @@ impl SflowSection {
 }
 
 impl IpfixSection {
-    fn validate(self) -> Result<IpfixExport, ConfigError> {
+    /// Checks every value and fills in defaults.
+    pub fn validate(self) -> Result<IpfixExport, ConfigError> {
         if self.collectors.is_empty() {
             return Err(invalid("[ipfix] collectors: give at least one host:port"));
         }

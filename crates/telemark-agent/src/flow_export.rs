@@ -4,7 +4,7 @@
 //! sends them to the configured collectors (docs/flow-export.md). It never holds up the fast
 //! path: what it cannot send is dropped and counted.
 
-use crate::config::{AgentConfig, IpfixExport, IpfixTransport, SflowExport};
+use crate::config::{IpfixExport, IpfixTransport, SflowExport};
 use crate::run::Shared;
 use serde::Serialize;
 use std::io::Write as _;
@@ -56,23 +56,55 @@ pub struct FlowExportStats {
 
 /// One port as sFlow and IPFIX name it.
 #[derive(Debug, Clone)]
-pub(crate) struct PortInfo {
-    pub(crate) ifindex: u32,
+pub struct PortInfo {
+    /// Its interface index.
+    pub ifindex: u32,
+}
+
+/// The running flow-export thread.
+pub struct FlowExport {
+    handle: JoinHandle<()>,
+    shared: Arc<Shared>,
+}
+
+impl FlowExport {
+    /// Starts a thread exporting what the meter whose `rings` these are produces, to the
+    /// collectors of `sflow` and `ipfix`; it ends once `done` is set and everything is sent
+    /// (`telemark export`: a capture through the flow meter).
+    pub fn start(
+        sflow: Option<&SflowExport>,
+        ipfix: Option<&IpfixExport>,
+        rings: MeterRings,
+        ports: Vec<PortInfo>,
+        done: Arc<AtomicBool>,
+    ) -> std::io::Result<FlowExport> {
+        let shared = Arc::new(Shared::default());
+        let (handle, _) = start(sflow, ipfix, rings, ports, shared.clone(), done)?;
+        Ok(FlowExport { handle, shared })
+    }
+
+    /// Waits for the thread to end; what it sent.
+    pub fn join(self) -> FlowExportStats {
+        let _ = self.handle.join();
+        self.shared.flow_export.lock().map(|s| s.clone()).unwrap_or_default()
+    }
 }
 
 /// Starts the thread; it ends once `fast_done` is set and everything is sent. Returns it and
 /// the sender the aggregator hands loss records to (with `[ipfix] loss`).
 pub(crate) fn start(
-    cfg: &AgentConfig,
+    sflow: Option<&SflowExport>,
+    ipfix: Option<&IpfixExport>,
     rings: MeterRings,
     ports: Vec<PortInfo>,
     shared: Arc<Shared>,
     fast_done: Arc<AtomicBool>,
 ) -> std::io::Result<(JoinHandle<()>, Option<SyncSender<LossRecord>>)> {
     let boot = now_ns();
-    let sflow = cfg.sflow.as_ref().map(|s| SflowOut::new(s, boot)).transpose()?;
-    let ipfix = cfg.ipfix.as_ref().map(IpfixOut::new).transpose()?;
-    let (loss_tx, loss_rx) = match &cfg.ipfix {
+    let sflow_out = sflow.map(|s| SflowOut::new(s, boot)).transpose()?;
+    let ipfix_out = ipfix.map(IpfixOut::new).transpose()?;
+    let (sflow, ipfix) = (sflow_out, ipfix_out);
+    let (loss_tx, loss_rx) = match ipfix.as_ref().map(|x| &x.cfg) {
         Some(i) if i.loss => {
             let (tx, rx) = std::sync::mpsc::sync_channel(LOSS_QUEUE);
             (Some(tx), Some(rx))
@@ -341,23 +373,24 @@ fn templates() -> Vec<Template> {
     let flow = |id, v6: bool| {
         let (a, len) = if v6 { ((27, 28), 16) } else { ((8, 12), 4) };
         let fields = vec![
-            iana(a.0, len), // sourceIPv{4,6}Address
-            iana(a.1, len), // destinationIPv{4,6}Address
-            iana(7, 2),     // sourceTransportPort
-            iana(11, 2),    // destinationTransportPort
-            iana(4, 1),     // protocolIdentifier
-            iana(5, 1),     // ipClassOfService
-            iana(6, 2),     // tcpControlBits
-            iana(60, 1),    // ipVersion
-            iana(10, 4),    // ingressInterface
-            iana(14, 4),    // egressInterface
-            iana(58, 2),    // vlanId
-            iana(61, 1),    // flowDirection
-            iana(2, 8),     // packetDeltaCount
-            iana(1, 8),     // octetDeltaCount
-            iana(152, 8),   // flowStartMilliseconds
-            iana(153, 8),   // flowEndMilliseconds
-            iana(136, 1),   // flowEndReason
+            iana(a.0, len),                     // sourceIPv{4,6}Address
+            iana(a.1, len),                     // destinationIPv{4,6}Address
+            iana(7, 2),                         // sourceTransportPort
+            iana(11, 2),                        // destinationTransportPort
+            iana(4, 1),                         // protocolIdentifier
+            iana(5, 1),                         // ipClassOfService
+            iana(6, 2),                         // tcpControlBits
+            iana(60, 1),                        // ipVersion
+            iana(10, 4),                        // ingressInterface
+            iana(14, 4),                        // egressInterface
+            iana(58, 2),                        // vlanId
+            iana(61, 1),                        // flowDirection
+            iana(2, 8),                         // packetDeltaCount
+            iana(1, 8),                         // octetDeltaCount
+            iana(152, 8),                       // flowStartMilliseconds
+            iana(153, 8),                       // flowEndMilliseconds
+            iana(136, 1),                       // flowEndReason
+            iana(if v6 { 139 } else { 32 }, 2), // icmpTypeCodeIPv6 / icmpTypeCodeIPv4
         ];
         Template { id, scope_fields: 0, fields, options: false }
     };
@@ -500,6 +533,7 @@ impl IpfixOut {
         r.extend_from_slice(&ms(e.start_ns));
         r.extend_from_slice(&ms(e.end_ns));
         r.push(why as u8);
+        r.extend_from_slice(&f.icmp_type_code.to_be_bytes());
         self.pending.push((if v6 { tid::FLOW_V6 } else { tid::FLOW_V4 }, r));
     }
 

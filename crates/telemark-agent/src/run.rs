@@ -381,9 +381,15 @@ impl Agent {
                 cfg.ipfix.as_ref().map(|i| i.settings),
                 now_ns(),
             );
-            let (h, loss_tx) =
-                flow_export::start(&cfg, rings, port_info, stats.clone(), fast_done.clone())
-                    .map_err(AgentError::Report)?;
+            let (h, loss_tx) = flow_export::start(
+                cfg.sflow.as_ref(),
+                cfg.ipfix.as_ref(),
+                rings,
+                port_info,
+                stats.clone(),
+                fast_done.clone(),
+            )
+            .map_err(AgentError::Report)?;
             (Some(meter), Some(h), loss_tx)
         } else {
             (None, None, None)

@@ -3,11 +3,14 @@
 //! produce leaves through a ring to the exporting thread, which encodes and sends it. A full
 //! ring drops and counts; nothing here waits.
 
+use std::time::{Duration, Instant};
+use telemark_core::flow_hash;
 use telemark_core::flowexport::{
-    CacheConfig, CacheStats, EndReason, FlowCache, FlowEntry, Observation, Sampler,
+    CacheConfig, CacheStats, EndReason, FlowCache, FlowEntry, FragmentPorts, Observation, Sampler,
 };
 use telemark_core::spsc::{self, Consumer, Producer};
-use telemark_wire::flow::Parsed;
+use telemark_wire::flow::{Fragment, Parsed};
+use telemark_wire::link::LinkType;
 
 /// The most header bytes an sFlow sample carries.
 pub const MAX_HEADER: usize = 256;
@@ -93,6 +96,7 @@ struct SflowStage {
 struct IpfixStage {
     samplers: Vec<Sampler>,
     cache: FlowCache,
+    fragments: FragmentPorts,
     drops: u64,
     ring: Producer<ExportedFlow>,
 }
@@ -110,6 +114,10 @@ pub struct FlowMeter {
     sflow: Option<SflowStage>,
     ipfix: Option<IpfixStage>,
     ports: Vec<PortCounters>,
+    /// How long a hand-off waits for room in a full ring (`None`: not at all, the fast path).
+    patience: Option<Duration>,
+    /// The frames' link type (VLAN tags are read from Ethernet frames).
+    link: LinkType,
 }
 
 impl FlowMeter {
@@ -145,14 +153,34 @@ impl FlowMeter {
                 let stage = IpfixStage {
                     samplers: samplers(i.rate, 0x1f1c),
                     cache: FlowCache::new(i.cache),
+                    fragments: FragmentPorts::new(1024),
                     drops: 0,
                     ring: tx,
                 };
                 (Some(stage), Some(rx))
             }
         };
-        let meter = FlowMeter { sflow, ipfix, ports: vec![PortCounters::default(); ports] };
+        let meter = FlowMeter {
+            sflow,
+            ipfix,
+            ports: vec![PortCounters::default(); ports],
+            patience: None,
+            link: LinkType::Ethernet,
+        };
         (meter, MeterRings { samples, flows })
+    }
+
+    /// A meter that waits for room in a full ring (up to two seconds a record) rather than
+    /// drop: for a capture read from a file, which has time to wait.
+    pub fn patient(mut self) -> Self {
+        self.patience = Some(Duration::from_secs(2));
+        self
+    }
+
+    /// Frames of link type `link` (default Ethernet).
+    pub fn with_link(mut self, link: LinkType) -> Self {
+        self.link = link;
+        self
     }
 
     /// One packet the switch received on `in_port` and sent out of `out_port` (`u16::MAX`:
@@ -178,14 +206,25 @@ impl FlowMeter {
         }
         if let Some(s) = &mut self.sflow {
             if s.samplers.get_mut(i).is_some_and(Sampler::sample) {
-                s.sample(i, in_port, out_port, frame, wire_len);
+                s.sample(i, in_port, out_port, frame, wire_len, self.patience);
             }
         }
         if let (Some(x), Some((p, hash))) = (&mut self.ipfix, parsed) {
+            if let Fragment::First(id) = p.fragment {
+                x.fragments.first(&p.key, id);
+            }
             if x.samplers.get_mut(i).is_some_and(Sampler::sample) {
-                let obs = observation(frame, p, hash, in_port, out_port, ts_ns);
-                let (ring, drops) = (&x.ring, &mut x.drops);
-                x.cache.observe(&obs, &mut |e, why| hand_out(ring, drops, e, why));
+                let mut obs = observation(frame, p, hash, in_port, out_port, ts_ns);
+                if let Fragment::Later(id) = p.fragment {
+                    if let Some(key) = x.fragments.later(&p.key, id) {
+                        (obs.key, obs.hash) = (key, flow_hash(&key));
+                    }
+                }
+                if self.link != LinkType::Ethernet {
+                    obs.vlan = 0;
+                }
+                let (ring, drops, patience) = (&x.ring, &mut x.drops, self.patience);
+                x.cache.observe(&obs, &mut |e, why| hand_out(ring, drops, e, why, patience));
             }
         }
     }
@@ -193,8 +232,8 @@ impl FlowMeter {
     /// Sweeps the next `ways` entries of the flow cache for timeouts at `now`.
     pub fn sweep(&mut self, now: u64, ways: usize) {
         if let Some(x) = &mut self.ipfix {
-            let (ring, drops) = (&x.ring, &mut x.drops);
-            x.cache.sweep(now, ways, &mut |e, why| hand_out(ring, drops, e, why));
+            let (ring, drops, patience) = (&x.ring, &mut x.drops, self.patience);
+            x.cache.sweep(now, ways, &mut |e, why| hand_out(ring, drops, e, why, patience));
         }
     }
 
@@ -203,28 +242,13 @@ impl FlowMeter {
         self.ipfix.as_ref().map_or(0, |x| x.cache.capacity())
     }
 
-    /// Hands out every cached flow (the agent stops), waiting up to two seconds in all for
-    /// room in the ring (the exporting thread drains it meanwhile).
+    /// Hands out every cached flow (the agent stops), waiting for room in the ring as a
+    /// patient meter does (the exporting thread drains it meanwhile).
     pub fn flush(&mut self) {
         if let Some(x) = &mut self.ipfix {
             let (ring, drops) = (&x.ring, &mut x.drops);
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-            x.cache.flush(&mut |e, why| {
-                let mut item = (*e, why);
-                loop {
-                    match ring.push(item) {
-                        Ok(()) => return,
-                        Err(back) if std::time::Instant::now() < deadline => {
-                            item = back;
-                            std::thread::sleep(std::time::Duration::from_micros(200));
-                        }
-                        Err(_) => {
-                            *drops += 1;
-                            return;
-                        }
-                    }
-                }
-            });
+            let patience = Some(self.patience.unwrap_or(Duration::from_secs(2)));
+            x.cache.flush(&mut |e, why| hand_out(ring, drops, e, why, patience));
         }
     }
 
@@ -261,6 +285,7 @@ impl FlowMeter {
             let stage = IpfixStage {
                 samplers: x.samplers.clone(),
                 cache: x.cache.clone(),
+                fragments: x.fragments.clone(),
                 drops: x.drops,
                 ring: tx,
             };
@@ -268,7 +293,14 @@ impl FlowMeter {
         });
         let (sflow, samples) = sflow.map_or((None, None), |(s, r)| (Some(s), Some(r)));
         let (ipfix, flows) = ipfix.map_or((None, None), |(s, r)| (Some(s), Some(r)));
-        (FlowMeter { sflow, ipfix, ports: self.ports.clone() }, MeterRings { samples, flows })
+        let meter = FlowMeter {
+            sflow,
+            ipfix,
+            ports: self.ports.clone(),
+            patience: self.patience,
+            link: self.link,
+        };
+        (meter, MeterRings { samples, flows })
     }
 
     /// Samples one packet in `rate` into the IPFIX cache from now on (benchmarks fill the
@@ -292,7 +324,15 @@ impl FlowMeter {
 
 impl SflowStage {
     #[cold]
-    fn sample(&mut self, i: usize, in_port: u16, out_port: u16, frame: &[u8], wire_len: u32) {
+    fn sample(
+        &mut self,
+        i: usize,
+        in_port: u16,
+        out_port: u16,
+        frame: &[u8],
+        wire_len: u32,
+        patience: Option<Duration>,
+    ) {
         let n = frame.len().min(self.settings.header_bytes);
         let mut s = SampledPacket {
             port: in_port,
@@ -305,15 +345,38 @@ impl SflowStage {
         };
         s.header[..n].copy_from_slice(&frame[..n]);
         self.samples += 1;
-        if self.ring.push(s).is_err() {
+        if !hand(&self.ring, s, patience) {
             self.drops[i] = self.drops[i].wrapping_add(1);
         }
     }
 }
 
-fn hand_out(ring: &Producer<ExportedFlow>, drops: &mut u64, e: &FlowEntry, why: EndReason) {
-    if ring.push((*e, why)).is_err() {
+fn hand_out(
+    ring: &Producer<ExportedFlow>,
+    drops: &mut u64,
+    e: &FlowEntry,
+    why: EndReason,
+    patience: Option<Duration>,
+) {
+    if !hand(ring, (*e, why), patience) {
         *drops += 1;
+    }
+}
+
+/// Pushes `item` onto `ring`; when it is full, waits for room up to `patience` (`None`: not
+/// at all). False when the item was dropped.
+#[inline]
+fn hand<T>(ring: &Producer<T>, item: T, patience: Option<Duration>) -> bool {
+    let Err(mut item) = ring.push(item) else { return true };
+    let Some(p) = patience else { return false };
+    let deadline = Instant::now() + p;
+    loop {
+        std::thread::sleep(Duration::from_micros(200));
+        match ring.push(item) {
+            Ok(()) => return true,
+            Err(back) if Instant::now() < deadline => item = back,
+            Err(_) => return false,
+        }
     }
 }
 
@@ -329,16 +392,18 @@ pub fn observation(
     let be16 = |at: usize| frame.get(at..at + 2).map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
     let vlan = if be16(12) == 0x8100 { be16(14) & 0x0fff } else { 0 };
     let ip = p.ip_offset;
-    let (octets, l4) = match p.ip_version {
-        4 => {
-            let ihl = frame.get(ip).map_or(20, |b| usize::from(b & 0x0f) * 4);
-            (u32::from(be16(ip + 2)), Some(ip + ihl))
-        }
-        // The TCP header right after the fixed header (extension headers: no flags read).
-        _ => (u32::from(be16(ip + 4)) + 40, (frame.get(ip + 6) == Some(&6)).then_some(ip + 40)),
+    let octets = match p.ip_version {
+        4 => u32::from(be16(ip + 2)),
+        _ => u32::from(be16(ip + 4)) + 40,
     };
+    // No transport header in a later fragment.
+    let l4 = (!matches!(p.fragment, Fragment::Later(_))).then_some(p.l4_offset);
     let tcp_flags = match l4 {
         Some(at) if p.key.proto == 6 => frame.get(at + 13).copied().unwrap_or(0),
+        _ => 0,
+    };
+    let icmp_type_code = match l4 {
+        Some(at) if matches!(p.key.proto, 1 | 58) => be16(at),
         _ => 0,
     };
     Observation {
@@ -350,6 +415,7 @@ pub fn observation(
         ip_version: p.ip_version,
         dscp: p.dscp,
         tcp_flags,
+        icmp_type_code,
         octets,
         ts_ns,
     }

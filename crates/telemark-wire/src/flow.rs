@@ -138,6 +138,24 @@ pub struct Parsed {
     pub dscp: u8,
     /// Tunnel layers walked through.
     pub tunnels: u8,
+    /// Offset of the transport header after that IP header (its extension headers skipped).
+    pub l4_offset: usize,
+    /// Whether the packet is a fragment of a larger one.
+    pub fragment: Fragment,
+}
+
+/// Where a packet stands in IP fragmentation (RFC 791 §3.2, RFC 8200 §4.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fragment {
+    /// A whole packet.
+    #[default]
+    Whole,
+    /// The first fragment (it has the transport header) of the packet with this
+    /// identification.
+    First(u32),
+    /// A later fragment (no transport header: no ports) of the packet with this
+    /// identification.
+    Later(u32),
 }
 
 #[derive(Clone, Copy)]
@@ -221,6 +239,11 @@ fn walk(
         Next::Ip4 => {
             let p = ipv4::Packet::new_lenient(rest)?;
             let non_first = p.frag_offset() != 0;
+            let fragment = match (non_first, p.more_frags()) {
+                (true, _) => Fragment::Later(u32::from(p.ident())),
+                (false, true) => Fragment::First(u32::from(p.ident())),
+                (false, false) => Fragment::Whole,
+            };
             let l4 = p.payload();
             let hl = p.header_len();
             let proto = p.protocol();
@@ -230,24 +253,17 @@ fn walk(
                 proto: proto.into(),
                 ..FlowKey::default()
             };
-            ip_layer(
-                key,
-                proto,
-                l4,
-                off,
-                off + hl,
-                4,
-                p.dscp(),
-                non_first,
-                nsh_path,
-                tunnels,
-                best,
-            )?
+            ip_layer(key, proto, l4, off, off + hl, 4, p.dscp(), fragment, nsh_path, tunnels, best)?
         }
         Next::Ip6 => {
             let p = ipv6::Packet::new_lenient(rest)?;
-            let (proto, ext) = p.upper_layer()?;
+            let (proto, ext, id) = p.upper_layer_and_fragment()?;
             let non_first = proto == Protocol::Ipv6Frag;
+            let fragment = match (id, non_first) {
+                (None, _) => Fragment::Whole,
+                (Some(id), false) => Fragment::First(id),
+                (Some(id), true) => Fragment::Later(id),
+            };
             let payload = p.payload();
             let l4 = payload.get(ext..).unwrap_or(&[]);
             let key = FlowKey {
@@ -262,7 +278,7 @@ fn walk(
                 ..FlowKey::default()
             };
             let l4_off = off + ipv6::HEADER_LEN + ext;
-            ip_layer(key, proto, l4, off, l4_off, 6, p.dscp(), non_first, nsh_path, tunnels, best)?
+            ip_layer(key, proto, l4, off, l4_off, 6, p.dscp(), fragment, nsh_path, tunnels, best)?
         }
         Next::Nsh => {
             let p = nsh::Packet::new_checked(rest)?;
@@ -309,7 +325,7 @@ fn ip_layer(
     l4_off: usize,
     ip_version: u8,
     dscp: u8,
-    non_first_fragment: bool,
+    fragment: Fragment,
     nsh_path: &mut Option<(u32, u8)>,
     tunnels: &mut u8,
     best: &mut Option<Parsed>,
@@ -318,6 +334,7 @@ fn ip_layer(
         key.spi = Some(spi);
         key.si = Some(si);
     }
+    let non_first_fragment = matches!(fragment, Fragment::Later(_));
     let has_ports = !non_first_fragment && matches!(u8::from(proto), 6 | 17 | 132 | 136);
     if has_ports {
         if let Some(p) = l4.get(0..4) {
@@ -329,7 +346,15 @@ fn ip_layer(
             return Ok(None);
         }
     }
-    *best = Some(Parsed { key, ip_offset: ip_off, ip_version, dscp, tunnels: *tunnels });
+    *best = Some(Parsed {
+        key,
+        ip_offset: ip_off,
+        ip_version,
+        dscp,
+        tunnels: *tunnels,
+        l4_offset: l4_off,
+        fragment,
+    });
     if non_first_fragment {
         return Ok(None);
     }

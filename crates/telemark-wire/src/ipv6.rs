@@ -109,7 +109,14 @@ impl<T: AsRef<[u8]>> Packet<T> {
     ///
     /// A non-first fragment has no upper-layer header: it is reported as `Ipv6Frag`.
     pub fn upper_layer(&self) -> Result<(Protocol, usize)> {
+        self.upper_layer_and_fragment().map(|(proto, off, _)| (proto, off))
+    }
+
+    /// [`upper_layer`](Self::upper_layer), and the fragment header's identification when the
+    /// packet is a fragment (RFC 8200 §4.5).
+    pub fn upper_layer_and_fragment(&self) -> Result<(Protocol, usize, Option<u32>)> {
         let p = self.payload();
+        let mut fragment = None;
         let mut nh = self.next_header();
         let mut off = 0usize;
         for _ in 0..MAX_EXT_HEADERS {
@@ -128,8 +135,14 @@ impl<T: AsRef<[u8]>> Packet<T> {
                         need: off + 8,
                         have: p.len(),
                     })?;
+                    let id = p.get(off + 4..off + 8).ok_or(Error::Truncated {
+                        layer: "ipv6 fragment",
+                        need: off + 8,
+                        have: p.len(),
+                    })?;
+                    fragment = Some(u32::from_be_bytes([id[0], id[1], id[2], id[3]]));
                     if u16::from_be_bytes([fo[0], fo[1]]) & 0xfff8 != 0 {
-                        return Ok((Protocol::Ipv6Frag, off));
+                        return Ok((Protocol::Ipv6Frag, off, fragment));
                     }
                     8
                 }
@@ -141,7 +154,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
                     })?;
                     (usize::from(*l) + 2) * 4
                 }
-                other => return Ok((other, off)),
+                other => return Ok((other, off, fragment)),
             };
             let next = *p.get(off).ok_or(Error::Truncated {
                 layer: "ipv6 extension",

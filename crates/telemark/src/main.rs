@@ -14,6 +14,7 @@ mod demo_int;
 mod eval;
 mod eval_hh;
 mod eval_sketch;
+mod export;
 mod gen;
 mod input;
 mod int_collector;
@@ -68,6 +69,9 @@ enum Cmd {
     /// Records per second through Kafka with the broker on this host: an agent's producer, a
     /// collector publishing its outbox, a collector consuming and storing; JSON and protobuf.
     BenchKafka(bench_kafka::Args),
+    /// A capture through the switch's flow meter, exported as IPFIX and sFlow to collectors
+    /// (as an agent exports its ports' traffic).
+    Export(export::Args),
     /// Flow export into the collector: IPFIX, NetFlow v5 and sFlow decoded per second on one
     /// core, and flows stored per second over loopback UDP at given datagram rates.
     BenchFlows(bench_flows::Args),
@@ -106,6 +110,7 @@ fn main() {
         Cmd::BenchInt(a) => bench_int::run(a),
         Cmd::BenchKafka(a) => bench_kafka::run(a),
         Cmd::BenchFlows(a) => bench_flows::run(a),
+        Cmd::Export(a) => export::run(a),
     };
     if let Err(e) = r {
         // The reader went away (`telemark replay … | head`): not an error.

@@ -71,6 +71,9 @@ pub struct Observation {
     pub dscp: u8,
     /// Its TCP flags (0 if not TCP).
     pub tcp_flags: u8,
+    /// ICMP or ICMPv6 type × 256 + code (0 for other protocols): ICMP messages of different
+    /// types are different flows, as IPFIX's `icmpTypeCode` elements key them.
+    pub icmp_type_code: u16,
     /// Bytes of its IP packet (the IPFIX octet count).
     pub octets: u32,
     /// When it arrived, ns since the Unix epoch.
@@ -136,6 +139,7 @@ fn empty_way() -> Way {
         ip_version: 0,
         dscp: 0,
         tcp_flags: 0,
+        icmp_type_code: 0,
         octets: 0,
         ts_ns: 0,
     };
@@ -173,6 +177,7 @@ impl FlowCache {
                 && w.entry.first.key == p.key
                 && w.entry.first.in_port == p.in_port
                 && w.entry.first.vlan == p.vlan
+                && w.entry.first.icmp_type_code == p.icmp_type_code
         };
         if let Some(w) = bucket.iter_mut().find(|w| same(w)) {
             let e = &mut w.entry;
@@ -318,6 +323,7 @@ mod tests {
             ip_version: 4,
             dscp: 0,
             tcp_flags,
+            icmp_type_code: 0,
             octets,
             ts_ns,
         }

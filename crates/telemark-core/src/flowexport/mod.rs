@@ -6,13 +6,16 @@
 //!   copied out; nothing else happens per packet.
 //! - [`cache`]: §V "Measuring with IPFIX", B. "Introducing cache and flow aggregation": a flow
 //!   table that sums packets and octets per flow and hands finished flows out on active and
-//!   idle timeouts, at the end of a TCP connection, or when the table is full.
+//!   idle timeouts, at the end of a TCP connection, or when the table is full;
+//!   [`fragments`] gives later IP fragments their first fragment's ports.
 //!
 //! Both are sans-IO: the agent's fast path owns them and hands what they produce to an
 //! exporting thread through a ring (nothing here blocks or allocates per packet).
 
 pub mod cache;
+pub mod fragments;
 pub mod sampler;
 
 pub use cache::{CacheConfig, CacheStats, EndReason, FlowCache, FlowEntry, Observation};
+pub use fragments::FragmentPorts;
 pub use sampler::Sampler;
