@@ -558,3 +558,98 @@ fn sflow_and_ipfix_from_the_switch_decode_in_tshark_telemarks_collector_nfdump_a
         );
     }
 }
+
+const OVS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testbed/ovs.sh");
+
+/// An Open vSwitch bridge (userspace datapath, testbed/ovs.sh) between two namespaces.
+struct Ovs {
+    prefix: String,
+}
+
+impl Ovs {
+    fn run(&self, args: &[&str]) {
+        let out = Command::new("timeout")
+            .args(["60", "bash", OVS, &self.prefix])
+            .args(args)
+            .env("OVS_DATAPATH", "dummy")
+            .output()
+            .expect("bash runs");
+        assert!(out.status.success(), "ovs.sh {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+impl Drop for Ovs {
+    fn drop(&mut self) {
+        let _ = Command::new("timeout")
+            .args(["60", "bash", OVS, &self.prefix, "down"])
+            .env("OVS_DATAPATH", "dummy")
+            .output();
+    }
+}
+
+/// Open vSwitch (needs Debian's openvswitch-switch) exports its own sFlow and IPFIX, both
+/// sampling 1 in 16, into Telemark's collector while four UDP flows cross its bridge: the
+/// packets the collector estimates per flow from each are within the sampling's bound of what
+/// was sent (OvS's IPFIX counts come scaled already; its sFlow samples are scaled by the
+/// collector).
+#[test]
+fn open_vswitch_exports_sflow_and_ipfix_into_the_collector() {
+    const RATE: u64 = 16;
+    let ovs = Ovs { prefix: format!("tmov{}", std::process::id() % 100_000) };
+    ovs.run(&["up"]);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("collector.db");
+    let (_collector, _base, port) = collector(&db);
+    // The collector listens before the exporters start: OvS sends templates rarely.
+    ovs.run(&["sflow", &port.to_string(), &RATE.to_string()]);
+    ovs.run(&["ipfix", &port.to_string(), &RATE.to_string()]);
+    let ns = format!("{}a", ovs.prefix);
+    let senders: Vec<_> = SPORTS
+        .iter()
+        .map(|&sport| {
+            let ns = ns.clone();
+            std::thread::spawn(move || {
+                let spec = FlowSpec {
+                    key: FlowKey {
+                        src: "10.33.0.1".parse().unwrap(),
+                        dst: "10.33.0.2".parse().unwrap(),
+                        ..key(sport)
+                    },
+                    src_mac: [2, 0x33, 0, 0, 0, 1],
+                    dst_mac: [2, 0x33, 0, 0, 0, 2],
+                    payload: 100,
+                    pps: PPS,
+                    catch_up: traffic::catch_up(PPS),
+                    churn: false,
+                };
+                let stop = AtomicBool::new(false);
+                traffic::send(Some(&ns), "a0", &spec, Duration::from_secs(SECS), &stop).unwrap()
+            })
+        })
+        .collect();
+    let sent: BTreeMap<u16, u64> =
+        SPORTS.iter().zip(senders).map(|(&s, h)| (s, h.join().unwrap().sent)).collect();
+    // OvS exports a flow's record about 2 s after its cache entry opened, sFlow each second.
+    let done = |proto: &str| {
+        let got = stored(&db, proto);
+        sent.iter().all(|(sp, t)| got.get(sp).is_some_and(|&e| within_sampling_bound(e, *t, RATE)))
+    };
+    let until = Instant::now() + Duration::from_secs(20);
+    while !(done("ipfix") && done("sflow")) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let (ipfix, sflow) = (stored(&db, "ipfix"), stored(&db, "sflow"));
+    println!(
+        "sent {sent:?}\nOvS IPFIX in the collector {ipfix:?}\nOvS sFlow in the collector {sflow:?}"
+    );
+    for (sp, truth) in &sent {
+        for (what, got) in [("IPFIX", &ipfix), ("sFlow", &sflow)] {
+            let est = got.get(sp).copied().unwrap_or(0);
+            assert!(
+                within_sampling_bound(est, *truth, RATE),
+                "OvS {what}, port {sp}: {est} estimated for {truth} sent"
+            );
+        }
+    }
+}
