@@ -27,6 +27,7 @@ const ROUTES: &[&str] = &[
     "/api/v1/agents",
     "/api/v1/ingest",
     "/api/v1/flows",
+    "/api/v1/flows/top",
     "/api/v1/loss",
     "/api/v1/localise",
     "/api/v1/link",
@@ -138,6 +139,7 @@ impl Api {
             }
             ("GET", "/api/v1/agents", _) => self.agents(now),
             ("GET", "/api/v1/flows", _) => self.flows(query, now),
+            ("GET", "/api/v1/flows/top", _) => self.top_talkers(query, now),
             ("GET", "/api/v1/loss", _) => self.loss(query),
             ("GET", "/api/v1/localise", _) => self.localise(query),
             ("GET", "/api/v1/link", _) => self.link(query),
@@ -486,6 +488,44 @@ impl Api {
         };
         match self.store().events(w, q.get("detector"), flow.as_ref(), limit) {
             Ok(ev) => q.json(200, &json!({ "events": ev })),
+            Err(e) => self.db_error(e),
+        }
+    }
+
+    /// `GET /api/v1/flows/top`: the flows with the most bytes (or packets) in a window, over
+    /// every `flow` record stored (exporters' flows and agents' heavy hitters), optionally of
+    /// one exporter (`exporter`, its address or agent name), one interface (`interface`, the
+    /// record's port) and one source (`point`: `ipfix`, `sflow`, `netflow9`, …).
+    fn top_talkers(&self, query: &str, now: u64) -> Response {
+        const HOUR_NS: u64 = 3600 * 1_000_000_000;
+        let takes =
+            ["from", "to", "since_ns", "exporter", "interface", "point", "by", "limit", "ints"];
+        let parsed = Query::parse(query, &takes).and_then(|q| {
+            let w = q.window(now.saturating_sub(HOUR_NS))?;
+            let by = match q.get("by").unwrap_or("bytes") {
+                "bytes" => crate::store::TopBy::Bytes,
+                "packets" => crate::store::TopBy::Packets,
+                other => return Err(format!("by {other:?}: bytes or packets")),
+            };
+            match q.u64_or("limit", 10)? {
+                l @ 1..=1000 => Ok((q, w, by, l)),
+                l => Err(format!("limit {l} (1 to 1000)")),
+            }
+        });
+        let (q, w, by, limit) = match parsed {
+            Ok(x) => x,
+            Err(e) => return self.bad_query(e),
+        };
+        let filter = crate::store::TopFilter {
+            exporter: q.get("exporter"),
+            interface: q.get("interface"),
+            point: q.get("point"),
+        };
+        match self.store().top_talkers(w, &filter, by, limit) {
+            Ok(top) => q.json(
+                200,
+                &json!({ "from_ns": w.from_ns, "to_ns": w.to_ns, "by": q.get("by").unwrap_or("bytes"), "flows": top }),
+            ),
             Err(e) => self.db_error(e),
         }
     }

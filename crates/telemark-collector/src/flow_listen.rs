@@ -20,7 +20,8 @@ use crate::api::Api;
 use crate::flows::{Decoder, ExportedFlow, Refusal};
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::io::Read as _;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,6 +35,8 @@ pub struct FlowListenConfig {
     /// Addresses to listen on (2055 NetFlow/IPFIX, 4739 IPFIX, 6343 sFlow by convention; any
     /// address takes any of the formats).
     pub listen: Vec<SocketAddr>,
+    /// Addresses to take IPFIX over TCP on (RFC 7011 §10.4; 4739 by convention).
+    pub listen_tcp: Vec<SocketAddr>,
     /// Sockets per address.
     pub workers: usize,
     /// Receive buffer per socket, bytes (the kernel caps it at `net.core.rmem_max`).
@@ -92,6 +95,7 @@ impl Default for FlowListenConfig {
     fn default() -> Self {
         FlowListenConfig {
             listen: Vec::new(),
+            listen_tcp: Vec::new(),
             workers: 1,
             rcvbuf: 8 << 20,
             pending_max: 10_000,
@@ -115,7 +119,16 @@ pub struct FlowStats {
     refused: [AtomicU64; 4],
     not_allowed: AtomicU64,
     store_behind: AtomicU64,
+    /// IPFIX-over-TCP sessions open now.
+    tcp_sessions: AtomicU64,
+    /// Sessions refused: too many open already.
+    tcp_refused: AtomicU64,
 }
+
+/// IPFIX-over-TCP sessions held at once; more are refused (and counted).
+pub const MAX_TCP_SESSIONS: usize = 256;
+/// A session silent this long is closed (an exporter that died without closing it).
+const TCP_IDLE: Duration = Duration::from_secs(600);
 
 const REFUSALS: [Refusal; 4] =
     [Refusal::Version, Refusal::Malformed, Refusal::PendingDropped, Refusal::TooManyDomains];
@@ -127,7 +140,14 @@ impl FlowStats {
             return;
         }
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let families: [(&str, &str, &str, u64); 9] = [
+        let families: [(&str, &str, &str, u64); 11] = [
+            ("tcp_sessions", "gauge", "IPFIX-over-TCP sessions open.", g(&self.tcp_sessions)),
+            (
+                "tcp_sessions_refused_total",
+                "counter",
+                "IPFIX-over-TCP connections refused: too many sessions open.",
+                g(&self.tcp_refused),
+            ),
             (
                 "store_behind_total",
                 "counter",
@@ -176,7 +196,8 @@ pub fn start(
     stats: Arc<FlowStats>,
     stop: Arc<AtomicBool>,
 ) -> Result<Vec<JoinHandle<()>>, String> {
-    if let Some(a) = cfg.listen.iter().find(|a| !a.ip().is_loopback() && cfg.allow.is_empty()) {
+    let every = cfg.listen.iter().chain(&cfg.listen_tcp);
+    if let Some(a) = every.clone().find(|a| !a.ip().is_loopback() && cfg.allow.is_empty()) {
         return Err(format!(
             "flows: {a} is not a loopback address: say which exporters may send to it \
              (--flows-allow PREFIX, docs/flows.md)"
@@ -187,6 +208,12 @@ pub fn start(
         for _ in 0..cfg.workers.max(1) {
             sockets.push(bind(*addr, cfg.rcvbuf).map_err(|e| format!("flows: {addr}: {e}"))?);
         }
+    }
+    let mut listeners = Vec::new();
+    for addr in &cfg.listen_tcp {
+        let l = TcpListener::bind(addr).map_err(|e| format!("flows: tcp {addr}: {e}"))?;
+        l.set_nonblocking(true).map_err(|e| format!("flows: tcp {addr}: {e}"))?;
+        listeners.push(l);
     }
     stats.listening.store(true, Ordering::Relaxed);
     let boot = crate::now_ns();
@@ -201,26 +228,78 @@ pub fn start(
             storer.store(b);
         }
     })];
+    let udp_workers = sockets.len();
     for (i, sock) in sockets.into_iter().enumerate() {
-        let mut decoder = Decoder::new(cfg.pending_max);
+        let mut w = Worker::new(i, cfg, &stats, &tx);
         for r in &remembered {
-            decoder.restore(r.clone());
+            w.decoder.restore(r.clone());
         }
-        let mut w = Worker {
-            worker: i,
-            stats: stats.clone(),
-            decoder,
-            flows: Vec::new(),
-            changes: Vec::new(),
-            last_overflow: 0,
-            seen: Default::default(),
-            allow: cfg.allow.clone(),
-            tx: tx.clone(),
-        };
         let stop = stop.clone();
         threads.push(std::thread::spawn(move || w.run(&sock, &stop)));
     }
+    // One thread per IPFIX-over-TCP session, its templates its own (RFC 7011 §8: a template
+    // lives as long as its transport session); each session takes a free worker number so
+    // its records are numbered apart from the others'.
+    let slots = Arc::new(std::sync::Mutex::new(vec![false; MAX_TCP_SESSIONS]));
+    for l in listeners {
+        let (cfg, stats, tx, stop, slots) =
+            (cfg.clone(), stats.clone(), tx.clone(), stop.clone(), slots.clone());
+        threads.push(std::thread::spawn(move || {
+            accept(&l, &cfg, &stats, &tx, &stop, &slots, udp_workers)
+        }));
+    }
     Ok(threads)
+}
+
+/// Takes IPFIX-over-TCP connections on `l` until `stop`: each from an allowed exporter, while
+/// fewer than [`MAX_TCP_SESSIONS`] are open, in a thread of its own.
+fn accept(
+    l: &TcpListener,
+    cfg: &FlowListenConfig,
+    stats: &Arc<FlowStats>,
+    tx: &std::sync::mpsc::SyncSender<Batch>,
+    stop: &Arc<AtomicBool>,
+    slots: &Arc<std::sync::Mutex<Vec<bool>>>,
+    first_worker: usize,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        let (s, peer) = match l.accept() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!("flows: tcp accept: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        if !(cfg.allow.is_empty() || cfg.allow.iter().any(|p| p.contains(peer.ip()))) {
+            stats.not_allowed.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let slot = {
+            let mut v = slots.lock().unwrap_or_else(|p| p.into_inner());
+            let free = v.iter().position(|used| !used);
+            if let Some(i) = free {
+                v[i] = true;
+            }
+            free
+        };
+        let Some(slot) = slot else {
+            stats.tcp_refused.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        stats.tcp_sessions.fetch_add(1, Ordering::Relaxed);
+        let mut w = Worker::new(first_worker + slot, cfg, stats, tx);
+        let (stats, stop, slots) = (stats.clone(), stop.clone(), slots.clone());
+        std::thread::spawn(move || {
+            w.run_stream(s, peer.ip(), &stop);
+            stats.tcp_sessions.fetch_sub(1, Ordering::Relaxed);
+            slots.lock().unwrap_or_else(|p| p.into_inner())[slot] = false;
+        });
+    }
 }
 
 /// A UDP socket with SO_REUSEPORT, SO_RCVBUF and SO_RXQ_OVFL set before it binds.
@@ -365,6 +444,76 @@ struct Worker {
 }
 
 impl Worker {
+    fn new(
+        worker: usize,
+        cfg: &FlowListenConfig,
+        stats: &Arc<FlowStats>,
+        tx: &std::sync::mpsc::SyncSender<Batch>,
+    ) -> Worker {
+        Worker {
+            worker,
+            stats: stats.clone(),
+            decoder: Decoder::new(cfg.pending_max),
+            flows: Vec::new(),
+            changes: Vec::new(),
+            last_overflow: 0,
+            seen: Default::default(),
+            allow: cfg.allow.clone(),
+            tx: tx.clone(),
+        }
+    }
+
+    /// One IPFIX-over-TCP session from exporter `from`: messages one after another, each as
+    /// long as its header says (RFC 7011 §10.4.1). Anything but an IPFIX header closes the
+    /// session (counted as malformed), as does silence for ten minutes.
+    fn run_stream(&mut self, mut s: TcpStream, from: IpAddr, stop: &AtomicBool) {
+        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+        let mut buf = vec![0u8; 65_536];
+        let mut have = 0usize;
+        let (mut last_byte, mut last_handed) = (Instant::now(), Instant::now());
+        while !stop.load(Ordering::Relaxed) {
+            if have >= 4 {
+                let version = u16::from_be_bytes([buf[0], buf[1]]);
+                let len = usize::from(u16::from_be_bytes([buf[2], buf[3]]));
+                if version != telemark_wire::ipfix::IPFIX_VERSION
+                    || len < telemark_wire::ipfix::IPFIX_HEADER_LEN
+                {
+                    self.stats.refused[1].fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                if have >= len {
+                    self.decoder.datagram(from, &buf[..len], &mut self.flows);
+                    buf.copy_within(len..have, 0);
+                    have -= len;
+                    continue;
+                }
+            }
+            match s.read(&mut buf[have..]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    have += n;
+                    last_byte = Instant::now();
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    if last_byte.elapsed() >= TCP_IDLE {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+            if self.flows.len() >= 10_000 || last_handed.elapsed() >= Duration::from_millis(500) {
+                last_handed = Instant::now();
+                self.hand_over();
+            }
+        }
+        self.hand_over();
+    }
+
     fn run(&mut self, sock: &UdpSocket, stop: &AtomicBool) {
         let mut buf = vec![0u8; 65_536];
         let mut last_handed = Instant::now();

@@ -175,7 +175,7 @@ impl Collector {
                 threads.push(t);
             }
         }
-        if !cfg.flows.listen.is_empty() {
+        if !cfg.flows.listen.is_empty() || !cfg.flows.listen_tcp.is_empty() {
             let t = flow_listen::start(api.clone(), &cfg.flows, api.flows.clone(), stop.clone())
                 .map_err(StartError::Flows)?;
             threads.extend(t);

@@ -1027,6 +1027,65 @@ impl Store {
         Ok(out)
     }
 
+    /// The `limit` flows with the most bytes or packets in window `w`, summed over the `flow`
+    /// records that match `filter`; a sampled total's `error_bound` adds its records' bounds
+    /// in quadrature (independent samples).
+    pub fn top_talkers(
+        &self,
+        w: Window,
+        filter: &TopFilter<'_>,
+        by: TopBy,
+        limit: u64,
+    ) -> Result<Vec<TopTalker>, StoreError> {
+        let order = match by {
+            TopBy::Bytes => "bytes DESC, packets DESC",
+            TopBy::Packets => "packets DESC, bytes DESC",
+        };
+        let sql = format!(
+            "SELECT json_extract(json, '$.flow.src'), json_extract(json, '$.flow.dst'),
+                    json_extract(json, '$.flow.sport'), json_extract(json, '$.flow.dport'),
+                    json_extract(json, '$.flow.proto'),
+                    SUM(json_extract(json, '$.packets')) AS packets,
+                    SUM(json_extract(json, '$.bytes')) AS bytes, COUNT(*),
+                    MIN(json_extract(json, '$.exact')),
+                    SUM(json_extract(json, '$.error_bound') * json_extract(json, '$.error_bound'))
+             FROM other WHERE kind = 'flow' AND time_ns >= :from AND time_ns < :to
+               AND (:exporter IS NULL OR agent = :exporter)
+               AND (:interface IS NULL OR json_extract(json, '$.port') = :interface)
+               AND (:point IS NULL OR json_extract(json, '$.point') = :point)
+             GROUP BY 1, 2, 3, 4, 5 ORDER BY {order} LIMIT :limit"
+        );
+        self.query(
+            &sql,
+            &[
+                (":from", &i(w.from_ns)),
+                (":to", &i(w.to_ns)),
+                (":exporter", &filter.exporter),
+                (":interface", &filter.interface),
+                (":point", &filter.point),
+                (":limit", &i(limit)),
+            ],
+            |r| {
+                Ok(TopTalker {
+                    flow: Flow {
+                        src: r.get(0)?,
+                        dst: r.get(1)?,
+                        sport: r.get(2)?,
+                        dport: r.get(3)?,
+                        proto: r.get(4)?,
+                        spi: None,
+                        si: None,
+                    },
+                    packets: u(r.get(5)?),
+                    bytes: u(r.get(6)?),
+                    records: u(r.get(7)?),
+                    exact: r.get::<_, Option<i64>>(8)?.unwrap_or(0) != 0,
+                    error_bound: r.get::<_, Option<f64>>(9)?.unwrap_or(0.0).sqrt().round() as u64,
+                })
+            },
+        )
+    }
+
     /// Frames `agent`'s own receive rings dropped since `since_ns`, from its health records.
     pub fn ring_drops(&self, agent: &str, since_ns: u64) -> Result<u64, StoreError> {
         let n: i64 = self.db.query_row(
@@ -1126,4 +1185,41 @@ mod tests {
         );
         assert_eq!(s.counts().unwrap(), (4, 0));
     }
+}
+
+/// What [`Store::top_talkers`] ranks by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopBy {
+    /// Bytes, then packets.
+    Bytes,
+    /// Packets, then bytes.
+    Packets,
+}
+
+/// Which `flow` records [`Store::top_talkers`] sums (`None`: any).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TopFilter<'a> {
+    /// The record's agent: an exporter's address, or an agent's name.
+    pub exporter: Option<&'a str>,
+    /// The record's port: an exporter's input interface index, or an agent's port.
+    pub interface: Option<&'a str>,
+    /// The record's point: `ipfix`, `netflow9`, `netflow5`, `sflow`, or an agent's point.
+    pub point: Option<&'a str>,
+}
+
+/// One flow of the top talkers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TopTalker {
+    /// The flow.
+    pub flow: Flow,
+    /// Packets in the window (sampled counts scaled).
+    pub packets: u64,
+    /// Bytes.
+    pub bytes: u64,
+    /// Flow records summed.
+    pub records: u64,
+    /// Whether every record counted every packet.
+    pub exact: bool,
+    /// Half-width of the 95 % interval of `packets` (0 when exact).
+    pub error_bound: u64,
 }

@@ -54,8 +54,11 @@ pub struct Args {
     /// 0.0.0.0:2055, 0.0.0.0:6343; docs/flows.md).
     #[arg(long = "flows-listen")]
     pub flows_listen: Vec<std::net::SocketAddr>,
+    /// Take IPFIX over TCP on this address (repeatable; e.g. 0.0.0.0:4739; docs/flows.md).
+    #[arg(long = "flows-listen-tcp")]
+    pub flows_listen_tcp: Vec<std::net::SocketAddr>,
     /// Exporters allowed to send flows (address or prefix, repeatable); required for a
-    /// non-loopback --flows-listen.
+    /// non-loopback --flows-listen or --flows-listen-tcp.
     #[arg(long = "flows-allow")]
     pub flows_allow: Vec<telemark_collector::flow_listen::Prefix>,
     /// Sockets per --flows-listen address (SO_REUSEPORT).
@@ -102,6 +105,7 @@ pub fn run(a: Args) -> Result<()> {
         kafka,
         flows: telemark_collector::flow_listen::FlowListenConfig {
             listen: a.flows_listen,
+            listen_tcp: a.flows_listen_tcp,
             allow: a.flows_allow,
             workers: usize::from(a.flows_workers),
             rcvbuf: a.flows_rcvbuf,

@@ -412,14 +412,27 @@ fn int_prefiltering_rows_for_every_threshold() {
 }
 
 /// `telemark bench --csv` prints one row per flow count and frame size, every variant timed,
-/// no flow refused; bad parameters get one line. Rates are not asserted.
+/// no flow refused, then the flow-export table, one row per `--export-flows` count with every
+/// case timed; bad parameters get one line. Rates are not asserted.
 #[test]
 fn bench_prints_every_row() {
     let out = ok(&bin()
         .args(["bench", "--csv", "--rounds", "1", "--flows", "4,1024", "--sizes", "64,512"])
+        .args(["--export-flows", "1024"])
         .output()
         .unwrap());
-    let rows: Vec<Vec<&str>> = out.lines().skip(1).map(|l| l.split(',').collect()).collect();
+    let (loss, export) = out.split_once("\n\n").unwrap_or((&out, ""));
+    let rows: Vec<Vec<&str>> = export.lines().skip(1).map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 1, "{out}");
+    assert!(export.starts_with("flows,frame_bytes,no_action_ns,pkt_loss_chk_ns,sflow_1:64_ns"));
+    for r in &rows {
+        assert_eq!(r.len(), 8, "{r:?}");
+        for v in &r[2..] {
+            let x: f64 = v.parse().unwrap_or_else(|_| panic!("{r:?}"));
+            assert!(x.is_finite() && x > 0.0, "{r:?}");
+        }
+    }
+    let rows: Vec<Vec<&str>> = loss.lines().skip(1).map(|l| l.split(',').collect()).collect();
     assert_eq!(rows.len(), 4, "{out}");
     for r in &rows {
         assert_eq!(r.len(), 10, "{r:?}");

@@ -158,11 +158,17 @@ fn every_logstash_capture_sent_over_udp_is_stored_as_tshark_decodes_it() {
 
 /// A collector with a flow listener on a free loopback port: (process, base URL, port).
 fn collector(db: &Path) -> (Collector, String, u16) {
+    collector_with(db, &[])
+}
+
+/// A collector as [`collector`] does, with more flags.
+fn collector_with(db: &Path, extra: &[&str]) -> (Collector, String, u16) {
     let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_telemark"))
         .args(["collector", "--listen", "127.0.0.1:0", "--retention", "0", "--db"])
         .arg(db)
         .args(["--flows-listen", &format!("127.0.0.1:{port}")])
+        .args(extra)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -304,4 +310,110 @@ fn after_a_restart_the_first_data_decodes_without_waiting_for_templates() {
     }
     assert_eq!(stored_flows(&db), 46, "every record of the data after the restart");
     assert_eq!(metric(&base, "telemark_collector_flow_pending_sets"), 0, "none waited");
+}
+
+/// IPFIX over TCP: a connection that sends anything but IPFIX is closed and counted, and the
+/// collector goes on; then Telemark's exporter sends the 10,000-packet CAIDA trace over TCP
+/// (`telemark export --ipfix tcp://…`) and every packet is in the stored flows, as tshark
+/// counts the trace's IP packets.
+#[test]
+fn ipfix_over_tcp_is_stored_and_a_garbage_stream_is_closed() {
+    use std::io::{Read, Write};
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/testdata/captures/caida-equinix-nyc-2018-10k.pcap");
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(&trace)
+        .args(["-Y", "ip or ipv6", "-T", "fields", "-e", "frame.number"])
+        .stderr(Stdio::null())
+        .output()
+        .expect("tshark runs");
+    let ip_packets = String::from_utf8_lossy(&out.stdout).lines().count() as u64;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("flows.db");
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (_c, base, _) = collector_with(&db, &["--flows-listen-tcp", &format!("127.0.0.1:{tcp}")]);
+    let mut junk = std::net::TcpStream::connect(("127.0.0.1", tcp)).unwrap();
+    junk.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    junk.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = [0u8; 16];
+    assert_eq!(junk.read(&mut b).unwrap_or(0), 0, "the collector closes a garbage stream");
+    let refused = |base: &str| {
+        let text = ureq::get(&format!("{base}/metrics")).call().unwrap().into_string().unwrap();
+        text.lines()
+            .find(|l| l.starts_with("telemark_collector_flow_refused_total{reason=\"malformed\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(refused(&base), 1);
+    let st = Command::new(env!("CARGO_BIN_EXE_telemark"))
+        .args(["export", "--read"])
+        .arg(&trace)
+        .args(["--ipfix", &format!("tcp://127.0.0.1:{tcp}")])
+        .status()
+        .unwrap();
+    assert!(st.success(), "telemark export over TCP");
+    let packets = || {
+        let out = Command::new("sqlite3")
+            .arg(&db)
+            .arg("SELECT COALESCE(SUM(json_extract(json, '$.packets')), 0) FROM other WHERE kind = 'flow'")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().parse::<u64>().unwrap_or(0)
+    };
+    let until = Instant::now() + Duration::from_secs(20);
+    while packets() < ip_packets && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(packets(), ip_packets, "every IP packet of the trace in a flow stored");
+    assert_eq!(metric(&base, "telemark_collector_flow_exporter_lost_total"), 0);
+
+    // The top talkers by packets are the trace's biggest flows, as tshark counts them.
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(&trace)
+        .args(["-Y", "ip and (tcp or udp)", "-T", "fields", "-e", "ip.src", "-e", "ip.dst"])
+        .args(["-e", "tcp.srcport", "-e", "udp.srcport", "-e", "tcp.dstport", "-e", "udp.dstport"])
+        .args(["-e", "ip.proto", "-E", "occurrence=f"])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    let mut truth: BTreeMap<(String, String, u16, u16, u8), u64> = BTreeMap::new();
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        let c: Vec<&str> = l.split('\t').collect();
+        let port = |a: &str, b: &str| a.parse().or_else(|_| b.parse()).unwrap_or(0u16);
+        let k = (
+            c[0].into(),
+            c[1].into(),
+            port(c[2], c[3]),
+            port(c[4], c[5]),
+            c[6].parse().unwrap_or(0),
+        );
+        *truth.entry(k).or_default() += 1;
+    }
+    let top: serde_json::Value =
+        ureq::get(&format!("{base}/api/v1/flows/top?by=packets&limit=5&point=ipfix"))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+    let flows = top["flows"].as_array().unwrap();
+    assert_eq!(flows.len(), 5, "{top}");
+    let mut want: Vec<u64> = truth.values().copied().collect();
+    want.sort_unstable_by(|a, b| b.cmp(a));
+    for (f, w) in flows.iter().zip(&want) {
+        let fl = &f["flow"];
+        let k = (
+            fl["src"].as_str().unwrap().to_string(),
+            fl["dst"].as_str().unwrap().to_string(),
+            fl["sport"].as_u64().unwrap() as u16,
+            fl["dport"].as_u64().unwrap() as u16,
+            fl["proto"].as_u64().unwrap() as u8,
+        );
+        assert_eq!(f["packets"].as_u64(), truth.get(&k).copied(), "{f}");
+        assert_eq!(f["packets"].as_u64(), Some(*w), "rank of {f}");
+        assert_eq!(f["exact"], true);
+    }
+    println!("top talkers: {}", serde_json::to_string(flows).unwrap());
 }
