@@ -621,7 +621,7 @@ impl Storer {
             let numbered: Vec<(u64, Record)> =
                 recs.into_iter().enumerate().map(|(i, r)| (*next + i as u64, r)).collect();
             *next += numbered.len() as u64;
-            match st.ingest_numbered(&agent, self.boot + b.worker as u64, &numbered, now) {
+            match st.ingest_flows(&agent, self.boot + b.worker as u64, &numbered, now) {
                 Ok(s) => {
                     self.stats.stored.fetch_add(s.accepted, Ordering::Relaxed);
                 }

@@ -48,6 +48,10 @@ pub struct PublishConfig {
     /// Most records waiting in the outbox.
     #[serde(default = "default_outbox_max")]
     pub outbox_max: u64,
+    /// Flow records go to this topic in goflow2's encoding (`flowpb.FlowMessage`,
+    /// length-delimited) instead of `telemark.flow.v1` in JSON.
+    #[serde(default)]
+    pub goflow2_topic: Option<String>,
 }
 
 /// `[consume]`.
@@ -231,10 +235,23 @@ impl KafkaStats {
     }
 }
 
-/// Sends the outbox until `stop`, then gives what is in flight up to 5 s.
+/// A stored flow record's JSON in goflow2's encoding (an unreadable row: an empty message,
+/// which goflow2's readers skip).
+fn goflow2(json: &str) -> Vec<u8> {
+    match serde_json::from_str::<telemark_core::records::Record>(json) {
+        Ok(telemark_core::records::Record::Flow(f)) => {
+            telemark_kafka::goflow2::FlowMessage::of(&f, crate::now_ns()).to_delimited()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Sends the outbox until `stop`, then gives what is in flight up to 5 s; flow records to
+/// `goflow2_topic` in goflow2's encoding when it is set.
 pub fn publish(
     db: PathBuf,
     cfg: KafkaConfig,
+    goflow2_topic: Option<String>,
     outbox_state: Arc<Publishing>,
     stats: Arc<KafkaStats>,
     stop: Arc<AtomicBool>,
@@ -260,11 +277,16 @@ pub fn publish(
                     Ok(rows) => {
                         for row in rows {
                             let Some(kind) = Kind::from_name(&row.kind) else { continue };
+                            let (payload, topic) = match (&goflow2_topic, kind) {
+                                (Some(t), Kind::Flow) => (goflow2(&row.json), Some(t.clone())),
+                                _ => (row.json.into_bytes(), None),
+                            };
                             let m = Message {
                                 kind,
                                 key: row.key,
-                                payload: row.json.into_bytes(),
+                                payload,
                                 origin: Origin { agent: row.agent, boot: row.boot, seq: row.seq },
+                                topic,
                             };
                             match producer.send(&m, row.id as u64) {
                                 Ok(()) => {

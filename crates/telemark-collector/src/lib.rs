@@ -153,9 +153,11 @@ impl Collector {
         let mut threads = Vec::new();
         if let Some(k) = &cfg.kafka {
             if let Some(state) = publish {
+                let goflow2 = k.publish.as_ref().and_then(|p| p.goflow2_topic.clone());
                 let t = kafka::publish(
                     cfg.db.clone(),
                     k.kafka.clone(),
+                    goflow2,
                     state,
                     api.kafka.clone(),
                     stop.clone(),

@@ -578,6 +578,28 @@ impl Store {
         self.store(agent, boot, numbered, None, None, now)
     }
 
+    /// Stores flows decoded from an exporter's datagrams, numbered in the flow listener's
+    /// run `boot` for `exporter`, registering it if need be; published to Kafka like
+    /// records an agent sent, when the collector publishes.
+    pub fn ingest_flows(
+        &mut self,
+        exporter: &str,
+        boot: u64,
+        records: &[(u64, Record)],
+        now: u64,
+    ) -> Result<Stored, StoreError> {
+        self.check_file()?;
+        self.db.execute(
+            "INSERT INTO agents (agent, version, boot, first_seen_ns, last_seen_ns)
+             VALUES (?1, 'exporter', ?2, ?3, ?3)
+             ON CONFLICT (agent) DO UPDATE SET boot = MAX(boot, ?2), last_seen_ns = ?3",
+            params![exporter, i(boot), i(now)],
+        )?;
+        let numbered = records.iter().map(|(s, r)| (*s, r));
+        let publishing = self.publishing.clone();
+        self.store(exporter, boot, numbered, None, publishing.as_deref(), now)
+    }
+
     fn store<'r>(
         &mut self,
         agent: &str,

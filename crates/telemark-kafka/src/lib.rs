@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod consumer;
+pub mod goflow2;
 pub mod message;
 pub mod producer;
 

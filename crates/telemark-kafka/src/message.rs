@@ -126,6 +126,8 @@ pub struct Message {
     pub payload: Vec<u8>,
     /// Where it comes from (headers).
     pub origin: Origin,
+    /// Another topic than its kind's (goflow2-encoded flows), if any.
+    pub topic: Option<String>,
 }
 
 impl Message {
@@ -136,7 +138,8 @@ impl Message {
 
     /// `record` whose JSON is already at hand (the collector keeps it as it stored it).
     pub fn from_json(record: &Record, payload: Vec<u8>, origin: Origin) -> Message {
-        Message { kind: Kind::of(record), key: key(record, &origin.agent), payload, origin }
+        let (kind, key) = (Kind::of(record), key(record, &origin.agent));
+        Message { kind, key, payload, origin, topic: None }
     }
 
     /// The headers, as (name, value).

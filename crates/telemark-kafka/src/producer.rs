@@ -93,7 +93,8 @@ impl Producer {
         for (name, value) in m.headers() {
             headers = headers.insert(Header { key: name, value: Some(value.as_bytes()) });
         }
-        let record = BaseRecord::with_opaque_to(self.topic(m.kind), Box::new(id))
+        let topic = m.topic.as_deref().unwrap_or_else(|| self.topic(m.kind));
+        let record = BaseRecord::with_opaque_to(topic, Box::new(id))
             .key(m.key.as_bytes())
             .payload(&m.payload)
             .headers(headers);

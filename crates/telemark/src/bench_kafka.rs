@@ -166,6 +166,7 @@ fn agent(cfg: &KafkaConfig, recs: &[Record], encoding: Encoding) -> Result<f64> 
                     key: telemark_kafka::message::key(r, &origin.agent),
                     payload: protobuf(l),
                     origin,
+                    topic: None,
                 };
                 out.producer.send(&m, seq).is_ok()
             }

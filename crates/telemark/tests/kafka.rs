@@ -387,11 +387,16 @@ struct Collector {
 
 impl Collector {
     fn start(db: &Path, kafka: Option<&Path>) -> Collector {
+        Collector::start_with(db, kafka, &[])
+    }
+
+    fn start_with(db: &Path, kafka: Option<&Path>, extra: &[&str]) -> Collector {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_telemark"));
         cmd.args(["collector", "--listen", "127.0.0.1:0", "--retention", "0", "--db"]).arg(db);
         if let Some(k) = kafka {
             cmd.arg("--kafka").arg(k);
         }
+        cmd.args(extra);
         let mut child = cmd.stderr(Stdio::piped()).spawn().expect("collector starts");
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
         let base = loop {
@@ -817,4 +822,113 @@ fn an_agent_whose_broker_is_away_counts_drops_and_never_blocks() {
     let counted: u64 = health.iter().map(|h| h.1).sum();
     assert!(!health.is_empty(), "health records reach Kafka");
     assert!(counted >= dropped, "the health records count the drops: {counted} of {dropped}");
+}
+
+/// Flow records published in goflow2's encoding (`[publish] goflow2_topic`): the CAIDA trace
+/// exported as IPFIX into the collector comes out on the topic as one length-delimited
+/// `flowpb.FlowMessage` per stored flow, which `protoc --decode_raw` (no schema, no code of
+/// Telemark's) reads as goflow2's field numbers say: type 4 (IPFIX), sampling rate 1, and
+/// packets (field 10) adding up to the trace's 10,000. Needs protoc (Debian
+/// protobuf-compiler).
+#[test]
+fn flows_reach_kafka_in_goflow2_encoding() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::Message as _;
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let kafka = dir.path().join("kafka.toml");
+    std::fs::write(
+        &kafka,
+        format!(
+            "[kafka]\nbrokers = \"{}\"\nlinger_ms = 20\n[publish]\ngoflow2_topic = \"flows\"\n",
+            broker.brokers()
+        ),
+    )
+    .unwrap();
+    let flow_port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let db = dir.path().join("db");
+    let c = Collector::start_with(
+        &db,
+        Some(&kafka),
+        &["--flows-listen", &format!("127.0.0.1:{flow_port}")],
+    );
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/testdata/captures/caida-equinix-nyc-2018-10k.pcap");
+    let st = Command::new(env!("CARGO_BIN_EXE_telemark"))
+        .args(["export", "--read"])
+        .arg(&trace)
+        .args(["--ipfix", &format!("127.0.0.1:{flow_port}")])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let stored = || {
+        let out = Command::new("sqlite3")
+            .arg(&db)
+            .arg("SELECT COUNT(*) FROM other WHERE kind = 'flow'")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().parse::<u64>().unwrap_or(0)
+    };
+    wait_for("flows stored and published", 60, || {
+        let n = stored();
+        n > 3000 && c.metric("telemark_collector_kafka_published_total") >= n
+    });
+    let n = stored();
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", broker.brokers())
+        .set("group.id", "goflow2-test")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    consumer.subscribe(&["flows"]).unwrap();
+    let mut values: Vec<Vec<u8>> = Vec::new();
+    let until = Instant::now() + Duration::from_secs(60);
+    while (values.len() as u64) < n && Instant::now() < until {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(500)) {
+            values.push(m.payload().unwrap_or_default().to_vec());
+        }
+    }
+    assert_eq!(values.len() as u64, n, "one message per stored flow");
+    let (mut packets, mut bad) = (0u64, Vec::new());
+    for v in &values {
+        // protodelim: a varint length, then the message.
+        let (mut len, mut at) = (0usize, 0usize);
+        while at < v.len() {
+            len |= usize::from(v[at] & 0x7f) << (7 * at);
+            at += 1;
+            if v[at - 1] & 0x80 == 0 {
+                break;
+            }
+        }
+        assert_eq!(v.len() - at, len, "length prefix");
+        let mut p = Command::new("protoc")
+            .arg("--decode_raw")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("protoc runs (Debian package protobuf-compiler)");
+        std::io::Write::write_all(p.stdin.as_mut().unwrap(), &v[at..]).unwrap();
+        drop(p.stdin.take());
+        let out = p.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        // Top-level fields only; bytes that happen to parse as a message print as `N {`.
+        let field = |n: u32| -> Option<String> {
+            text.lines().find_map(|l| {
+                let v = l.strip_prefix(&format!("{n}: ")).map(str::to_string);
+                v.or_else(|| (l == format!("{n} {{")).then(|| "{…}".to_string()))
+            })
+        };
+        packets += field(10).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let ok = field(1).as_deref() == Some("4")
+            && field(3).as_deref() == Some("1")
+            && field(6).is_some()
+            && field(9).is_some()
+            && field(11).is_some()
+            && matches!(field(30).as_deref(), Some("2048") | Some("34525"));
+        if !ok {
+            bad.push(text);
+        }
+    }
+    assert!(bad.is_empty(), "{} messages not as goflow2's schema says, e.g. {}", bad.len(), bad[0]);
+    assert_eq!(packets, 10_000, "every packet of the trace");
 }
