@@ -372,53 +372,108 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     (s, len as libc::socklen_t)
 }
 
-/// One datagram: its sender and the kernel's drop count on the socket so far (SO_RXQ_OVFL).
-fn recv(sock: &UdpSocket, buf: &mut [u8]) -> std::io::Result<(usize, IpAddr, Option<u32>)> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: all-zero is valid for these C structs.
-    let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    let mut control = [0u64; 8];
-    // SAFETY: as above.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
-    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control);
-    // SAFETY: every pointer in msg points into locals that outlive the call.
-    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, 0) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let mut dropped = None;
-    // SAFETY: the CMSG macros walk the control buffer the kernel filled, within controllen.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SO_RXQ_OVFL {
-                dropped = Some(std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<u32>()));
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
+/// Datagrams read per system call (`recvmmsg`).
+const RECV_BATCH: usize = 16;
+
+/// Buffers for [`RECV_BATCH`] datagrams, their senders, and the socket's drop counter.
+struct Receiver {
+    bufs: Vec<Vec<u8>>,
+    names: Vec<libc::sockaddr_storage>,
+    controls: Vec<[u64; 8]>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+}
+
+impl Receiver {
+    fn new() -> Receiver {
+        // SAFETY: all-zero is valid for these C structs.
+        let zero_name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let zero_hdr: libc::mmsghdr = unsafe { std::mem::zeroed() };
+        Receiver {
+            bufs: (0..RECV_BATCH).map(|_| vec![0u8; 65_536]).collect(),
+            names: vec![zero_name; RECV_BATCH],
+            controls: vec![[0u64; 8]; RECV_BATCH],
+            iovs: (0..RECV_BATCH)
+                .map(|_| libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 })
+                .collect(),
+            hdrs: vec![zero_hdr; RECV_BATCH],
         }
     }
-    let ip = match i32::from(from.ss_family) {
+
+    /// Waits (up to the socket's timeout) for one datagram, then takes what else is queued,
+    /// up to [`RECV_BATCH`]; how many.
+    fn recv(&mut self, sock: &UdpSocket) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        for i in 0..RECV_BATCH {
+            self.iovs[i] = libc::iovec {
+                iov_base: self.bufs[i].as_mut_ptr().cast(),
+                iov_len: self.bufs[i].len(),
+            };
+            let h = &mut self.hdrs[i].msg_hdr;
+            h.msg_name = (&mut self.names[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = &mut self.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = self.controls[i].as_mut_ptr().cast();
+            h.msg_controllen = std::mem::size_of::<[u64; 8]>();
+            h.msg_flags = 0;
+            self.hdrs[i].msg_len = 0;
+        }
+        // SAFETY: every header points into buffers of self that outlive the call, sized as
+        // said; the kernel writes at most RECV_BATCH headers.
+        let n = unsafe {
+            libc::recvmmsg(
+                sock.as_raw_fd(),
+                self.hdrs.as_mut_ptr(),
+                RECV_BATCH as libc::c_uint,
+                libc::MSG_WAITFORONE,
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+
+    /// Datagram `i` of the last [`Receiver::recv`]: its bytes, its sender, and the socket's
+    /// count of datagrams dropped for a full buffer (`SO_RXQ_OVFL`), when the kernel gave it.
+    fn datagram(&self, i: usize) -> (&[u8], IpAddr, Option<u32>) {
+        let h = &self.hdrs[i];
+        let len = (h.msg_len as usize).min(self.bufs[i].len());
+        let mut dropped = None;
+        // SAFETY: the CMSG macros walk the control buffer the kernel filled, within
+        // msg_controllen.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SO_RXQ_OVFL {
+                    dropped = Some(std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<u32>()));
+                }
+                c = libc::CMSG_NXTHDR(&h.msg_hdr, c);
+            }
+        }
+        (&self.bufs[i][..len], peer(&self.names[i]), dropped)
+    }
+}
+
+/// The address in a sockaddr the kernel filled (IPv4-mapped IPv6 as IPv4).
+fn peer(from: &libc::sockaddr_storage) -> IpAddr {
+    match i32::from(from.ss_family) {
         libc::AF_INET => {
             // SAFETY: the kernel wrote a sockaddr_in.
             let sin =
-                unsafe { &*(&from as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+                unsafe { &*(from as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
             IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes())
         }
         _ => {
             // SAFETY: the kernel wrote a sockaddr_in6.
             let sin6 =
-                unsafe { &*(&from as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+                unsafe { &*(from as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
             let v6 = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
             v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
         }
-    };
-    Ok((n as usize, ip, dropped))
+    }
 }
 
 /// What a receiver hands the storing thread.
@@ -515,20 +570,23 @@ impl Worker {
     }
 
     fn run(&mut self, sock: &UdpSocket, stop: &AtomicBool) {
-        let mut buf = vec![0u8; 65_536];
+        let mut rx = Receiver::new();
         let mut last_handed = Instant::now();
         while !stop.load(Ordering::Relaxed) {
-            match recv(sock, &mut buf) {
-                Ok((n, from, dropped)) => {
-                    if let Some(d) = dropped {
-                        let new = d.wrapping_sub(self.last_overflow);
-                        self.last_overflow = d;
-                        self.stats.overflows.fetch_add(u64::from(new), Ordering::Relaxed);
-                    }
-                    if self.allow.is_empty() || self.allow.iter().any(|p| p.contains(from)) {
-                        self.decoder.datagram(from, &buf[..n], &mut self.flows);
-                    } else {
-                        self.stats.not_allowed.fetch_add(1, Ordering::Relaxed);
+            match rx.recv(sock) {
+                Ok(n) => {
+                    for i in 0..n {
+                        let (bytes, from, dropped) = rx.datagram(i);
+                        if let Some(d) = dropped {
+                            let new = d.wrapping_sub(self.last_overflow);
+                            self.last_overflow = d;
+                            self.stats.overflows.fetch_add(u64::from(new), Ordering::Relaxed);
+                        }
+                        if self.allow.is_empty() || self.allow.iter().any(|p| p.contains(from)) {
+                            self.decoder.datagram(from, bytes, &mut self.flows);
+                        } else {
+                            self.stats.not_allowed.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                 }
                 Err(e)
