@@ -568,14 +568,27 @@ impl Store {
         now: u64,
     ) -> Result<Stored, StoreError> {
         self.check_file()?;
-        self.db.execute(
-            "INSERT INTO agents (agent, version, boot, first_seen_ns, last_seen_ns)
-             VALUES (?1, 'kafka', ?2, ?3, ?3)
-             ON CONFLICT (agent) DO UPDATE SET boot = MAX(boot, ?2)",
-            params![agent, i(boot), i(now)],
-        )?;
+        self.register_run(agent, "kafka", boot, now)?;
         let numbered = records.iter().map(|(s, r)| (*s, r));
         self.store(agent, boot, numbered, None, None, now)
+    }
+
+    /// Registers `agent` (as `version`) if it was not, and its run `boot` if newer, for
+    /// records that come without a registration (from Kafka, from an exporter).
+    fn register_run(
+        &self,
+        agent: &str,
+        version: &str,
+        boot: u64,
+        now: u64,
+    ) -> Result<(), StoreError> {
+        self.db.execute(
+            "INSERT INTO agents (agent, version, boot, first_seen_ns, last_seen_ns)
+             VALUES (?1, ?2, ?3, ?4, ?4)
+             ON CONFLICT (agent) DO UPDATE SET boot = MAX(boot, ?3), last_seen_ns = ?4",
+            params![agent, version, i(boot), i(now)],
+        )?;
+        Ok(())
     }
 
     /// Stores flows decoded from an exporter's datagrams, numbered in the flow listener's
@@ -589,12 +602,7 @@ impl Store {
         now: u64,
     ) -> Result<Stored, StoreError> {
         self.check_file()?;
-        self.db.execute(
-            "INSERT INTO agents (agent, version, boot, first_seen_ns, last_seen_ns)
-             VALUES (?1, 'exporter', ?2, ?3, ?3)
-             ON CONFLICT (agent) DO UPDATE SET boot = MAX(boot, ?2), last_seen_ns = ?3",
-            params![exporter, i(boot), i(now)],
-        )?;
+        self.register_run(exporter, "exporter", boot, now)?;
         let numbered = records.iter().map(|(s, r)| (*s, r));
         let publishing = self.publishing.clone();
         self.store(exporter, boot, numbered, None, publishing.as_deref(), now)

@@ -13,16 +13,19 @@
 //! - nfcapd (IPFIX) and sfacctd (sFlow): the flows they print match the same way.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::net::{TcpListener, UdpSocket};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use telemark_agent::traffic::{self, FlowSpec};
 use telemark_agent::{Agent, FileConfig};
 use telemark_wire::FlowKey;
+
+mod common;
+use common::{collector, write_udp_pcap, Proc};
 
 const SPORTS: [u16; 4] = [5001, 5002, 5003, 5004];
 const PPS: u64 = 800;
@@ -97,6 +100,36 @@ fn key(sport: u16) -> FlowKey {
     }
 }
 
+/// Host A (namespace `ns`, port a0) sends one UDP flow per source port of [`SPORTS`], keys
+/// from `key`, at [`PPS`] for [`SECS`], all at once; returns how many packets each sent.
+fn send_flows(
+    ns: &str,
+    key: fn(u16) -> FlowKey,
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+) -> BTreeMap<u16, u64> {
+    let senders: Vec<_> = SPORTS
+        .iter()
+        .map(|&sport| {
+            let ns = ns.to_string();
+            std::thread::spawn(move || {
+                let spec = FlowSpec {
+                    key: key(sport),
+                    src_mac,
+                    dst_mac,
+                    payload: 200,
+                    pps: PPS,
+                    catch_up: traffic::catch_up(PPS),
+                    churn: false,
+                };
+                let stop = AtomicBool::new(false);
+                traffic::send(Some(&ns), "a0", &spec, Duration::from_secs(SECS), &stop).unwrap()
+            })
+        })
+        .collect();
+    SPORTS.iter().zip(senders).map(|(&s, h)| (s, h.join().unwrap().sent)).collect()
+}
+
 /// What a recorder received: (its port, bytes) in arrival order.
 type Recorded = Arc<Mutex<Vec<(u16, Vec<u8>)>>>;
 
@@ -138,43 +171,6 @@ fn tcp_recorder(into: &Recorded) -> u16 {
     port
 }
 
-/// A pcap of `payloads`, each in an Ethernet/IPv4/UDP frame from 127.0.0.1 to 127.0.0.1 and
-/// the port it came to, for tshark.
-fn write_pcap(path: &Path, payloads: &[(u16, Vec<u8>)]) {
-    let mut f = Vec::new();
-    for v in [0xa1b2_c3d4u32.to_le_bytes(), [2, 0, 4, 0], [0; 4], [0; 4]] {
-        f.extend_from_slice(&v);
-    }
-    f.extend_from_slice(&65_535u32.to_le_bytes());
-    f.extend_from_slice(&1u32.to_le_bytes());
-    for (i, (port, p)) in payloads.iter().enumerate() {
-        let mut fr = vec![0u8; 12];
-        fr.extend_from_slice(&[0x08, 0x00]);
-        let total = (20 + 8 + p.len()) as u16;
-        let mut ip = vec![0x45, 0];
-        ip.extend_from_slice(&total.to_be_bytes());
-        ip.extend_from_slice(&(i as u16).to_be_bytes());
-        ip.extend_from_slice(&[0x40, 0, 64, 17, 0, 0, 127, 0, 0, 1, 127, 0, 0, 1]);
-        let mut sum: u32 = ip.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
-        while sum > 0xffff {
-            sum = (sum & 0xffff) + (sum >> 16);
-        }
-        ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-        fr.extend_from_slice(&ip);
-        fr.extend_from_slice(&40000u16.to_be_bytes());
-        fr.extend_from_slice(&port.to_be_bytes());
-        fr.extend_from_slice(&((8 + p.len()) as u16).to_be_bytes());
-        fr.extend_from_slice(&[0, 0]);
-        fr.extend_from_slice(p);
-        f.extend_from_slice(&(i as u32).to_le_bytes());
-        f.extend_from_slice(&0u32.to_le_bytes());
-        f.extend_from_slice(&(fr.len() as u32).to_le_bytes());
-        f.extend_from_slice(&(fr.len() as u32).to_le_bytes());
-        f.extend_from_slice(&fr);
-    }
-    std::fs::write(path, f).unwrap();
-}
-
 fn tshark(pcap: &Path, decode: &[String], args: &[&str]) -> String {
     let mut c = Command::new("timeout");
     c.args(["60", "tshark", "-r"]).arg(pcap).args(["-o", "cflow.max_template_fields:200"]);
@@ -184,37 +180,6 @@ fn tshark(pcap: &Path, decode: &[String], args: &[&str]) -> String {
     let out = c.args(args).output().expect("tshark runs (Debian package tshark)");
     assert!(out.status.success(), "tshark: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// `telemark collector` storing in `db`, its flow listener on a free UDP port: (process,
-/// HTTP base URL, flow port).
-fn collector(db: &Path) -> (Proc, String, u16) {
-    let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_telemark"))
-        .args(["collector", "--listen", "127.0.0.1:0", "--retention", "0", "--db"])
-        .arg(db)
-        .args(["--flows-listen", &format!("127.0.0.1:{port}")])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let base = loop {
-        let line = lines.next().expect("collector says where it listens").unwrap();
-        if let Some(rest) = line.split("http://").nth(1) {
-            break format!("http://{}", rest.split_whitespace().next().unwrap());
-        }
-    };
-    std::thread::spawn(move || lines.for_each(drop));
-    (Proc(child), base, port)
 }
 
 /// Flow records the collector stored from `protocol` ("ipfix", "sflow"): packets per source
@@ -375,7 +340,7 @@ fn sflow_and_ipfix_from_the_switch_decode_in_tshark_telemarks_collector_nfdump_a
     let p = bed.prefix.clone();
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("collector.db");
-    let (_collector, base, flow_port) = collector(&db);
+    let (_collector, base, flow_port) = collector(&db, &[]);
 
     let recorded: Recorded = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
@@ -400,27 +365,7 @@ fn sflow_and_ipfix_from_the_switch_decode_in_tshark_telemarks_collector_nfdump_a
     );
     let agent = Agent::start(FileConfig::parse(&cfg).unwrap().validate().unwrap()).unwrap();
     let rx_before = bed.rx_packets();
-    let senders: Vec<_> = SPORTS
-        .iter()
-        .map(|&sport| {
-            let ns = format!("{p}a");
-            std::thread::spawn(move || {
-                let spec = FlowSpec {
-                    key: key(sport),
-                    src_mac: [2, 0, 0, 0, 0x0a, 1],
-                    dst_mac: [2, 0, 0, 0, 0x0b, 1],
-                    payload: 200,
-                    pps: PPS,
-                    catch_up: traffic::catch_up(PPS),
-                    churn: false,
-                };
-                let stop = AtomicBool::new(false);
-                traffic::send(Some(&ns), "a0", &spec, Duration::from_secs(SECS), &stop).unwrap()
-            })
-        })
-        .collect();
-    let sent: BTreeMap<u16, u64> =
-        SPORTS.iter().zip(senders).map(|(&s, h)| (s, h.join().unwrap().sent)).collect();
+    let sent = send_flows(&format!("{p}a"), key, [2, 0, 0, 0, 0x0a, 1], [2, 0, 0, 0, 0x0b, 1]);
     std::thread::sleep(Duration::from_millis(1500));
     let rx = bed.rx_packets() - rx_before;
     let total: u64 = sent.values().sum();
@@ -435,7 +380,7 @@ fn sflow_and_ipfix_from_the_switch_decode_in_tshark_telemarks_collector_nfdump_a
     // tshark: every datagram and message dissects cleanly.
     let rec = recorded.lock().unwrap().clone();
     let pcap = dir.path().join("export.pcap");
-    write_pcap(&pcap, &rec);
+    write_udp_pcap(&pcap, &rec);
     let decode = vec![
         format!("udp.port=={rec_sflow},sflow"),
         format!("udp.port=={rec_ipfix},cflow"),
@@ -599,36 +544,21 @@ fn open_vswitch_exports_sflow_and_ipfix_into_the_collector() {
     ovs.run(&["up"]);
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("collector.db");
-    let (_collector, _base, port) = collector(&db);
+    let (_collector, _base, port) = collector(&db, &[]);
     // The collector listens before the exporters start: OvS sends templates rarely.
     ovs.run(&["sflow", &port.to_string(), &RATE.to_string()]);
     ovs.run(&["ipfix", &port.to_string(), &RATE.to_string()]);
-    let ns = format!("{}a", ovs.prefix);
-    let senders: Vec<_> = SPORTS
-        .iter()
-        .map(|&sport| {
-            let ns = ns.clone();
-            std::thread::spawn(move || {
-                let spec = FlowSpec {
-                    key: FlowKey {
-                        src: "10.33.0.1".parse().unwrap(),
-                        dst: "10.33.0.2".parse().unwrap(),
-                        ..key(sport)
-                    },
-                    src_mac: [2, 0x33, 0, 0, 0, 1],
-                    dst_mac: [2, 0x33, 0, 0, 0, 2],
-                    payload: 100,
-                    pps: PPS,
-                    catch_up: traffic::catch_up(PPS),
-                    churn: false,
-                };
-                let stop = AtomicBool::new(false);
-                traffic::send(Some(&ns), "a0", &spec, Duration::from_secs(SECS), &stop).unwrap()
-            })
-        })
-        .collect();
-    let sent: BTreeMap<u16, u64> =
-        SPORTS.iter().zip(senders).map(|(&s, h)| (s, h.join().unwrap().sent)).collect();
+    let on_ovs = |sport| FlowKey {
+        src: "10.33.0.1".parse().unwrap(),
+        dst: "10.33.0.2".parse().unwrap(),
+        ..key(sport)
+    };
+    let sent = send_flows(
+        &format!("{}a", ovs.prefix),
+        on_ovs,
+        [2, 0x33, 0, 0, 0, 1],
+        [2, 0x33, 0, 0, 0, 2],
+    );
     // OvS exports a flow's record about 2 s after its cache entry opened, sFlow each second.
     let done = |proto: &str| {
         let got = stored(&db, proto);

@@ -18,14 +18,16 @@ const LOGSTASH_COUNTS: [&str; 2] = ["16_netflow_9_h3c.pcap", "24_ipfix_procera.p
 const HELD_DATA: &str = "50_ipfix_netscaler_with_variable_length_fields.pcap";
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use telemark_datapath::capture::CaptureReader;
 use telemark_wire::flow::extract;
 use telemark_wire::link::LinkType;
+
+mod common;
+use common::{collector, tshark_ip_packets};
 
 fn pcaps() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -66,15 +68,6 @@ fn tshark_flows(path: &Path) -> usize {
         .count()
 }
 
-struct Collector(Child);
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn metric(base: &str, name: &str) -> u64 {
     let text = ureq::get(&format!("{base}/metrics"))
         .call()
@@ -90,7 +83,7 @@ fn metric(base: &str, name: &str) -> u64 {
 fn every_logstash_capture_sent_over_udp_is_stored_as_tshark_decodes_it() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("flows.db");
-    let (_c, base, port) = collector(&db);
+    let (_c, base, port) = collector(&db, &[]);
 
     let expected: Vec<serde_json::Value> = serde_json::from_slice(
         &std::fs::read(pcaps()[0].parent().unwrap().join("../expected.json")).unwrap(),
@@ -157,32 +150,6 @@ fn every_logstash_capture_sent_over_udp_is_stored_as_tshark_decodes_it() {
 }
 
 /// A collector with a flow listener on a free loopback port: (process, base URL, port).
-fn collector(db: &Path) -> (Collector, String, u16) {
-    collector_with(db, &[])
-}
-
-/// A collector as [`collector`] does, with more flags.
-fn collector_with(db: &Path, extra: &[&str]) -> (Collector, String, u16) {
-    let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_telemark"))
-        .args(["collector", "--listen", "127.0.0.1:0", "--retention", "0", "--db"])
-        .arg(db)
-        .args(["--flows-listen", &format!("127.0.0.1:{port}")])
-        .args(extra)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let base = loop {
-        let line = lines.next().expect("collector says where it listens").unwrap();
-        if let Some(rest) = line.split("http://").nth(1) {
-            break format!("http://{}", rest.split_whitespace().next().unwrap());
-        }
-    };
-    std::thread::spawn(move || lines.for_each(drop));
-    (Collector(child), base, port)
-}
-
 /// softflowd (a real exporter; needs softflowd) reads a 10,000-packet CAIDA trace and exports
 /// its flows as NetFlow v9 and as IPFIX to the collector: the packets of the flows stored add
 /// up to the trace's IP packets as tshark counts them, and the exporter's sequence numbers
@@ -192,19 +159,12 @@ fn collector_with(db: &Path, extra: &[&str]) -> (Collector, String, u16) {
 fn softflowd_exports_a_trace_and_every_packet_is_in_the_stored_flows() {
     let trace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../../shared/testdata/captures/caida-equinix-nyc-2018-10k.pcap");
-    let out = Command::new("tshark")
-        .arg("-r")
-        .arg(&trace)
-        .args(["-Y", "ip or ipv6", "-T", "fields", "-e", "frame.number"])
-        .stderr(Stdio::null())
-        .output()
-        .expect("tshark runs");
-    let ip_packets = String::from_utf8_lossy(&out.stdout).lines().count() as u64;
+    let ip_packets = tshark_ip_packets(&trace);
     assert!(ip_packets > 9000);
     for version in ["9", "10"] {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("flows.db");
-        let (_c, base, port) = collector(&db);
+        let (_c, base, port) = collector(&db, &[]);
         let ctl = dir.path().join("ctl");
         let mut sf = Command::new("softflowd")
             .args(["-d", "-r"])
@@ -281,7 +241,7 @@ fn after_a_restart_the_first_data_decodes_without_waiting_for_templates() {
     let db = dir.path().join("flows.db");
     let exporter = UdpSocket::bind("127.0.2.1:0").unwrap();
     {
-        let (_c, _base, port) = collector(&db);
+        let (_c, _base, port) = collector(&db, &[]);
         exporter
             .send_to(&logstash_dat("ipfix_test_mikrotik_tpl.dat"), ("127.0.0.1", port))
             .unwrap();
@@ -300,7 +260,7 @@ fn after_a_restart_the_first_data_decodes_without_waiting_for_templates() {
         }
         // Dropping the collector kills it (SIGKILL).
     }
-    let (_c, base, port) = collector(&db);
+    let (_c, base, port) = collector(&db, &[]);
     for f in ["ipfix_test_mikrotik_data258.dat", "ipfix_test_mikrotik_data259.dat"] {
         exporter.send_to(&logstash_dat(f), ("127.0.0.1", port)).unwrap();
     }
@@ -321,18 +281,11 @@ fn ipfix_over_tcp_is_stored_and_a_garbage_stream_is_closed() {
     use std::io::{Read, Write};
     let trace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../../shared/testdata/captures/caida-equinix-nyc-2018-10k.pcap");
-    let out = Command::new("tshark")
-        .arg("-r")
-        .arg(&trace)
-        .args(["-Y", "ip or ipv6", "-T", "fields", "-e", "frame.number"])
-        .stderr(Stdio::null())
-        .output()
-        .expect("tshark runs");
-    let ip_packets = String::from_utf8_lossy(&out.stdout).lines().count() as u64;
+    let ip_packets = tshark_ip_packets(&trace);
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("flows.db");
     let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let (_c, base, _) = collector_with(&db, &["--flows-listen-tcp", &format!("127.0.0.1:{tcp}")]);
+    let (_c, base, _) = collector(&db, &["--flows-listen-tcp", &format!("127.0.0.1:{tcp}")]);
     let mut junk = std::net::TcpStream::connect(("127.0.0.1", tcp)).unwrap();
     junk.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
     junk.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

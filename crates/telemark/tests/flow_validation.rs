@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+mod common;
+use common::write_udp_pcap;
+
 fn suite() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/flow/cesnet-flowtest")
 }
@@ -128,7 +131,8 @@ fn export(pcap: &Path) -> Vec<Exported> {
     assert!(!datagrams.is_empty(), "{}: nothing exported", pcap.display());
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("ipfix.pcap");
-    write_pcap(&file, port, &datagrams);
+    let payloads: Vec<(u16, Vec<u8>)> = datagrams.into_iter().map(|d| (port, d)).collect();
+    write_udp_pcap(&file, &payloads);
     let mut c = Command::new("timeout");
     c.args(["60", "tshark", "-r"]).arg(&file);
     c.args([
@@ -172,31 +176,6 @@ fn export(pcap: &Path) -> Vec<Exported> {
         }
     }
     flows
-}
-
-/// A pcap of UDP datagrams to `port`, for tshark.
-fn write_pcap(path: &Path, port: u16, payloads: &[Vec<u8>]) {
-    let mut f = Vec::new();
-    for v in [0xa1b2_c3d4u32.to_le_bytes(), [2, 0, 4, 0], [0; 4], [0; 4]] {
-        f.extend_from_slice(&v);
-    }
-    f.extend_from_slice(&65_535u32.to_le_bytes());
-    f.extend_from_slice(&101u32.to_le_bytes()); // raw IP
-    for p in payloads {
-        let mut fr = vec![0x45, 0];
-        fr.extend_from_slice(&((28 + p.len()) as u16).to_be_bytes());
-        fr.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0, 127, 0, 0, 1, 127, 0, 0, 1]);
-        fr.extend_from_slice(&40000u16.to_be_bytes());
-        fr.extend_from_slice(&port.to_be_bytes());
-        fr.extend_from_slice(&((8 + p.len()) as u16).to_be_bytes());
-        fr.extend_from_slice(&[0, 0]);
-        fr.extend_from_slice(p);
-        for v in [0u32, 0, fr.len() as u32, fr.len() as u32] {
-            f.extend_from_slice(&v.to_le_bytes());
-        }
-        f.extend_from_slice(&fr);
-    }
-    std::fs::write(path, f).unwrap();
 }
 
 /// Compares one annotated direction with the exported flows; the mismatches.

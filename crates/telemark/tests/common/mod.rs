@@ -1,0 +1,87 @@
+//! Helpers shared by the integration tests that run `telemark collector` as a process or
+//! hand exported datagrams to tshark. Each test binary uses some of them.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::UdpSocket;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+/// A child process, killed (SIGKILL) when dropped.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `telemark collector` storing in `db`, its flow listener on a free loopback UDP port, with
+/// `extra` flags: the process, its HTTP base URL, and the flow port.
+pub fn collector(db: &Path, extra: &[&str]) -> (Proc, String, u16) {
+    let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_telemark"))
+        .args(["collector", "--listen", "127.0.0.1:0", "--retention", "0", "--db"])
+        .arg(db)
+        .args(["--flows-listen", &format!("127.0.0.1:{port}")])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let base = loop {
+        let line = lines.next().expect("collector says where it listens").unwrap();
+        if let Some(rest) = line.split("http://").nth(1) {
+            break format!("http://{}", rest.split_whitespace().next().unwrap());
+        }
+    };
+    // Keep reading its log so that it never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (Proc(child), base, port)
+}
+
+/// A classic pcap of `payloads`, each (destination port, bytes) in a raw IPv4/UDP packet from
+/// 127.0.0.1:40000 to 127.0.0.1, for tshark.
+pub fn write_udp_pcap(path: &Path, payloads: &[(u16, Vec<u8>)]) {
+    let mut f = Vec::new();
+    for v in [0xa1b2_c3d4u32.to_le_bytes(), [2, 0, 4, 0], [0; 4], [0; 4]] {
+        f.extend_from_slice(&v);
+    }
+    f.extend_from_slice(&65_535u32.to_le_bytes());
+    f.extend_from_slice(&101u32.to_le_bytes()); // LINKTYPE_RAW
+    for (i, (port, p)) in payloads.iter().enumerate() {
+        let mut ip = vec![0x45, 0];
+        ip.extend_from_slice(&((28 + p.len()) as u16).to_be_bytes());
+        ip.extend_from_slice(&(i as u16).to_be_bytes());
+        ip.extend_from_slice(&[0x40, 0, 64, 17, 0, 0, 127, 0, 0, 1, 127, 0, 0, 1]);
+        let mut sum: u32 = ip.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        let mut fr = ip;
+        fr.extend_from_slice(&40000u16.to_be_bytes());
+        fr.extend_from_slice(&port.to_be_bytes());
+        fr.extend_from_slice(&((8 + p.len()) as u16).to_be_bytes());
+        fr.extend_from_slice(&[0, 0]);
+        fr.extend_from_slice(p);
+        for v in [i as u32, 0, fr.len() as u32, fr.len() as u32] {
+            f.extend_from_slice(&v.to_le_bytes());
+        }
+        f.extend_from_slice(&fr);
+    }
+    std::fs::write(path, f).unwrap();
+}
+
+/// The IP packets tshark counts in a capture.
+pub fn tshark_ip_packets(capture: &Path) -> u64 {
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(capture)
+        .args(["-Y", "ip or ipv6", "-T", "fields", "-e", "frame.number"])
+        .stderr(Stdio::null())
+        .output()
+        .expect("tshark runs");
+    String::from_utf8_lossy(&out.stdout).lines().count() as u64
+}
