@@ -446,6 +446,8 @@ impl Agent {
             ("measure", cur.measure == new.measure),
             ("metrics", cur.metrics == new.metrics && cur.control_token == new.control_token),
             ("queue", cur.queues == new.queues),
+            ("sflow", cur.sflow == new.sflow),
+            ("ipfix", cur.ipfix == new.ipfix),
             (
                 "int (anything but its rules)",
                 match (&cur.int, &new.int) {
