@@ -993,4 +993,40 @@ mod tests {
             assert!(e.contains(want), "{text:?}: {e}");
         }
     }
+
+    #[test]
+    fn flow_export_sections_load_and_bad_ones_say_what_is_wrong() {
+        let base = "agent = \"sw\"\n[[tap]]\nport = \"x0\"\n";
+        let c = FileConfig::parse(&format!(
+            "{base}[sflow]\ncollectors = [\"127.0.0.1:6343\"]\n\
+             [ipfix]\ncollectors = [\"127.0.0.1:4739\", \"tcp://[::1]:4739\"]\nsampling = 64\n"
+        ))
+        .unwrap()
+        .validate()
+        .unwrap();
+        let (s, i) = (c.sflow.unwrap(), c.ipfix.unwrap());
+        assert_eq!(
+            (s.settings.rate, s.settings.header_bytes, s.polling_ns),
+            (400, 128, 30_000_000_000)
+        );
+        assert_eq!(i.collectors[1].0, IpfixTransport::Tcp);
+        assert_eq!(
+            (i.settings.rate, i.settings.cache.max_flows, i.domain, i.loss),
+            (64, 65_536, 1, true)
+        );
+        for (section, want) in [
+            ("[sflow]\ncollectors = []\n", "at least one"),
+            ("[sflow]\ncollectors = [\"nowhere\"]\n", "host:port"),
+            ("[sflow]\ncollectors = [\"127.0.0.1:6343\"]\nsampling = 0\n", "sflow.sampling"),
+            ("[sflow]\ncollectors = [\"127.0.0.1:6343\"]\nheader_bytes = 300\n", "header_bytes"),
+            ("[ipfix]\ncollectors = [\"sctp://127.0.0.1:4739\"]\n", "udp or tcp"),
+            ("[ipfix]\ncollectors = [\"127.0.0.1:4739\"]\nmax_flows = 8\n", "max_flows"),
+            ("[ipfix]\ncollectors = [\"127.0.0.1:4739\"]\nidle_timeout = \"0s\"\n", "idle_timeout"),
+            ("[ipfix]\ncollectors = [\"127.0.0.1:4739\"]\ncache = 1\n", "unknown field"),
+        ] {
+            let text = format!("{base}{section}");
+            let e = FileConfig::parse(&text).and_then(FileConfig::validate).unwrap_err().to_string();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+    }
 }
