@@ -453,7 +453,8 @@ pub struct IpfixSection {
     pub active_timeout: Option<String>,
     /// A flow silent this long is reported and forgotten (default 15s).
     pub idle_timeout: Option<String>,
-    /// The most flows the cache holds (default 65536).
+    /// The most flows the cache holds (default 65536; 0: no cache, every metered packet is
+    /// exported as a flow of its own).
     pub max_flows: Option<usize>,
     /// Templates are sent again this often over UDP (default 60s; RFC 7011 §8.4).
     pub template_refresh: Option<String>,
@@ -562,8 +563,10 @@ impl IpfixSection {
             collectors.push((t, collector_addr("[ipfix] collector", rest)?));
         }
         let max_flows = self.max_flows.unwrap_or(65_536);
-        if !(16..=1 << 24).contains(&max_flows) {
-            return Err(invalid(format!("ipfix.max_flows {max_flows}: 16 to 16777216")));
+        if max_flows != 0 && !(16..=1 << 24).contains(&max_flows) {
+            return Err(invalid(format!(
+                "ipfix.max_flows {max_flows}: 16 to 16777216, or 0 for no cache"
+            )));
         }
         let cache = telemark_core::flowexport::CacheConfig {
             max_flows,
@@ -1025,7 +1028,8 @@ mod tests {
             ("[ipfix]\ncollectors = [\"127.0.0.1:4739\"]\ncache = 1\n", "unknown field"),
         ] {
             let text = format!("{base}{section}");
-            let e = FileConfig::parse(&text).and_then(FileConfig::validate).unwrap_err().to_string();
+            let e =
+                FileConfig::parse(&text).and_then(FileConfig::validate).unwrap_err().to_string();
             assert!(e.contains(want), "{text:?}: {e}");
         }
     }

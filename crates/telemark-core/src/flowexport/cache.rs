@@ -9,6 +9,10 @@
 //! again: a long flow is reported every active timeout) and removes flows idle longer than the
 //! idle timeout (a TCP flow that saw FIN or RST leaves as [`EndReason::EndOfFlow`]).
 //!
+//! With `max_flows` 0 there is no table: every packet leaves at once as a flow of its own (RFC
+//! 5470 §5.1.1's immediate cache, the paper's "IPFIX without a cache"), reported as an active
+//! timeout as Open vSwitch reports its records.
+//!
 //! Nothing here allocates after [`FlowCache::new`].
 
 use crate::FlowKey;
@@ -37,7 +41,8 @@ pub enum EndReason {
 /// The cache's limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheConfig {
-    /// The most flows held (rounded up to whole buckets of a power-of-two count).
+    /// The most flows held (rounded up to whole buckets of a power-of-two count); 0: no
+    /// cache, every packet exported at once.
     pub max_flows: usize,
     /// A flow is reported at least this often while it lasts, ns.
     pub active_ns: u64,
@@ -164,10 +169,25 @@ impl FlowCache {
         }
     }
 
-    /// Counts packet `p`; a flow pushed out for room goes to `out`.
+    /// Counts packet `p`; a flow pushed out for room goes to `out` (without a cache: the
+    /// packet's own record).
     #[inline]
     pub fn observe(&mut self, p: &Observation, out: &mut impl FnMut(&FlowEntry, EndReason)) {
         self.stats.packets += 1;
+        if self.cfg.max_flows == 0 {
+            self.stats.created += 1;
+            self.stats.exported += 1;
+            let e = FlowEntry {
+                first: *p,
+                tcp_flags: p.tcp_flags,
+                packets: 1,
+                octets: u64::from(p.octets),
+                start_ns: p.ts_ns,
+                end_ns: p.ts_ns,
+            };
+            out(&e, EndReason::ActiveTimeout);
+            return;
+        }
         let base = (p.hash as usize & self.mask) * WAYS;
         let tag = (p.hash >> 32) as u32;
         let bucket = &mut self.ways[base..base + WAYS];
@@ -369,6 +389,18 @@ mod tests {
         assert!(st.evicted > 0);
         assert_eq!(st.exported as usize, out.len());
         assert!(out.iter().any(|r| r.3 == EndReason::LackOfResources));
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn without_a_cache_every_packet_is_a_record_of_its_own() {
+        let mut c = FlowCache::new(CacheConfig { max_flows: 0, active_ns: S, idle_ns: S });
+        let mut out = Out::new();
+        for t in 0..5 {
+            c.observe(&pkt(1, t, 100, 0x10), &mut collect(&mut out));
+        }
+        assert_eq!(out.len(), 5);
+        assert!(out.iter().all(|r| r.1 == 1 && r.2 == 100 && r.3 == EndReason::ActiveTimeout));
         assert!(c.is_empty());
     }
 
