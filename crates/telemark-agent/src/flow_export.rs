@@ -48,8 +48,11 @@ pub struct FlowExportStats {
     pub ipfix_flow_records: u64,
     /// IPFIX loss records sent.
     pub ipfix_loss_records: u64,
-    /// Records not sent: a collector unreachable, a send failing, the loss queue full.
+    /// Records not sent: a collector unreachable, a send failing.
     pub ipfix_not_sent: u64,
+    /// Loss records not handed to this thread: its queue was full (counted by the aggregator
+    /// thread, which hands them over).
+    pub ipfix_loss_queue_full: u64,
     /// Datagrams or messages whose send failed.
     pub flow_send_errors: u64,
 }
@@ -119,13 +122,14 @@ pub(crate) fn start(
     Ok((h, loss_tx))
 }
 
-/// Hands a loss record to the thread; false if its queue is full (counted there).
+/// Hands a loss record to the thread; false if its queue is full (counted in
+/// `ipfix_loss_queue_full`).
 pub(crate) fn offer_loss(tx: &SyncSender<LossRecord>, r: &LossRecord, shared: &Shared) -> bool {
     match tx.try_send(r.clone()) {
         Ok(()) => true,
         Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
             if let Ok(mut s) = shared.flow_export.lock() {
-                s.ipfix_not_sent += 1;
+                s.ipfix_loss_queue_full += 1;
             }
             false
         }
@@ -179,10 +183,10 @@ impl Thread {
             if let Some(x) = &mut self.ipfix {
                 x.send(now, last, &mut self.stats);
             }
+            // Every counter is this thread's but the aggregator thread's queue-full count.
             if let Ok(mut g) = shared.flow_export.lock() {
-                let not_sent = g.ipfix_not_sent.max(self.stats.ipfix_not_sent);
-                *g = FlowExportStats { ipfix_not_sent: not_sent, ..self.stats.clone() };
-                self.stats.ipfix_not_sent = not_sent;
+                let queue_full = g.ipfix_loss_queue_full;
+                *g = FlowExportStats { ipfix_loss_queue_full: queue_full, ..self.stats.clone() };
             }
             if last {
                 break;

@@ -378,7 +378,7 @@ impl AgentMetrics {
                 (
                     "ipfix_records_not_sent",
                     "IPFIX records not sent: collector unreachable, send failed, queue full.",
-                    f.ipfix_not_sent,
+                    f.ipfix_not_sent + f.ipfix_loss_queue_full,
                 ),
                 (
                     "flow_send_errors",

@@ -375,7 +375,7 @@ fn sflow_and_ipfix_from_the_switch_decode_in_tshark_telemarks_collector_nfdump_a
     std::thread::sleep(Duration::from_millis(1500));
     stop.store(true, Ordering::Relaxed);
     std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(stats.flow_export.ipfix_not_sent, 0);
+    assert_eq!((stats.flow_export.ipfix_not_sent, stats.flow_export.ipfix_loss_queue_full), (0, 0));
 
     // tshark: every datagram and message dissects cleanly.
     let rec = recorded.lock().unwrap().clone();
