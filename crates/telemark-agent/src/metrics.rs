@@ -181,11 +181,20 @@ impl AgentMetrics {
             "Time each stage spent on packets; divided by rx_frames_total, the cost per packet.",
             &[],
         );
+        // The flow meter's time is its own stage, not the switch's.
+        let meter_ns = p.meter.as_ref().map_or(0, |m| m.busy_ns.min(p.busy_ns));
         let _ = writeln!(
             o,
             "telemark_agent_stage_busy_seconds_total{{{a},stage=\"switch\"}} {}",
-            p.busy_ns as f64 / 1e9
+            (p.busy_ns - meter_ns) as f64 / 1e9
         );
+        if p.meter.is_some() {
+            let _ = writeln!(
+                o,
+                "telemark_agent_stage_busy_seconds_total{{{a},stage=\"flow_meter\"}} {}",
+                meter_ns as f64 / 1e9
+            );
+        }
         let point = |pt: u8| {
             let spec = self.points.get(usize::from(pt));
             let (name, port) = spec.map_or(("?", "?"), |s| (s.name.as_str(), s.port.as_str()));

@@ -755,13 +755,21 @@ fn run_burst(
         Proc::Switch(sw) => {
             out.0.clear();
             sw.process(pkts, sink, out, |_, _| false);
-            let now = now_ns();
-            for &(port, idx) in &out.0 {
-                if let Some(p) = pkts.get_mut(idx) {
-                    if let Some(m) = meter.as_mut() {
+            // The flow meter first (before egress may change a frame), timed per burst: its
+            // own `cost` stage.
+            if let Some(m) = meter.as_mut() {
+                let t = Instant::now();
+                for &(port, idx) in &out.0 {
+                    if let Some(p) = pkts.get(idx) {
                         let len = p.bytes_on_wire() as u32;
                         m.packet(in_port, port, &p.data, len, sw.parsed(idx), p.ts_ns);
                     }
+                }
+                m.add_busy_ns(t.elapsed().as_nanos() as u64);
+            }
+            let now = now_ns();
+            for &(port, idx) in &out.0 {
+                if let Some(p) = pkts.get_mut(idx) {
                     egress.send(in_port, port, &mut p.data, p.ts_ns, now);
                 }
             }
@@ -844,7 +852,7 @@ impl Slow {
         let mut interval_start = boot;
         let mut next_summary = boot + self.cfg.summary_interval_ns;
         let mut next_export = boot + self.cfg.export_interval_ns;
-        let mut last_cost = (0u64, 0u64);
+        let mut last_cost = (0u64, 0u64, 0u64);
         let mut last_path = PathStats::default();
         let mut was_failing = false;
         // Per-flow state of flows silent this long is forgotten (it was reported already).
@@ -866,17 +874,27 @@ impl Slow {
                 let snap = shared.path.lock().map(|s| s.clone()).unwrap_or_default();
                 self.report_interval(&mut out, &snap, &last_path, interval_start, now);
                 last_path = snap.clone();
-                emit(
-                    &mut out,
-                    Record::Cost(CostRecord {
-                        agent: self.cfg.agent.clone(),
-                        stage: "switch".into(),
-                        packets: snap.rx - last_cost.0,
-                        cycles: snap.busy_ns - last_cost.1,
-                        interval_ns: now - interval_start,
-                    }),
-                );
-                last_cost = (snap.rx, snap.busy_ns);
+                // Per stage: the flow meter's time (switch pairs) apart from the switch's.
+                let meter_ns = snap.meter.as_ref().map_or(0, |m| m.busy_ns);
+                let busy = snap.busy_ns - last_cost.1;
+                let metered = meter_ns.saturating_sub(last_cost.2).min(busy);
+                let mut stages = vec![("switch", busy - metered)];
+                if snap.meter.is_some() {
+                    stages.push(("flow_meter", metered));
+                }
+                for (stage, cycles) in stages {
+                    emit(
+                        &mut out,
+                        Record::Cost(CostRecord {
+                            agent: self.cfg.agent.clone(),
+                            stage: stage.into(),
+                            packets: snap.rx - last_cost.0,
+                            cycles,
+                            interval_ns: now - interval_start,
+                        }),
+                    );
+                }
+                last_cost = (snap.rx, snap.busy_ns, meter_ns);
                 self.agg.book_quiet_before(now.saturating_sub(2 * self.cfg.loss.idle_ns));
                 self.agg.forget_before(now.saturating_sub(forget_ns));
                 interval_start = now;

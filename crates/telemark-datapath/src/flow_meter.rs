@@ -83,6 +83,8 @@ pub struct MeterStats {
     pub ipfix_drops: u64,
     /// Per port.
     pub ports: Vec<PortCounters>,
+    /// Time spent in the stage, as its caller measured it ([`FlowMeter::add_busy_ns`]).
+    pub busy_ns: u64,
 }
 
 struct SflowStage {
@@ -118,6 +120,7 @@ pub struct FlowMeter {
     patience: Option<Duration>,
     /// The frames' link type (VLAN tags are read from Ethernet frames).
     link: LinkType,
+    busy_ns: u64,
 }
 
 impl FlowMeter {
@@ -166,6 +169,7 @@ impl FlowMeter {
             ports: vec![PortCounters::default(); ports],
             patience: None,
             link: LinkType::Ethernet,
+            busy_ns: 0,
         };
         (meter, MeterRings { samples, flows })
     }
@@ -229,6 +233,11 @@ impl FlowMeter {
         }
     }
 
+    /// Adds time the caller spent in [`FlowMeter::packet`] (timed per burst, not per packet).
+    pub fn add_busy_ns(&mut self, ns: u64) {
+        self.busy_ns += ns;
+    }
+
     /// Sweeps the next `ways` entries of the flow cache for timeouts at `now`.
     pub fn sweep(&mut self, now: u64, ways: usize) {
         if let Some(x) = &mut self.ipfix {
@@ -264,6 +273,7 @@ impl FlowMeter {
             cache_flows: self.ipfix.as_ref().map_or(0, |x| x.cache.len() as u64),
             ipfix_drops: self.ipfix.as_ref().map_or(0, |x| x.drops),
             ports: self.ports.clone(),
+            busy_ns: self.busy_ns,
         }
     }
 
@@ -299,6 +309,7 @@ impl FlowMeter {
             ports: self.ports.clone(),
             patience: self.patience,
             link: self.link,
+            busy_ns: 0,
         };
         (meter, MeterRings { samples, flows })
     }

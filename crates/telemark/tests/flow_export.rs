@@ -490,6 +490,22 @@ fn sflow_and_ipfix_from_the_switch_decode_in_tshark_telemarks_collector_nfdump_a
     }
     println!("tshark sFlow samples {samples:?}; collector sFlow estimates {sflow:?}");
 
+    // The agent's cost records give the flow meter a stage of its own.
+    let out = Command::new("sqlite3")
+        .arg(&db)
+        .arg(
+            "SELECT json_extract(json, '$.stage'), SUM(json_extract(json, '$.cycles')) \
+             FROM other WHERE kind = 'cost' GROUP BY 1 ORDER BY 1",
+        )
+        .output()
+        .unwrap();
+    let stages = String::from_utf8_lossy(&out.stdout).into_owned();
+    println!("cost per stage: {stages}");
+    let ns = |stage: &str| -> u64 {
+        stages.lines().find_map(|l| l.strip_prefix(&format!("{stage}|"))?.parse().ok()).unwrap_or(0)
+    };
+    assert!(ns("flow_meter") > 0 && ns("switch") > 0, "{stages}");
+
     // nfdump reads Telemark's IPFIX: every packet in its flows.
     assert_eq!(nfcapd.flows(), sent, "IPFIX flows as nfdump reads them");
     // pmacct reads Telemark's sFlow: renormalised packets within the sampling bound.
