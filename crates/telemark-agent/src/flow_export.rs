@@ -176,8 +176,10 @@ impl Thread {
             }
             let last = finished && got == 0 && loss_done;
             if let Some(s) = &mut self.sflow {
-                let counters = shared.meter_ports();
-                s.poll(now, &counters, &self.ports, &mut self.stats);
+                // The fast path's counters are read (under its lock) only when a poll is due.
+                if s.poll_due(now) {
+                    s.poll(now, &shared.meter_ports(), &self.ports, &mut self.stats);
+                }
                 s.flush(now, last, &mut self.stats);
             }
             if let Some(x) = &mut self.ipfix {
@@ -298,7 +300,12 @@ impl SflowOut {
         stats.sflow_flow_samples += 1;
     }
 
-    /// Every polling interval, each port's counters (as the switch counted them).
+    /// Whether the ports' counters are due at `now`.
+    fn poll_due(&self, now: u64) -> bool {
+        now >= self.next_poll_ns
+    }
+
+    /// Each port's counters (as the switch counted them), every polling interval.
     fn poll(
         &mut self,
         now: u64,
@@ -306,9 +313,6 @@ impl SflowOut {
         ports: &[PortInfo],
         stats: &mut FlowExportStats,
     ) {
-        if now < self.next_poll_ns {
-            return;
-        }
         self.next_poll_ns = now + self.cfg.polling_ns;
         for (i, (c, p)) in counters.iter().zip(ports).enumerate() {
             let sample = sflow::Sample::Counters(CounterSample {
@@ -589,6 +593,10 @@ impl IpfixOut {
     /// Sends what waits to every collector: over UDP with the templates first whenever
     /// their refresh is due, over TCP with them first on each new connection.
     fn send(&mut self, now: u64, last: bool, stats: &mut FlowExportStats) {
+        let due = |p: &Peer| last || now >= p.templates_due_ns;
+        if self.pending.is_empty() && !self.peers.iter().any(due) {
+            return;
+        }
         let records = std::mem::take(&mut self.pending);
         let options = self.options(now, stats.ipfix_not_sent);
         let flows =

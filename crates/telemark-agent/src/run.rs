@@ -777,17 +777,18 @@ fn run_burst(
         }
         Proc::Tap(t, color_bit) => {
             for p in pkts.iter() {
-                let parsed = flow::extract(&p.data, LinkType::Ethernet);
+                let parsed = flow::extract(&p.data, LinkType::Ethernet).ok();
+                let watched = parsed.as_ref().is_some_and(|x| watch.matches(&x.key));
+                // The hash, once, for whichever of the two needs it.
+                let h = parsed
+                    .as_ref()
+                    .filter(|_| watched || meter.is_some())
+                    .map(|x| flow_hash(&x.key));
                 if let Some(m) = meter.as_mut() {
                     let len = p.bytes_on_wire() as u32;
-                    let key = parsed.as_ref().ok().map(|x| (x, flow_hash(&x.key)));
-                    m.packet(in_port, u16::MAX, &p.data, len, key, p.ts_ns);
+                    m.packet(in_port, u16::MAX, &p.data, len, parsed.as_ref().zip(h), p.ts_ns);
                 }
-                let Ok(parsed) = parsed else { continue };
-                if !watch.matches(&parsed.key) {
-                    continue;
-                }
-                let h = flow_hash(&parsed.key);
+                let (Some(parsed), Some(h), true) = (parsed, h, watched) else { continue };
                 t.observe(&parsed.key, h, color_of(parsed.dscp, *color_bit), p.ts_ns, sink);
             }
         }

@@ -218,14 +218,11 @@ impl FlowMeter {
                 x.fragments.first(&p.key, id);
             }
             if x.samplers.get_mut(i).is_some_and(Sampler::sample) {
-                let mut obs = observation(frame, p, hash, in_port, out_port, ts_ns);
+                let mut obs = observation(frame, self.link, p, hash, in_port, out_port, ts_ns);
                 if let Fragment::Later(id) = p.fragment {
                     if let Some(key) = x.fragments.later(&p.key, id) {
                         (obs.key, obs.hash) = (key, flow_hash(&key));
                     }
-                }
-                if self.link != LinkType::Ethernet {
-                    obs.vlan = 0;
                 }
                 let (ring, drops, patience) = (&x.ring, &mut x.drops, self.patience);
                 x.cache.observe(&obs, &mut |e, why| hand_out(ring, drops, e, why, patience));
@@ -391,9 +388,11 @@ fn hand<T>(ring: &Producer<T>, item: T, patience: Option<Duration>) -> bool {
     }
 }
 
-/// What the flow cache needs of a packet: its key, VLAN, DSCP, IP length and TCP flags.
+/// What the flow cache needs of a packet: its key, VLAN (of an Ethernet frame), DSCP, IP
+/// length, TCP flags and ICMP type.
 pub fn observation(
     frame: &[u8],
+    link: LinkType,
     p: &Parsed,
     hash: u64,
     in_port: u16,
@@ -401,7 +400,10 @@ pub fn observation(
     ts_ns: u64,
 ) -> Observation {
     let be16 = |at: usize| frame.get(at..at + 2).map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
-    let vlan = if be16(12) == 0x8100 { be16(14) & 0x0fff } else { 0 };
+    let vlan = match link {
+        LinkType::Ethernet if be16(12) == 0x8100 => be16(14) & 0x0fff,
+        _ => 0,
+    };
     let ip = p.ip_offset;
     let octets = match p.ip_version {
         4 => u32::from(be16(ip + 2)),

@@ -25,7 +25,7 @@ use telemark_agent::{Agent, FileConfig};
 use telemark_wire::FlowKey;
 
 mod common;
-use common::{collector, write_udp_pcap, Proc};
+use common::{collector, tshark_fields, write_udp_pcap, Proc};
 
 const SPORTS: [u16; 4] = [5001, 5002, 5003, 5004];
 const PPS: u64 = 800;
@@ -169,17 +169,6 @@ fn tcp_recorder(into: &Recorded) -> u16 {
         }
     });
     port
-}
-
-fn tshark(pcap: &Path, decode: &[String], args: &[&str]) -> String {
-    let mut c = Command::new("timeout");
-    c.args(["60", "tshark", "-r"]).arg(pcap).args(["-o", "cflow.max_template_fields:200"]);
-    for d in decode {
-        c.args(["-d", d]);
-    }
-    let out = c.args(args).output().expect("tshark runs (Debian package tshark)");
-    assert!(out.status.success(), "tshark: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Flow records the collector stored from `protocol` ("ipfix", "sflow"): packets per source
@@ -394,43 +383,14 @@ fn sflow_and_ipfix_from_the_switch_decode_in_tshark_telemarks_collector_nfdump_a
         kinds(rec_tcp)
     );
     assert!(kinds(rec_sflow) > 0 && kinds(rec_ipfix) > 0 && kinds(rec_tcp) > 0);
-    let bad = tshark(
-        &pcap,
-        &decode,
-        &[
-            "-Y",
-            "_ws.malformed || _ws.expert.severity >= 0x00600000",
-            "-T",
-            "fields",
-            "-e",
-            "frame.number",
-            "-e",
-            "_ws.expert.message",
-        ],
-    );
+    let flagged = "_ws.malformed || _ws.expert.severity >= 0x00600000";
+    let bad = tshark_fields(&pcap, &decode, flagged, &["frame.number", "_ws.expert.message"]);
     assert!(bad.trim().is_empty(), "tshark flags frames: {bad}");
 
     // tshark's reading of the IPFIX flow records (UDP, then TCP): packets per source port.
     for port in [rec_ipfix, rec_tcp] {
         let only = format!("udp.dstport=={port}");
-        let out = tshark(
-            &pcap,
-            &decode,
-            &[
-                "-Y",
-                &only,
-                "-T",
-                "fields",
-                "-E",
-                "occurrence=a",
-                "-E",
-                "aggregator=;",
-                "-e",
-                "cflow.srcport",
-                "-e",
-                "cflow.packets",
-            ],
-        );
+        let out = tshark_fields(&pcap, &decode, &only, &["cflow.srcport", "cflow.packets"]);
         let mut by_port: BTreeMap<u16, u64> = BTreeMap::new();
         for line in out.lines() {
             let (ports, packets) = line.split_once('\t').unwrap_or(("", ""));
@@ -444,22 +404,7 @@ fn sflow_and_ipfix_from_the_switch_decode_in_tshark_telemarks_collector_nfdump_a
     }
     // … and of the sFlow flow samples: the sampled headers' UDP source ports, times the rate.
     let only = format!("udp.dstport=={rec_sflow}");
-    let out = tshark(
-        &pcap,
-        &decode,
-        &[
-            "-Y",
-            &only,
-            "-T",
-            "fields",
-            "-E",
-            "occurrence=a",
-            "-E",
-            "aggregator=;",
-            "-e",
-            "udp.srcport",
-        ],
-    );
+    let out = tshark_fields(&pcap, &decode, &only, &["udp.srcport"]);
     let mut samples: BTreeMap<u16, u64> = BTreeMap::new();
     for sp in out.lines().flat_map(|l| l.split(';')).filter_map(|s| s.parse::<u16>().ok()) {
         if SPORTS.contains(&sp) {

@@ -10,11 +10,11 @@
 use std::collections::BTreeMap;
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 mod common;
-use common::write_udp_pcap;
+use common::{tshark_fields, write_udp_pcap};
 
 fn suite() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/flow/cesnet-flowtest")
@@ -133,25 +133,10 @@ fn export(pcap: &Path) -> Vec<Exported> {
     let file = dir.path().join("ipfix.pcap");
     let payloads: Vec<(u16, Vec<u8>)> = datagrams.into_iter().map(|d| (port, d)).collect();
     write_udp_pcap(&file, &payloads);
-    let mut c = Command::new("timeout");
-    c.args(["60", "tshark", "-r"]).arg(&file);
-    c.args([
-        "-d",
-        &format!("udp.port=={port},cflow"),
-        "-T",
-        "fields",
-        "-E",
-        "occurrence=a",
-        "-E",
-        "aggregator=;",
-    ]);
-    for (_, f) in TSHARK_FIELDS {
-        c.args(["-e", f]);
-    }
-    let out = c.stderr(Stdio::null()).output().expect("tshark runs (Debian package tshark)");
-    assert!(out.status.success());
+    let fields: Vec<&str> = TSHARK_FIELDS.iter().map(|f| f.1).collect();
+    let out = tshark_fields(&file, &[format!("udp.port=={port},cflow")], "", &fields);
     let mut flows = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in out.lines() {
         let cols: Vec<Vec<&str>> = line.split('\t').map(|c| c.split(';').collect()).collect();
         // Records of the flow templates carry packets; loss and options records do not.
         let n = cols.get(7).map_or(0, |c| c.iter().filter(|s| !s.is_empty()).count());

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 fn libs() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testbed/kafka");
     let libs = dir.join("libs");
@@ -391,22 +393,10 @@ impl Collector {
     }
 
     fn start_with(db: &Path, kafka: Option<&Path>, extra: &[&str]) -> Collector {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_telemark"));
-        cmd.args(["collector", "--listen", "127.0.0.1:0", "--retention", "0", "--db"]).arg(db);
-        if let Some(k) = kafka {
-            cmd.arg("--kafka").arg(k);
-        }
-        cmd.args(extra);
-        let mut child = cmd.stderr(Stdio::piped()).spawn().expect("collector starts");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let base = loop {
-            let line = lines.next().expect("collector says where it listens").unwrap();
-            if let Some(rest) = line.split("http://").nth(1) {
-                break format!("http://{}", rest.split_whitespace().next().unwrap());
-            }
-        };
-        // Keep reading its log so that it never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
+        let k = kafka.map(|k| k.to_string_lossy().into_owned());
+        let mut args: Vec<&str> = k.as_deref().map_or(vec![], |k| vec!["--kafka", k]);
+        args.extend_from_slice(extra);
+        let (child, base) = common::spawn_collector(db, &args);
         Collector { child, base, db: db.to_path_buf() }
     }
 

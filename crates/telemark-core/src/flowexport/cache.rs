@@ -102,6 +102,31 @@ pub struct FlowEntry {
     pub end_ns: u64,
 }
 
+impl Observation {
+    /// Whether `other` belongs to the same cache entry: the key of the cache (flow key, input
+    /// port, VLAN, ICMP type and code).
+    fn same_flow(&self, other: &Observation) -> bool {
+        self.key == other.key
+            && self.in_port == other.in_port
+            && self.vlan == other.vlan
+            && self.icmp_type_code == other.icmp_type_code
+    }
+}
+
+impl FlowEntry {
+    /// A flow of packet `p` alone.
+    fn of(p: &Observation) -> FlowEntry {
+        FlowEntry {
+            first: *p,
+            tcp_flags: p.tcp_flags,
+            packets: 1,
+            octets: u64::from(p.octets),
+            start_ns: p.ts_ns,
+            end_ns: p.ts_ns,
+        }
+    }
+}
+
 /// What the cache did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CacheStats {
@@ -177,28 +202,13 @@ impl FlowCache {
         if self.cfg.max_flows == 0 {
             self.stats.created += 1;
             self.stats.exported += 1;
-            let e = FlowEntry {
-                first: *p,
-                tcp_flags: p.tcp_flags,
-                packets: 1,
-                octets: u64::from(p.octets),
-                start_ns: p.ts_ns,
-                end_ns: p.ts_ns,
-            };
-            out(&e, EndReason::ActiveTimeout);
+            out(&FlowEntry::of(p), EndReason::ActiveTimeout);
             return;
         }
         let base = (p.hash as usize & self.mask) * WAYS;
         let tag = (p.hash >> 32) as u32;
         let bucket = &mut self.ways[base..base + WAYS];
-        let same = |w: &Way| {
-            w.used
-                && w.tag == tag
-                && w.entry.first.key == p.key
-                && w.entry.first.in_port == p.in_port
-                && w.entry.first.vlan == p.vlan
-                && w.entry.first.icmp_type_code == p.icmp_type_code
-        };
+        let same = |w: &Way| w.used && w.tag == tag && w.entry.first.same_flow(p);
         if let Some(w) = bucket.iter_mut().find(|w| same(w)) {
             let e = &mut w.entry;
             if e.packets == 0 {
@@ -231,18 +241,7 @@ impl FlowCache {
             }
         };
         self.stats.created += 1;
-        bucket[slot] = Way {
-            used: true,
-            tag,
-            entry: FlowEntry {
-                first: *p,
-                tcp_flags: p.tcp_flags,
-                packets: 1,
-                octets: u64::from(p.octets),
-                start_ns: p.ts_ns,
-                end_ns: p.ts_ns,
-            },
-        };
+        bucket[slot] = Way { used: true, tag, entry: FlowEntry::of(p) };
     }
 
     /// Looks at the next `ways` entries (round robin over the table): flows past their active

@@ -21,14 +21,23 @@ impl Drop for Proc {
 /// `extra` flags: the process, its HTTP base URL, and the flow port.
 pub fn collector(db: &Path, extra: &[&str]) -> (Proc, String, u16) {
     let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let args: Vec<&str> =
+        ["--flows-listen", listen.as_str()].into_iter().chain(extra.iter().copied()).collect();
+    let (child, base) = spawn_collector(db, &args);
+    (Proc(child), base, port)
+}
+
+/// `telemark collector` on a free loopback HTTP port, storing in `db`, with `extra` flags: the
+/// process and its HTTP base URL, once it said where it listens.
+pub fn spawn_collector(db: &Path, extra: &[&str]) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_telemark"))
         .args(["collector", "--listen", "127.0.0.1:0", "--retention", "0", "--db"])
         .arg(db)
-        .args(["--flows-listen", &format!("127.0.0.1:{port}")])
         .args(extra)
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
+        .expect("collector starts");
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let base = loop {
         let line = lines.next().expect("collector says where it listens").unwrap();
@@ -38,7 +47,7 @@ pub fn collector(db: &Path, extra: &[&str]) -> (Proc, String, u16) {
     };
     // Keep reading its log so that it never blocks on a full pipe.
     std::thread::spawn(move || lines.for_each(drop));
-    (Proc(child), base, port)
+    (child, base)
 }
 
 /// A classic pcap of `payloads`, each (destination port, bytes) in a raw IPv4/UDP packet from
@@ -84,4 +93,26 @@ pub fn tshark_ip_packets(capture: &Path) -> u64 {
         .output()
         .expect("tshark runs");
     String::from_utf8_lossy(&out.stdout).lines().count() as u64
+}
+
+/// tshark's fields `fields` of the packets of `pcap` that match `filter`, one line per packet,
+/// fields separated by tabs and a field's occurrences by `;`. `decode`: `-d` rules such as
+/// `udp.port==4739,cflow`. Open vSwitch's templates have up to 67 fields, beyond tshark's
+/// default of 60.
+pub fn tshark_fields(pcap: &Path, decode: &[String], filter: &str, fields: &[&str]) -> String {
+    let mut c = Command::new("timeout");
+    c.args(["60", "tshark", "-r"]).arg(pcap).args(["-o", "cflow.max_template_fields:200"]);
+    for d in decode {
+        c.args(["-d", d]);
+    }
+    if !filter.is_empty() {
+        c.args(["-Y", filter]);
+    }
+    c.args(["-T", "fields", "-E", "occurrence=a", "-E", "aggregator=;"]);
+    for f in fields {
+        c.args(["-e", f]);
+    }
+    let out = c.output().expect("tshark runs (Debian package tshark)");
+    assert!(out.status.success(), "tshark: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
