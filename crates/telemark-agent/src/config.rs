@@ -420,6 +420,50 @@ pub struct FileConfig {
     pub sflow: Option<SflowSection>,
     /// IPFIX export (docs/flow-export.md).
     pub ipfix: Option<IpfixSection>,
+    /// Heavy hitters (docs/agent.md, "Heavy hitters").
+    pub heavy_hitters: Option<HeavyHittersSection>,
+}
+
+/// `[heavy_hitters]`: SFCMon's pipeline on each input port; each window's heavy flows become
+/// `flow` records.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeavyHittersSection {
+    /// Window length (default 1s).
+    pub window: Option<String>,
+    /// Heavy = at least this share of the port's packets in the window (default 0.001).
+    pub threshold: Option<f64>,
+    /// Packets of a window before any is tested (default 1000).
+    pub eval_after: Option<u64>,
+    /// A source must send this many packets in the window before it can be heavy (default 16).
+    pub min_packets: Option<u64>,
+}
+
+/// Validated `[heavy_hitters]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeavyHittersSettings {
+    /// Window length, ns.
+    pub window_ns: u64,
+    /// The pipeline's settings.
+    pub hh: telemark_core::sketch::sfcmon::HhConfig,
+}
+
+impl HeavyHittersSection {
+    /// Checks every value and fills in defaults.
+    pub fn validate(self) -> Result<HeavyHittersSettings, ConfigError> {
+        let d = telemark_core::sketch::sfcmon::HhConfig::default();
+        let hh = telemark_core::sketch::sfcmon::HhConfig {
+            threshold: self.threshold.unwrap_or(d.threshold),
+            eval_after: self.eval_after.unwrap_or(d.eval_after),
+            min_packets: self.min_packets.unwrap_or(d.min_packets),
+            ..d
+        };
+        hh.validate().map_err(|e| invalid(format!("[heavy_hitters]: {e}")))?;
+        Ok(HeavyHittersSettings {
+            window_ns: duration("heavy_hitters.window", &self.window, 1_000_000_000)?,
+            hh,
+        })
+    }
 }
 
 /// `[sflow]`: sample the switch's packets, poll its ports' counters, send both as sFlow v5.
@@ -637,6 +681,8 @@ pub struct AgentConfig {
     pub sflow: Option<SflowExport>,
     /// IPFIX export.
     pub ipfix: Option<IpfixExport>,
+    /// Heavy hitters.
+    pub heavy_hitters: Option<HeavyHittersSettings>,
 }
 
 /// The one token in file `f` (whitespace around it ignored).
@@ -871,6 +917,7 @@ impl FileConfig {
             quiet: false,
             sflow: self.sflow.map(SflowSection::validate).transpose()?,
             ipfix: self.ipfix.map(IpfixSection::validate).transpose()?,
+            heavy_hitters: self.heavy_hitters.map(HeavyHittersSection::validate).transpose()?,
         })
     }
 }
@@ -993,6 +1040,28 @@ mod tests {
             ("agent = 3\n", "invalid type"),
         ] {
             let e = FileConfig::parse(text).and_then(FileConfig::validate).unwrap_err().to_string();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn heavy_hitters_section_loads_and_bad_values_say_what_is_wrong() {
+        let base = "agent = \"sw\"\n[[tap]]\nport = \"x0\"\n";
+        let c = FileConfig::parse(&format!("{base}[heavy_hitters]\nthreshold = 0.01\n"))
+            .unwrap()
+            .validate()
+            .unwrap();
+        let h = c.heavy_hitters.unwrap();
+        assert_eq!((h.window_ns, h.hh.threshold, h.hh.eval_after), (1_000_000_000, 0.01, 1000));
+        for (section, want) in [
+            ("[heavy_hitters]\nthreshold = 1.5\n", "threshold"),
+            ("[heavy_hitters]\nwindow = \"0s\"\n", "heavy_hitters.window"),
+            ("[heavy_hitters]\nwindow = \"soon\"\n", "heavy_hitters.window"),
+            ("[heavy_hitters]\nwidth = 3\n", "unknown field"),
+        ] {
+            let text = format!("{base}{section}");
+            let e =
+                FileConfig::parse(&text).and_then(FileConfig::validate).unwrap_err().to_string();
             assert!(e.contains(want), "{text:?}: {e}");
         }
     }

@@ -181,18 +181,21 @@ impl AgentMetrics {
             "Time each stage spent on packets; divided by rx_frames_total, the cost per packet.",
             &[],
         );
-        // The flow meter's time is its own stage, not the switch's.
+        // The flow meter's and heavy hitters' time are stages of their own, not the switch's.
         let meter_ns = p.meter.as_ref().map_or(0, |m| m.busy_ns.min(p.busy_ns));
-        let _ = writeln!(
-            o,
-            "telemark_agent_stage_busy_seconds_total{{{a},stage=\"switch\"}} {}",
-            (p.busy_ns - meter_ns) as f64 / 1e9
-        );
+        let hh_ns = p.hh.as_ref().map_or(0, |h| h.busy_ns.min(p.busy_ns - meter_ns));
+        let mut stages = vec![("switch", p.busy_ns - meter_ns - hh_ns)];
         if p.meter.is_some() {
+            stages.push(("flow_meter", meter_ns));
+        }
+        if p.hh.is_some() {
+            stages.push(("heavy_hitters", hh_ns));
+        }
+        for (stage, ns) in stages {
             let _ = writeln!(
                 o,
-                "telemark_agent_stage_busy_seconds_total{{{a},stage=\"flow_meter\"}} {}",
-                meter_ns as f64 / 1e9
+                "telemark_agent_stage_busy_seconds_total{{{a},stage=\"{stage}\"}} {}",
+                ns as f64 / 1e9
             );
         }
         let point = |pt: u8| {
@@ -404,6 +407,24 @@ impl AgentMetrics {
                 "Flows the IPFIX cache holds now.",
                 &one(m.cache_flows),
             );
+        }
+        if let Some(h) = &p.hh {
+            for (name, help, v) in [
+                ("hh_windows", "Heavy-hitter windows closed (per port).", h.windows),
+                (
+                    "hh_windows_incomplete",
+                    "Windows whose IBLT could not list every heavy flow.",
+                    h.incomplete,
+                ),
+                ("hh_flows", "Heavy flows reported.", h.flows),
+                (
+                    "hh_windows_dropped",
+                    "Windows dropped on the way to the aggregator (ring full).",
+                    h.drops,
+                ),
+            ] {
+                family(&mut o, &format!("telemark_agent_{name}_total"), "counter", help, &one(v));
+            }
         }
         self.transport.render("telemark_agent", &mut o);
         o

@@ -16,6 +16,10 @@
 //! forwarded, and a third thread (flow_export.rs) encodes and sends it, the aggregator's loss
 //! records as IPFIX too.
 //!
+//! With `[heavy_hitters]`, SFCMon's pipeline counts every packet a port receives; at each
+//! window's end the fast path lists it and the aggregator turns its heavy flows into `flow`
+//! records.
+//!
 //! The fast path sleeps in `poll` only when every RX ring is empty; it never waits on the
 //! aggregator or the collector. What it cannot hand over (a full event ring, a full TX ring, a
 //! full RX ring in the kernel) is counted and exported as the agent's health.
@@ -34,11 +38,12 @@ use std::time::{Duration, Instant};
 use telemark_core::flow_hash;
 use telemark_core::int::Detectors;
 use telemark_core::loss::{color_of, Aggregator, AnyColorTable, BatchEvent, PointSpec, PointStats};
-use telemark_core::records::{CostRecord, HealthRecord, PointHealth, Record};
+use telemark_core::records::{CostRecord, Flow, FlowRecord, HealthRecord, PointHealth, Record};
 use telemark_core::spsc::{self, Consumer};
 use telemark_datapath::afpacket::{self, RingConfig, RxRing};
 use telemark_datapath::events::RingSink;
 use telemark_datapath::flow_meter::{FlowMeter, MeterStats, PortCounters};
+use telemark_datapath::heavy_hitters::{HeavyHitters, HhStats, PortWindow};
 use telemark_datapath::int_roles::IntRoles;
 use telemark_datapath::queue::{EgressQueue, QueueStats};
 use telemark_datapath::switch::{Action, Switch, SwitchConfig, SwitchStats, Tx, BURST};
@@ -105,6 +110,9 @@ pub struct PathStats {
     /// The flow meter's counters, with `[sflow]` or `[ipfix]`.
     #[serde(skip)]
     pub meter: Option<MeterStats>,
+    /// The heavy-hitter stage's counters, with `[heavy_hitters]`.
+    #[serde(skip)]
+    pub hh: Option<HhStats>,
 }
 
 /// Counters of the aggregator and exporter.
@@ -394,8 +402,16 @@ impl Agent {
         } else {
             (None, None, None)
         };
+        let (hh, hh_windows) = match &cfg.heavy_hitters {
+            Some(h) => {
+                let (stage, cons) = HeavyHitters::new(&h.hh, names.len(), h.window_ns, now_ns());
+                (Some(stage), Some(cons))
+            }
+            None => (None, None),
+        };
         let fast = FastPath {
             meter,
+            hh,
             points: per_port.clone(),
             rxs,
             egress: Egress::new(txs, queues, int),
@@ -412,7 +428,15 @@ impl Agent {
         let batch = Some(cfg.loss.batch).filter(|_| cfg.loss.period_ns.is_none());
         let agg = Aggregator::new(points, batch, 0).report_all(cfg.report_all);
         let running = Mutex::new(cfg.clone());
-        let slow = Slow { cfg, agg, cons, int_events: int_cons, last_export_dropped: 0, loss_tx };
+        let slow = Slow {
+            cfg,
+            agg,
+            cons,
+            int_events: int_cons,
+            hh_windows,
+            last_export_dropped: 0,
+            loss_tx,
+        };
         let st2 = stats.clone();
         let agg = std::thread::Builder::new()
             .name("tm-aggregator".into())
@@ -448,6 +472,7 @@ impl Agent {
             ("queue", cur.queues == new.queues),
             ("sflow", cur.sflow == new.sflow),
             ("ipfix", cur.ipfix == new.ipfix),
+            ("heavy_hitters", cur.heavy_hitters == new.heavy_hitters),
             (
                 "int (anything but its rules)",
                 match (&cur.int, &new.int) {
@@ -551,6 +576,8 @@ struct FastPath {
     idle_check_ns: u64,
     /// sFlow sampling and the IPFIX cache, when configured.
     meter: Option<FlowMeter>,
+    /// The heavy-hitter pipelines, when configured.
+    hh: Option<HeavyHitters>,
 }
 
 impl FastPath {
@@ -599,6 +626,9 @@ impl FastPath {
                     // The whole cache every second.
                     m.sweep(now, m.cache_capacity() / 10 + 1);
                 }
+                if let Some(h) = &mut self.hh {
+                    h.tick(now);
+                }
                 self.publish(&shared.path, busy_ns);
                 if let Some(w) = shared.new_watch.lock().ok().and_then(|mut w| w.take()) {
                     self.set_watch(w);
@@ -635,19 +665,23 @@ impl FastPath {
         if let Some(m) = &mut self.meter {
             m.flush();
         }
+        if let Some(h) = &mut self.hh {
+            h.flush(now_ns());
+        }
         self.publish(&shared.path, busy_ns);
         done.store(true, Ordering::Release);
     }
 
     /// Reads one RX block of port `pi` in bursts through its processor; frames read.
     fn read_block(&mut self, pi: usize, burst: &mut [Pkt], out: &mut Outbox) -> usize {
-        let (rxs, procs, egress, sink, watch, meter) = (
+        let (rxs, procs, egress, sink, watch, meter, hh) = (
             &mut self.rxs,
             &mut self.procs,
             &mut self.egress,
             &mut self.sink,
             &self.watch,
             &mut self.meter,
+            &mut self.hh,
         );
         let Some(rx) = rxs.get_mut(pi) else { return 0 };
         let Some(proc) = procs.get_mut(pi) else { return 0 };
@@ -661,12 +695,12 @@ impl FastPath {
                 n += 1;
             }
             if n == BURST {
-                run_burst(proc, pi as u16, &mut burst[..n], sink, out, egress, watch, meter);
+                run_burst(proc, pi as u16, &mut burst[..n], sink, out, egress, watch, meter, hh);
                 n = 0;
             }
         });
         if n > 0 {
-            run_burst(proc, pi as u16, &mut burst[..n], sink, out, egress, watch, meter);
+            run_burst(proc, pi as u16, &mut burst[..n], sink, out, egress, watch, meter, hh);
         }
         got
     }
@@ -729,6 +763,7 @@ impl FastPath {
         }
         s.int = self.egress.int.as_ref().map(IntStage::stats);
         s.meter = self.meter.as_ref().map(FlowMeter::stats);
+        s.hh = self.hh.as_ref().map(HeavyHitters::stats);
         s.queues = self.egress.queue_stats();
         // Never wait for the lock: the aggregator holds it only to copy.
         if let Ok(mut g) = shared.try_lock() {
@@ -737,8 +772,8 @@ impl FastPath {
     }
 }
 
-/// One burst, arrived on port `in_port`, through a switch direction (then the flow meter,
-/// then out by Egress) or a tap (then the flow meter).
+/// One burst, arrived on port `in_port`, through a switch direction (then the flow meter and
+/// the heavy-hitter stage, then out by Egress) or a tap (then the same two stages).
 #[inline]
 #[allow(clippy::too_many_arguments)]
 fn run_burst(
@@ -750,6 +785,7 @@ fn run_burst(
     egress: &mut Egress,
     watch: &telemark_core::watch::Watch,
     meter: &mut Option<FlowMeter>,
+    hh: &mut Option<HeavyHitters>,
 ) {
     match proc {
         Proc::Switch(sw) => {
@@ -766,6 +802,16 @@ fn run_burst(
                     }
                 }
                 m.add_busy_ns(t.elapsed().as_nanos() as u64);
+            }
+            // Heavy hitters among what arrived on this port and was forwarded, timed apart.
+            if let Some(h) = hh.as_mut() {
+                let t = Instant::now();
+                for &(_, idx) in &out.0 {
+                    if let (Some(p), Some((parsed, _))) = (pkts.get(idx), sw.parsed(idx)) {
+                        h.packet(in_port, &parsed.key, p.bytes_on_wire() as u32);
+                    }
+                }
+                h.add_busy_ns(t.elapsed().as_nanos() as u64);
             }
             let now = now_ns();
             for &(port, idx) in &out.0 {
@@ -787,6 +833,9 @@ fn run_burst(
                 if let Some(m) = meter.as_mut() {
                     let len = p.bytes_on_wire() as u32;
                     m.packet(in_port, u16::MAX, &p.data, len, parsed.as_ref().zip(h), p.ts_ns);
+                }
+                if let (Some(stage), Some(parsed)) = (hh.as_mut(), parsed.as_ref()) {
+                    stage.packet(in_port, &parsed.key, p.bytes_on_wire() as u32);
                 }
                 let (Some(parsed), Some(h), true) = (parsed, h, watched) else { continue };
                 t.observe(&parsed.key, h, color_of(parsed.dscp, *color_bit), p.ts_ns, sink);
@@ -820,6 +869,8 @@ struct Slow {
     cons: Consumer<BatchEvent>,
     /// INT sink events.
     int_events: Consumer<RuledEvent>,
+    /// Heavy-hitter windows (with `[heavy_hitters]`).
+    hh_windows: Option<Consumer<PortWindow>>,
     /// Export drops reported in the last health record.
     last_export_dropped: u64,
     /// Where loss records go as IPFIX too (`[ipfix] loss`).
@@ -853,7 +904,9 @@ impl Slow {
         let mut interval_start = boot;
         let mut next_summary = boot + self.cfg.summary_interval_ns;
         let mut next_export = boot + self.cfg.export_interval_ns;
-        let mut last_cost = (0u64, 0u64, 0u64);
+        // Frames, busy time, and the flow meter's and heavy hitters' time at the last cost
+        // records.
+        let mut last_cost = (0u64, 0u64, 0u64, 0u64);
         let mut last_path = PathStats::default();
         let mut was_failing = false;
         // Per-flow state of flows silent this long is forgotten (it was reported already).
@@ -870,6 +923,7 @@ impl Slow {
                 emit(&mut out, r);
             }
             records += self.drain_int_events(&mut out);
+            records += self.drain_heavy_hitters(&mut out);
             let now = now_ns();
             if now >= next_summary {
                 let snap = shared.path.lock().map(|s| s.clone()).unwrap_or_default();
@@ -877,11 +931,16 @@ impl Slow {
                 last_path = snap.clone();
                 // Per stage: the flow meter's time (switch pairs) apart from the switch's.
                 let meter_ns = snap.meter.as_ref().map_or(0, |m| m.busy_ns);
+                let hh_ns = snap.hh.as_ref().map_or(0, |h| h.busy_ns);
                 let busy = snap.busy_ns - last_cost.1;
                 let metered = meter_ns.saturating_sub(last_cost.2).min(busy);
-                let mut stages = vec![("switch", busy - metered)];
+                let sketched = hh_ns.saturating_sub(last_cost.3).min(busy - metered);
+                let mut stages = vec![("switch", busy - metered - sketched)];
                 if snap.meter.is_some() {
                     stages.push(("flow_meter", metered));
+                }
+                if snap.hh.is_some() {
+                    stages.push(("heavy_hitters", sketched));
                 }
                 for (stage, cycles) in stages {
                     emit(
@@ -895,7 +954,7 @@ impl Slow {
                         }),
                     );
                 }
-                last_cost = (snap.rx, snap.busy_ns, meter_ns);
+                last_cost = (snap.rx, snap.busy_ns, meter_ns, hh_ns);
                 self.agg.book_quiet_before(now.saturating_sub(2 * self.cfg.loss.idle_ns));
                 self.agg.forget_before(now.saturating_sub(forget_ns));
                 interval_start = now;
@@ -933,6 +992,7 @@ impl Slow {
         }
         // The fast path closed every batch: resolve and export the rest.
         records += self.drain_int_events(&mut out);
+        records += self.drain_heavy_hitters(&mut out);
         self.cons.drain(|ev| self.agg.handle(ev));
         self.agg.flush();
         while let Some(r) = self.agg.poll_record() {
@@ -983,6 +1043,37 @@ impl Slow {
         while let Some((e, rules)) = self.int_events.pop() {
             emit(out, Record::Event(e.record(&self.cfg.agent, &rules)));
             n += 1;
+        }
+        n
+    }
+
+    /// Heavy flows of the windows the fast path closed, as `flow` records; how many.
+    fn drain_heavy_hitters(&mut self, out: &mut Out) -> u64 {
+        let Some(cons) = &self.hh_windows else { return 0 };
+        let names = self.port_names();
+        let mut n = 0;
+        while let Some(w) = cons.pop() {
+            let port = names.get(usize::from(w.port)).cloned().unwrap_or_default();
+            for f in &w.hh.flows {
+                emit(
+                    out,
+                    Record::Flow(FlowRecord {
+                        agent: self.cfg.agent.clone(),
+                        port: port.clone(),
+                        point: "ingress".into(),
+                        flow: Flow::from(&f.key),
+                        window_start_ns: w.start_ns,
+                        window_end_ns: w.end_ns,
+                        packets: f.packets,
+                        bytes: f.bytes,
+                        exact: f.error_bound == 0,
+                        error_bound: f.error_bound,
+                        truth_packets: None,
+                        truth_bytes: None,
+                    }),
+                );
+                n += 1;
+            }
         }
         n
     }

@@ -11,6 +11,7 @@ pub mod eval;
 pub mod events;
 pub mod flow_meter;
 pub mod gen;
+pub mod heavy_hitters;
 pub mod int_roles;
 pub mod nitro_thread;
 pub mod pipeline;
