@@ -29,16 +29,24 @@
 # internal ports are not kernel devices; the veths stay real. Use it to run several at once.
 #
 #   ovs.sh PREFIX up                 build it (replaces an old one of the same PREFIX)
+#   ovs.sh PREFIX hosts              only the two hosts and their veths, no OvS: PREFIXpa and
+#                                    PREFIXpb are left for another switch to join (replaces an
+#                                    old testbed of the same PREFIX; `down` removes it)
 #   ovs.sh PREFIX sflow PORT RATE    sFlow to 127.0.0.1:PORT: 1-in-RATE packet sampling at
 #                                    ingress, 128-byte headers, port counters every 10 s
 #   ovs.sh PREFIX ipfix PORT RATE [in|out|both]
 #                                    IPFIX to 127.0.0.1:PORT: 1-in-RATE packet sampling, at
 #                                    ingress only by default, observation domain 1, a flow cache
 #                                    of 4096 flows exported every 2 s while active
+#                                    (IPFIX_CACHE_FLOWS, IPFIX_ACTIVE_TIMEOUT below)
 #   ovs.sh PREFIX down               stop both daemons, remove the bridge, the namespaces, the
 #                                    veths and the state directory
 #
 #   OVS_DATAPATH=netdev|dummy        userspace datapath flavour for `up` (default netdev)
+#   IPFIX_CACHE_FLOWS=N              `ipfix`: the flow cache's room (default 4096)
+#   IPFIX_ACTIVE_TIMEOUT=S           `ipfix`: seconds between exports of an active flow
+#                                    (default 2); both 0: no cache, one record per sampled
+#                                    packet (the cost paper's "IPFIX without cache")
 #
 # What OvS sends (Open vSwitch 3.1):
 # - sFlow v5, agent 127.0.0.1: one flow sample per sampled packet, taken at ingress, with the
@@ -58,7 +66,7 @@
 set -euo pipefail
 
 usage() {
-    echo "usage: ovs.sh PREFIX up|down|sflow PORT RATE|ipfix PORT RATE [in|out|both]" >&2
+    echo "usage: ovs.sh PREFIX up|hosts|down|sflow PORT RATE|ipfix PORT RATE [in|out|both]" >&2
     exit 2
 }
 
@@ -132,10 +140,10 @@ down() {
     rm -rf "$DIR"
 }
 
-# fail WHY: say why `up` failed, with the end of ovs-vswitchd's log; tear down; exit.
+# fail WHY: say why `up` (or `hosts`) failed, with the end of ovs-vswitchd's log; tear down; exit.
 fail() {
     trap - ERR
-    echo "ovs.sh: $P up failed: $1" >&2
+    echo "ovs.sh: $P $CMD failed: $1" >&2
     tail -n 20 "$DIR/ovs-vswitchd.log" >&2 2>/dev/null || true
     down
     exit 1
@@ -154,6 +162,14 @@ host() { # host NS DEV PEER IP MAC
     sysctl -qw "net.ipv6.conf.$3.disable_ipv6=1" 2>/dev/null || true
     timeout 10 ethtool -K "$3" tx off >/dev/null
     ip link set "$3" up
+}
+
+# hosts: the two namespaces, their veths and static neighbours (run with the ERR trap set).
+hosts() {
+    host "$NSA" a0 "$PA" "$IP_A" "$MAC_A"
+    host "$NSB" b0 "$PB" "$IP_B" "$MAC_B"
+    x "$NSA" ip neigh replace "$IP_B" lladdr "$MAC_B" dev a0 nud permanent
+    x "$NSB" ip neigh replace "$IP_A" lladdr "$MAC_A" dev b0 nud permanent
 }
 
 up() {
@@ -188,10 +204,7 @@ up() {
         --unixctl="$DIR/ovs-vswitchd.ctl" --pidfile="$DIR/ovs-vswitchd.pid" \
         --log-file="$DIR/ovs-vswitchd.log" --no-chdir --detach
 
-    host "$NSA" a0 "$PA" "$IP_A" "$MAC_A"
-    host "$NSB" b0 "$PB" "$IP_B" "$MAC_B"
-    x "$NSA" ip neigh replace "$IP_B" lladdr "$MAC_B" dev a0 nud permanent
-    x "$NSB" ip neigh replace "$IP_A" lladdr "$MAC_A" dev b0 nud permanent
+    hosts
 
     # fail_mode=secure: only our flows forward, OvS never falls back to MAC learning. The
     # bridge's own internal port stays down. ovs-vsctl waits until ovs-vswitchd has applied
@@ -224,6 +237,13 @@ up)
     [ $# -eq 0 ] || usage
     up
     ;;
+hosts)
+    [ $# -eq 0 ] || usage
+    down
+    trap 'fail "a command failed"' ERR
+    hosts
+    trap - ERR
+    ;;
 down)
     [ $# -eq 0 ] || usage
     down
@@ -251,8 +271,14 @@ ipfix)
         sample_in=$([ $sample_in = true ] && echo false || echo true)
         sample_out=$([ $sample_out = true ] && echo false || echo true)
     fi
+    cache_flows=${IPFIX_CACHE_FLOWS:-4096}
+    active_timeout=${IPFIX_ACTIVE_TIMEOUT:-2}
+    if ! [[ $cache_flows =~ ^[0-9]+$ && $active_timeout =~ ^[0-9]+$ ]]; then
+        echo "ovs.sh: IPFIX_CACHE_FLOWS and IPFIX_ACTIVE_TIMEOUT must be whole numbers" >&2
+        exit 2
+    fi
     vsctl -- --id=@i create IPFIX targets="\"127.0.0.1:$1\"" sampling="$2" obs_domain_id=1 \
-        cache_active_timeout=2 cache_max_flows=4096 \
+        cache_active_timeout="$active_timeout" cache_max_flows="$cache_flows" \
         other_config:enable-input-sampling="$sample_in" \
         other_config:enable-output-sampling="$sample_out" \
         -- set Bridge "$BR" ipfix=@i >/dev/null
