@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use telemark_core::flow_hash;
 use telemark_core::int::Detectors;
 use telemark_core::loss::{color_of, Aggregator, AnyColorTable, BatchEvent, PointSpec, PointStats};
-use telemark_core::records::{CostRecord, Flow, FlowRecord, HealthRecord, PointHealth, Record};
+use telemark_core::records::{CostRecord, FlowRecord, HealthRecord, PointHealth, Record};
 use telemark_core::spsc::{self, Consumer};
 use telemark_datapath::afpacket::{self, RingConfig, RxRing};
 use telemark_datapath::events::RingSink;
@@ -1050,28 +1050,12 @@ impl Slow {
     /// Heavy flows of the windows the fast path closed, as `flow` records; how many.
     fn drain_heavy_hitters(&mut self, out: &mut Out) -> u64 {
         let Some(cons) = &self.hh_windows else { return 0 };
-        let names = self.port_names();
         let mut n = 0;
         while let Some(w) = cons.pop() {
-            let port = names.get(usize::from(w.port)).cloned().unwrap_or_default();
+            let port = self.port_names().get(usize::from(w.port)).cloned().unwrap_or_default();
             for f in &w.hh.flows {
-                emit(
-                    out,
-                    Record::Flow(FlowRecord {
-                        agent: self.cfg.agent.clone(),
-                        port: port.clone(),
-                        point: "ingress".into(),
-                        flow: Flow::from(&f.key),
-                        window_start_ns: w.start_ns,
-                        window_end_ns: w.end_ns,
-                        packets: f.packets,
-                        bytes: f.bytes,
-                        exact: f.error_bound == 0,
-                        error_bound: f.error_bound,
-                        truth_packets: None,
-                        truth_bytes: None,
-                    }),
-                );
+                let r = FlowRecord::heavy(&self.cfg.agent, &port, w.start_ns, w.end_ns, f);
+                emit(out, Record::Flow(r));
                 n += 1;
             }
         }

@@ -258,6 +258,33 @@ pub struct FlowRecord {
     pub truth_bytes: Option<u64>,
 }
 
+impl FlowRecord {
+    /// A heavy flow the SFCMon pipeline listed for the window `start_ns..end_ns` at `agent`'s
+    /// `port` (point `ingress`), without the truth.
+    pub fn heavy(
+        agent: &str,
+        port: &str,
+        start_ns: u64,
+        end_ns: u64,
+        f: &crate::sketch::sfcmon::HeavyFlow,
+    ) -> FlowRecord {
+        FlowRecord {
+            agent: agent.into(),
+            port: port.into(),
+            point: "ingress".into(),
+            flow: Flow::from(&f.key),
+            window_start_ns: start_ns,
+            window_end_ns: end_ns,
+            packets: f.packets,
+            bytes: f.bytes,
+            exact: f.error_bound == 0,
+            error_bound: f.error_bound,
+            truth_packets: None,
+            truth_bytes: None,
+        }
+    }
+}
+
 /// An INT event: a detector fired on one packet's (or one report's) telemetry
 /// (DESIGN.md "Records"; the detectors of the INT paper, `telemark_core::int`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
 use telemark_core::loss::{color_of, Aggregator, AnyColorTable, BatchEvent, LossConfig, PointSpec};
-use telemark_core::records::{Flow, FlowLossRecord, FlowRecord, LossCounts, Record};
+use telemark_core::records::{FlowLossRecord, FlowRecord, LossCounts, Record};
 use telemark_core::sketch::sfcmon::HhConfig;
 use telemark_core::{flow_hash, FlowKey};
 use telemark_datapath::dropper::{DropModel, Placement};
@@ -156,18 +156,9 @@ fn flow_records(a: &Args, r: &Replay) -> Vec<Record> {
         for f in &w.hh.flows {
             let truth = w.exact.get(&f.key);
             v.push(Record::Flow(FlowRecord {
-                agent: a.agent.clone(),
-                port: "in".into(),
-                point: "ingress".into(),
-                flow: Flow::from(&f.key),
-                window_start_ns: w.start_ns,
-                window_end_ns: w.end_ns,
-                packets: f.packets,
-                bytes: f.bytes,
-                exact: f.error_bound == 0,
-                error_bound: f.error_bound,
                 truth_packets: truth.map(|t| t.0),
                 truth_bytes: truth.map(|t| t.1),
+                ..FlowRecord::heavy(&a.agent, "in", w.start_ns, w.end_ns, f)
             }));
         }
     }

@@ -100,34 +100,42 @@ fn key(sport: u16) -> FlowKey {
     }
 }
 
-/// Host A (namespace `ns`, port a0) sends one UDP flow per source port of [`SPORTS`], keys
-/// from `key`, at [`PPS`] for [`SECS`], all at once; returns how many packets each sent.
+/// Host A (namespace `ns`, port a0) sends flow `key` (UDP, 200 bytes of payload) at `pps` for
+/// [`SECS`] from a thread of its own; joining it gives the packets sent.
+fn spawn_flow(
+    ns: &str,
+    key: FlowKey,
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    pps: u64,
+) -> std::thread::JoinHandle<u64> {
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        let spec = FlowSpec {
+            key,
+            src_mac,
+            dst_mac,
+            payload: 200,
+            pps,
+            catch_up: traffic::catch_up(pps),
+            churn: false,
+        };
+        let stop = AtomicBool::new(false);
+        traffic::send(Some(&ns), "a0", &spec, Duration::from_secs(SECS), &stop).unwrap().sent
+    })
+}
+
+/// Host A sends one UDP flow per source port of [`SPORTS`], keys from `key`, at [`PPS`] for
+/// [`SECS`], all at once; returns how many packets each sent.
 fn send_flows(
     ns: &str,
     key: fn(u16) -> FlowKey,
     src_mac: [u8; 6],
     dst_mac: [u8; 6],
 ) -> BTreeMap<u16, u64> {
-    let senders: Vec<_> = SPORTS
-        .iter()
-        .map(|&sport| {
-            let ns = ns.to_string();
-            std::thread::spawn(move || {
-                let spec = FlowSpec {
-                    key: key(sport),
-                    src_mac,
-                    dst_mac,
-                    payload: 200,
-                    pps: PPS,
-                    catch_up: traffic::catch_up(PPS),
-                    churn: false,
-                };
-                let stop = AtomicBool::new(false);
-                traffic::send(Some(&ns), "a0", &spec, Duration::from_secs(SECS), &stop).unwrap()
-            })
-        })
-        .collect();
-    SPORTS.iter().zip(senders).map(|(&s, h)| (s, h.join().unwrap().sent)).collect()
+    let senders: Vec<_> =
+        SPORTS.iter().map(|&sport| spawn_flow(ns, key(sport), src_mac, dst_mac, PPS)).collect();
+    SPORTS.iter().zip(senders).map(|(&s, h)| (s, h.join().unwrap())).collect()
 }
 
 /// What a recorder received: (its port, bytes) in arrival order.
@@ -487,20 +495,8 @@ fn heavy_hitters_on_the_switch_name_the_heavy_flow_with_a_bound_that_holds_the_t
     let agent = Agent::start(FileConfig::parse(&cfg).unwrap().validate().unwrap()).unwrap();
     let rx_before = bed.rx_packets();
     let flow = |src: [u8; 4], sport: u16, pps: u64| {
-        let ns = format!("{p}a");
-        std::thread::spawn(move || {
-            let spec = FlowSpec {
-                key: FlowKey { src: std::net::Ipv4Addr::from(src).into(), ..key(sport) },
-                src_mac: [2, 0, 0, 0, 0x0a, 1],
-                dst_mac: [2, 0, 0, 0, 0x0b, 1],
-                payload: 200,
-                pps,
-                catch_up: traffic::catch_up(pps),
-                churn: false,
-            };
-            let stop = AtomicBool::new(false);
-            traffic::send(Some(&ns), "a0", &spec, Duration::from_secs(SECS), &stop).unwrap().sent
-        })
+        let key = FlowKey { src: std::net::Ipv4Addr::from(src).into(), ..key(sport) };
+        spawn_flow(&format!("{p}a"), key, [2, 0, 0, 0, 0x0a, 1], [2, 0, 0, 0, 0x0b, 1], pps)
     };
     let heavy = flow([10, 31, 0, 1], 5001, 1000);
     let light: Vec<_> = (0..LIGHT).map(|i| flow([10, 31, 1, i + 1], 6000, 2)).collect();
@@ -541,6 +537,55 @@ fn heavy_hitters_on_the_switch_name_the_heavy_flow_with_a_bound_that_holds_the_t
     // 200 bytes of payload in UDP, IPv4 and Ethernet headers: 242 bytes a frame.
     assert_eq!(bytes, packets * 242);
     assert!(stats.path.hh.is_some_and(|h| h.windows == 2 && h.flows == 1 && h.drops == 0));
+}
+
+/// `eval/cost-study.sh`, the cost paper's study, shortened to one second per workload and three
+/// settings, so that the command the docs give keeps working: every workload runs on both
+/// switches without an error; the exporters' datagrams, as nftables counts them, are there with
+/// sFlow and absent without it; Telemark's cost records name each stage of `all:64`. Needs root,
+/// Open vSwitch, iperf3 and flowgrind (Debian `flowgrind`).
+#[test]
+fn the_cost_study_runs_on_both_switches_and_counts_what_each_exported() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../eval/cost_study.py");
+    let out = Command::new("python3")
+        .args([script, "--seconds", "1", "--configs", "none,sflow:64,all:64", "--out"])
+        .arg(dir.path())
+        .args(["--binary", env!("CARGO_BIN_EXE_telemark")])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the study failed: {log}");
+    let csv = std::fs::read_to_string(dir.path().join("eval/cost-study.csv")).unwrap();
+    let mut lines = csv.lines();
+    let head: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |name: &str| head.iter().position(|h| *h == name).unwrap();
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    // Telemark: 3 settings x 3 workloads; OvS: 2 x 3 (all:64 is Telemark's own).
+    assert_eq!(rows.len(), 15, "{csv}");
+    let (sw, cfg, wl) = (col("switch"), col("config"), col("workload"));
+    let n = |r: &Vec<&str>, c: &str| r[col(c)].parse::<f64>().unwrap_or(f64::NAN);
+    for r in &rows {
+        assert!(r[col("error")].is_empty(), "{r:?}");
+        assert!(n(r, "switch_packets") > 1000.0 && n(r, "cpu_ns_per_pkt") > 0.0, "{r:?}");
+        let exported = n(r, "exp_datagrams");
+        match (r[cfg], r[wl]) {
+            ("none", _) => assert_eq!(exported, 0.0, "{r:?}"),
+            ("sflow:64", "udp") => assert!(exported > 0.0, "{r:?}"),
+            _ => {}
+        }
+        if r[wl] == "tcp" {
+            assert!(n(r, "tcp_gbps") > 0.05, "{r:?}");
+        }
+        if (r[sw], r[cfg]) == ("telemark", "all:64") {
+            let stages = r[col("stages")];
+            for s in ["switch=", "flow_meter=", "heavy_hitters="] {
+                assert!(stages.contains(s), "{s} missing: {r:?}");
+            }
+        }
+    }
+    let md = std::fs::read_to_string(dir.path().join("cost-study.md")).unwrap();
+    assert!(md.contains("## Headline") && md.contains("vs OvS sFlow 1:64"), "{md}");
 }
 
 const OVS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testbed/ovs.sh");
