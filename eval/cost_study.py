@@ -29,6 +29,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field, fields
@@ -89,7 +90,10 @@ def stop_process(p: Optional[subprocess.Popen], grace: float = 5) -> None:
         p.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         p.kill()
-        p.wait(timeout=5)
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            log(f"pid {p.pid} did not die after SIGKILL")
     except ProcessLookupError:
         pass
 
@@ -262,8 +266,11 @@ class ExportSink:
         raise StudyError("nft: counter exp not found")
 
     def remove(self) -> None:
-        subprocess.run(["nft", "delete", "table", "inet", self.table], capture_output=True,
-                       timeout=20)
+        try:
+            subprocess.run(["nft", "delete", "table", "inet", self.table], capture_output=True,
+                           timeout=20)
+        except subprocess.TimeoutExpired:
+            log(f"nft: deleting table inet {self.table} timed out")
         self.installed = False
 
     def close(self) -> None:
@@ -723,6 +730,10 @@ def run_switch(sw: Switch, configs: list[Config], args, results: list[Result],
 # ------------------------------------------------------------------------------------------
 # Medians and tables
 
+# The switch CPU per packet the tables show: schedstat's run time, to the nanosecond (utime +
+# stime, in 10 ms ticks, is in the CSV beside it; the two agree within a few per cent).
+CPU = "sched_ns_per_pkt"
+
 NUMERIC = [f.name for f in fields(Result)
            if f.name not in ("switch", "config", "workload", "round", "stages", "error")]
 
@@ -788,8 +799,8 @@ def fmt_bytes(v: Optional[float]) -> str:
 class Tables:
     """Markdown tables from the medians; a missing run is "–", a failed one "error"."""
 
-    def __init__(self, med: dict, switches: list[str]):
-        self.med, self.switches = med, switches
+    def __init__(self, med: dict, switches: list[str], results: list[Result]):
+        self.med, self.switches, self.results = med, switches, results
 
     def cell(self, sw: str, cfg: str, w: str, value: str,
              fmt: Callable[[Optional[float]], str]) -> str:
@@ -837,7 +848,7 @@ class Tables:
         head, spec = ["sFlow sampling"], []
         for sw in self.switches:
             lab = {"telemark": "Telemark", "ovs": "OvS"}[sw]
-            for value, title, fmt in (("cpu_ns_per_pkt", "ns/pkt", fmt_ns),
+            for value, title, fmt in ((CPU, "ns/pkt", fmt_ns),
                                       ("switch_packets", "kpkt/s", None),
                                       ("rr_tps", "trans/s", fmt_int),
                                       ("rr_rtt_ms", "RTT ms", fmt_ms)):
@@ -864,7 +875,7 @@ class Tables:
         head, spec = ["sampling"], []
         for sw in self.switches:
             lab = {"telemark": "Telemark", "ovs": "OvS"}[sw]
-            for value, title, fmt in (("cpu_ns_per_pkt", "ns/pkt", fmt_ns),
+            for value, title, fmt in ((CPU, "ns/pkt", fmt_ns),
                                       ("exp_datagrams", "datagrams", fmt_int),
                                       ("exp_bytes", "bytes", fmt_bytes)):
                 head.append(f"{lab} {title}")
@@ -893,7 +904,7 @@ class Tables:
             result = {"tcp": f"{fmt_gbps(v['tcp_gbps'])} Gbit/s",
                       "rr": f"{fmt_int(v['rr_tps'])} trans/s",
                       "udp": f"{v['udp_mbps']:.0f} Mbit/s" if v['udp_mbps'] else "–"}[w]
-            rows.append([c, WORKLOAD_TITLE[w], result, fmt_ns(v["cpu_ns_per_pkt"])] +
+            rows.append([c, WORKLOAD_TITLE[w], result, fmt_ns(v[CPU])] +
                         [fmt_ns(m.stages.get(s)) for s in names])
         return self.table(head, rows)
 
@@ -910,7 +921,7 @@ class Tables:
                 lines.append(f"- Telemark `{cfg}` ({what}) vs OvS sFlow 1:64: not measured "
                              f"({why}).")
                 continue
-            tc, oc = tm.values["cpu_ns_per_pkt"], ovs.values["cpu_ns_per_pkt"]
+            tc, oc = tm.values[CPU], ovs.values[CPU]
             tg, og = tm.values["tcp_gbps"], ovs.values["tcp_gbps"]
             lines.append(
                 f"- **Telemark `{cfg}` ({what}) vs OvS sFlow 1:64**, TCP bulk: "
@@ -923,19 +934,26 @@ class Tables:
         ovs0 = self.med.get(("ovs", "none", "tcp"))
         tm = self.med.get(("telemark", "all:64", "tcp"))
         if all(m is not None and not m.error for m in (tm0, ovs0, tm, ovs)):
-            def added(m, base) -> str:
-                d = m.values["cpu_ns_per_pkt"] - base.values["cpu_ns_per_pkt"]
-                share = d / base.values["cpu_ns_per_pkt"]
+            def added(sw: str, cfg: str, m, base) -> str:
+                d = m.values[CPU] - base.values[CPU]
+                share = d / base.values[CPU]
                 rate = m.values["tcp_gbps"] / base.values["tcp_gbps"]
-                return (f"{fmt_ns(d)} ns per packet ({share:+.0%}) over its own forwarding, "
-                        f"throughput {rate:.2f}× its own")
+                return (f"{fmt_ns(d)} ns per packet ({share:+.0%}; rounds {self.spread(sw, cfg)}"
+                        f" against {self.spread(sw, 'none')} ns without it), throughput "
+                        f"{rate:.2f}× its own")
             lines.append(
                 f"- **The measurement alone**, each switch against itself forwarding without "
-                f"it (TCP bulk): Telemark `all:64` adds {added(tm, tm0)}; OvS sFlow 1:64 adds "
-                f"{added(ovs, ovs0)}. Differences within a few hundred ns are inside this "
-                f"machine's run-to-run noise; the per-stage table above gives Telemark's "
-                f"stages to the ns.")
+                f"it (TCP bulk): Telemark `all:64` adds {added('telemark', 'all:64', tm, tm0)}; "
+                f"OvS sFlow 1:64 adds {added('ovs', 'sflow:64', ovs, ovs0)}. Where the rounds' "
+                f"ranges overlap, the difference is inside this machine's run-to-run noise.")
         return lines or ["- (needs Telemark `all:1`/`all:64` and OvS `sflow:64` in the run)"]
+
+    def spread(self, sw: str, cfg: str, workload: str = "tcp") -> str:
+        """The lowest and highest CPU ns/packet over the rounds of one setting."""
+        xs = [getattr(r, CPU) for r in self.results
+              if (r.switch, r.config, r.workload) == (sw, cfg, workload) and not r.error
+              and getattr(r, CPU) is not None]
+        return f"{fmt_ns(min(xs))}–{fmt_ns(max(xs))}" if xs else "–"
 
     def errors(self) -> list[str]:
         seen = {}
@@ -964,10 +982,11 @@ def versions(args) -> str:
     return ", ".join(parts)
 
 
-def write_markdown(path: Path, results: list[Result], args, elapsed: float,
-                   partial: bool) -> None:
-    t = Tables(medians(results), args.switches)
-    cmd = shlex.join(["sudo", "eval/cost-study.sh"] + sys.argv[1:])
+def write_markdown(path: Path, results: list[Result], meta: dict, partial: bool) -> None:
+    """The tables, from the results and the run's facts (`meta`: switches, seconds, rounds,
+    busy_before, elapsed_s, command, ran)."""
+    t = Tables(medians(results), meta["switches"], results)
+    cmd, elapsed, seconds = meta["command"], meta["elapsed_s"], meta["seconds"]
     md = [
         "# The cost of measuring: Telemark and Open vSwitch",
         "",
@@ -983,18 +1002,17 @@ def write_markdown(path: Path, results: list[Result], args, elapsed: float,
         "through two veths, GRO/GSO/TSO off on the switch side so every switch handles "
         "MTU-sized frames. The switch process (all its threads) runs on core 1; iperf3, "
         "flowgrind and flowgrindd on core 0. Every configuration runs three workloads of "
-        f"{args.seconds} s each: "
+        f"{seconds} s each: "
         "TCP bulk (`iperf3`, one flow), request/response (`flowgrind`, 512-byte requests, "
         "4096-byte responses, 0.1 ms gap: at most about 10k transactions/s, so a slower switch "
         "shows as RTT, not as fewer transactions) and UDP at 100 Mbit/s (`iperf3 -u -l 1400`).",
         "",
-        "- **CPU ns/pkt**: the switch process's utime + stime (/proc/PID/stat) over the "
-        f"workload and {SETTLE_S:g} s after it (exports still in flight), divided by the "
-        "packets the switch received (rx_packets of both veths). For Telemark this includes "
-        "its aggregator and export threads; for OvS every ovs-vswitchd thread. /proc counts "
-        f"in {1000 // CLK_TCK} ms ticks: at UDP's 9k packets/s over {args.seconds} s one tick "
-        f"is {1e7 / (8930 * args.seconds):.0f} ns/pkt (the CSV's `sched_ns_per_pkt` is the "
-        "same time from schedstat, to the ns).",
+        "- **CPU ns/pkt**: the switch process's run time (the kernel's schedstat, summed over "
+        f"its threads) over the workload and {SETTLE_S:g} s after it (exports still in "
+        "flight), divided by the packets the switch received (rx_packets of both veths). For "
+        "Telemark this includes its aggregator and export threads; for OvS every ovs-vswitchd "
+        "thread. The CSV has utime + stime beside it (`cpu_ns_per_pkt`, in "
+        f"{1000 // CLK_TCK} ms ticks); the two agree within a few per cent.",
         "- **Exported**: datagrams and IP bytes sent to the collector's port on 127.0.0.1, "
         "counted by an nftables counter (the kernel's count, not the exporter's). Nothing "
         "reads them.",
@@ -1008,15 +1026,19 @@ def write_markdown(path: Path, results: list[Result], args, elapsed: float,
         "1:N with the cache. `off` is the switch forwarding only.",
         "",
         f"**Caveat.** One machine with 2 cores shared by switch and generators, one run of "
-        f"this script, medians of {args.rounds} round{'s' if args.rounds > 1 else ''} "
+        f"this script, medians of {meta['rounds']} round{'s' if meta['rounds'] > 1 else ''} "
         "(`--rounds`). Compare columns with each other, "
         "not with the paper's absolute numbers (8 cores, VMs, 10 Gbit/s jumbo TCP). "
-        f"Before the run the two cores were {args.busy_before:.0%} busy with other work"
-        + (" (**too busy: the numbers are noisy**)." if args.busy_before > 0.15 else "."),
+        f"Before the run the two cores were {meta['busy_before']:.0%} busy with other work"
+        + (" (**too busy: the numbers are noisy**)." if meta["busy_before"] > 0.15 else "."),
+        "Open vSwitch here is its userspace datapath reading veths through AF_PACKET from its "
+        "main thread (no kernel module, no DPDK, no PMD thread): its forwarding cost is in "
+        "ovs-vswitchd's CPU, which it would not be with the kernel datapath, and a DPDK "
+        "deployment forwards far faster. The comparison is of two AF_PACKET switches.",
         "",
         f"Regenerate (as root; {elapsed / 60:.0f} min for this run): `{cmd}`",
         "",
-        f"Ran: {versions(args)}.",
+        f"Ran: {meta['ran']}.",
         "",
     ]
     if partial:
@@ -1075,6 +1097,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=ROOT / "docs",
                     help="writes OUT/cost-study.md and OUT/eval/cost-study.csv (docs/)")
     ap.add_argument("--binary", type=Path, default=ROOT / "target" / "release" / "telemark")
+    ap.add_argument("--tables-from", type=Path, metavar="DIR",
+                    help="measure nothing: write DIR/cost-study.md again from "
+                         "DIR/eval/cost-study.csv and .json (a run's results)")
     a = ap.parse_args()
     if a.seconds < 1 or a.rounds < 1:
         ap.error("--seconds and --rounds must be 1 or more")
@@ -1107,13 +1132,41 @@ def preflight(args) -> None:
                  "(cargo build --release -p telemark, or --binary)")
 
 
+def read_csv(path: Path) -> list[Result]:
+    """Results as write_csv wrote them."""
+    types = {f.name: f.type for f in fields(Result)}
+    out = []
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            r = Result(row["switch"], row["config"], row["workload"], int(row["round"]))
+            for name, text in row.items():
+                if name in ("switch", "config", "workload", "round", "stage_ns_per_pkt"):
+                    continue
+                if name == "stages":
+                    r.stages = {k: [int(x) for x in v.split("/")] for k, v in
+                                (e.split("=") for e in text.split(";") if e)}
+                elif name == "error":
+                    r.error = text
+                elif text != "":
+                    kind = float if "float" in str(types[name]) else int
+                    setattr(r, name, kind(float(text)))
+            out.append(r)
+    return out
+
+
 def main() -> None:
     args = parse_args()
+    if args.tables_from:
+        # The tables again from a run's CSV and facts (no root, nothing measured).
+        csv_path = args.tables_from / "eval" / "cost-study.csv"
+        meta = json.loads(csv_path.with_suffix(".json").read_text())
+        write_markdown(args.tables_from / "cost-study.md", read_csv(csv_path), meta, False)
+        log(f"wrote {args.tables_from / 'cost-study.md'} from {csv_path}")
+        return
     preflight(args)
     args.binary = args.binary.resolve()
     prefix = f"tmcost{os.getpid() % 1000}"
-    workdir = Path(f"/tmp/{prefix}-cost")
-    workdir.mkdir(exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
     # This script and what it starts run on the generators' core unless pinned elsewhere.
     os.sched_setaffinity(0, {GEN_CORE})
 
@@ -1165,8 +1218,13 @@ def main() -> None:
     if not results:
         sys.exit("cost_study: nothing measured")
     md, csv_path = args.out / "cost-study.md", args.out / "eval" / "cost-study.csv"
+    meta = {"switches": args.switches, "seconds": args.seconds, "rounds": args.rounds,
+            "busy_before": args.busy_before, "elapsed_s": elapsed,
+            "command": shlex.join(["sudo", "eval/cost-study.sh"] + sys.argv[1:]),
+            "ran": versions(args)}
     write_csv(csv_path, results)
-    write_markdown(md, results, args, elapsed, partial)
+    csv_path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+    write_markdown(md, results, meta, partial)
     log(f"wrote {md} and {csv_path} ({elapsed / 60:.1f} min)")
     sys.exit(130 if partial else 0)
 

@@ -181,17 +181,7 @@ impl AgentMetrics {
             "Time each stage spent on packets; divided by rx_frames_total, the cost per packet.",
             &[],
         );
-        // The flow meter's and heavy hitters' time are stages of their own, not the switch's.
-        let meter_ns = p.meter.as_ref().map_or(0, |m| m.busy_ns.min(p.busy_ns));
-        let hh_ns = p.hh.as_ref().map_or(0, |h| h.busy_ns.min(p.busy_ns - meter_ns));
-        let mut stages = vec![("switch", p.busy_ns - meter_ns - hh_ns)];
-        if p.meter.is_some() {
-            stages.push(("flow_meter", meter_ns));
-        }
-        if p.hh.is_some() {
-            stages.push(("heavy_hitters", hh_ns));
-        }
-        for (stage, ns) in stages {
+        for (stage, ns) in p.stages() {
             let _ = writeln!(
                 o,
                 "telemark_agent_stage_busy_seconds_total{{{a},stage=\"{stage}\"}} {}",

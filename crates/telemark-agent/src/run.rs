@@ -115,6 +115,22 @@ pub struct PathStats {
     pub hh: Option<HhStats>,
 }
 
+impl PathStats {
+    /// The fast path's busy time so far per stage, in nanoseconds: the flow meter's (with
+    /// `[sflow]` or `[ipfix]`) and the heavy hitters' (with `[heavy_hitters]`) are stages of
+    /// their own, timed per burst; `switch` is the rest. The `cost` records and `/metrics`
+    /// both report these.
+    pub fn stages(&self) -> Vec<(&'static str, u64)> {
+        let meter = self.meter.as_ref().map(|m| m.busy_ns.min(self.busy_ns));
+        let rest = self.busy_ns - meter.unwrap_or(0);
+        let hh = self.hh.as_ref().map(|h| h.busy_ns.min(rest));
+        let mut v = vec![("switch", rest - hh.unwrap_or(0))];
+        v.extend(meter.map(|ns| ("flow_meter", ns)));
+        v.extend(hh.map(|ns| ("heavy_hitters", ns)));
+        v
+    }
+}
+
 /// Counters of the aggregator and exporter.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ExportStats {
@@ -616,6 +632,9 @@ impl FastPath {
                 afpacket::wait_readable(&fds, wait_ms as i32);
             }
             let now = now_ns();
+            if let Some(h) = &mut self.hh {
+                h.tick(now);
+            }
             if now >= next_idle {
                 next_idle = now + self.idle_check_ns;
                 self.expire(now);
@@ -625,9 +644,6 @@ impl FastPath {
                 if let Some(m) = &mut self.meter {
                     // The whole cache every second.
                     m.sweep(now, m.cache_capacity() / 10 + 1);
-                }
-                if let Some(h) = &mut self.hh {
-                    h.tick(now);
                 }
                 self.publish(&shared.path, busy_ns);
                 if let Some(w) = shared.new_watch.lock().ok().and_then(|mut w| w.take()) {
@@ -803,11 +819,11 @@ fn run_burst(
                 }
                 m.add_busy_ns(t.elapsed().as_nanos() as u64);
             }
-            // Heavy hitters among what arrived on this port and was forwarded, timed apart.
+            // Heavy hitters among every packet that arrived on this port, timed apart.
             if let Some(h) = hh.as_mut() {
                 let t = Instant::now();
-                for &(_, idx) in &out.0 {
-                    if let (Some(p), Some((parsed, _))) = (pkts.get(idx), sw.parsed(idx)) {
+                for (idx, p) in pkts.iter().enumerate() {
+                    if let Some((parsed, _)) = sw.parsed(idx) {
                         h.packet(in_port, &parsed.key, p.bytes_on_wire() as u32);
                     }
                 }
@@ -904,9 +920,6 @@ impl Slow {
         let mut interval_start = boot;
         let mut next_summary = boot + self.cfg.summary_interval_ns;
         let mut next_export = boot + self.cfg.export_interval_ns;
-        // Frames, busy time, and the flow meter's and heavy hitters' time at the last cost
-        // records.
-        let mut last_cost = (0u64, 0u64, 0u64, 0u64);
         let mut last_path = PathStats::default();
         let mut was_failing = false;
         // Per-flow state of flows silent this long is forgotten (it was reported already).
@@ -928,33 +941,22 @@ impl Slow {
             if now >= next_summary {
                 let snap = shared.path.lock().map(|s| s.clone()).unwrap_or_default();
                 self.report_interval(&mut out, &snap, &last_path, interval_start, now);
-                last_path = snap.clone();
-                // Per stage: the flow meter's time (switch pairs) apart from the switch's.
-                let meter_ns = snap.meter.as_ref().map_or(0, |m| m.busy_ns);
-                let hh_ns = snap.hh.as_ref().map_or(0, |h| h.busy_ns);
-                let busy = snap.busy_ns - last_cost.1;
-                let metered = meter_ns.saturating_sub(last_cost.2).min(busy);
-                let sketched = hh_ns.saturating_sub(last_cost.3).min(busy - metered);
-                let mut stages = vec![("switch", busy - metered - sketched)];
-                if snap.meter.is_some() {
-                    stages.push(("flow_meter", metered));
-                }
-                if snap.hh.is_some() {
-                    stages.push(("heavy_hitters", sketched));
-                }
-                for (stage, cycles) in stages {
+                // Each stage's time since the last cost records.
+                let before = last_path.stages();
+                for (stage, ns) in snap.stages() {
+                    let was = before.iter().find(|b| b.0 == stage).map_or(0, |b| b.1);
                     emit(
                         &mut out,
                         Record::Cost(CostRecord {
                             agent: self.cfg.agent.clone(),
                             stage: stage.into(),
-                            packets: snap.rx - last_cost.0,
-                            cycles,
-                            interval_ns: now - interval_start,
+                            packets: snap.rx.saturating_sub(last_path.rx),
+                            cycles: ns.saturating_sub(was),
+                            interval_ns: now.saturating_sub(interval_start),
                         }),
                     );
                 }
-                last_cost = (snap.rx, snap.busy_ns, meter_ns, hh_ns);
+                last_path = snap;
                 self.agg.book_quiet_before(now.saturating_sub(2 * self.cfg.loss.idle_ns));
                 self.agg.forget_before(now.saturating_sub(forget_ns));
                 interval_start = now;

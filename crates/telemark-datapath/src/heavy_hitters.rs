@@ -1,10 +1,11 @@
 //! The agent's heavy-hitter stage: SFCMon's pipeline (`telemark_core::sketch::sfcmon`, the
 //! paper's Algorithm 1: Count-Min → Bloom filter → IBLT) over every packet a port receives,
 //! one pipeline per input port, in windows of fixed length. At a window's end the fast path
-//! lists the pipeline and resets it (SFCMon's controller step, a few microseconds for the
-//! default sizes: the IBLT's cells are listed and the sketches zeroed, once per window, never
-//! per packet) and hands the window's heavy flows to the aggregator through a ring. A full
-//! ring drops the window and counts it; nothing here waits.
+//! lists the pipeline and resets it (SFCMon's controller step, done here rather than by a
+//! controller: a few microseconds for the default sizes, once per window and port, never per
+//! packet; the listing allocates, and its time is not in the stage's cost) and hands the
+//! window's heavy flows to the aggregator through a ring. A full ring drops the window and
+//! counts it; nothing here waits.
 
 use telemark_core::sketch::sfcmon::{HhConfig, HhWindow, Sfcmon};
 use telemark_core::spsc::{self, Consumer, Producer};
@@ -75,17 +76,16 @@ impl HeavyHitters {
         }
     }
 
-    /// Closes the window when its time has come (call it often: the fast path does every
-    /// 100 ms). Windows follow each other back to back; after a stall, the skipped ones are
-    /// not reported one by one, the next starts now.
+    /// Closes the window once `window_ns` have passed since it opened (call it often: the fast
+    /// path does on every round of its loop). A window ends when it is closed, so its record
+    /// holds exactly the packets counted between its start and end, even after a stall; the
+    /// next one opens then.
     pub fn tick(&mut self, now_ns: u64) {
-        let end = self.start_ns.saturating_add(self.window_ns);
-        if now_ns < end {
+        if now_ns < self.start_ns.saturating_add(self.window_ns) {
             return;
         }
-        self.end_window(end);
-        let skipped = (now_ns - end) / self.window_ns;
-        self.start_ns = end.saturating_add(skipped.saturating_mul(self.window_ns));
+        self.end_window(now_ns);
+        self.start_ns = now_ns;
     }
 
     /// Closes the current window early, at `now_ns` (shutdown).
@@ -164,14 +164,15 @@ mod tests {
         assert!(w1.hh.flows.is_empty() && w1.hh.packets == 0);
         assert_eq!(hh.stats().windows, 2);
         assert_eq!(hh.stats().flows, 1);
-        // A stall of three windows: one window reported, the next starts on the grid.
+        // A stall: the window ends when it is closed, and the next one starts there.
         hh.tick(14_500);
-        assert_eq!(cons.pop().unwrap().start_ns, 11_000);
+        let w = cons.pop().unwrap();
+        assert_eq!((w.start_ns, w.end_ns), (11_000, 14_500));
         cons.pop().unwrap();
-        hh.tick(14_999);
+        hh.tick(15_499);
         assert!(cons.pop().is_none());
-        hh.tick(15_000);
-        assert_eq!(cons.pop().unwrap().start_ns, 14_000);
+        hh.tick(15_500);
+        assert_eq!(cons.pop().unwrap().start_ns, 14_500);
     }
 
     /// A ring nobody drains drops whole windows and counts them.

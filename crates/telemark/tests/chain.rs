@@ -466,8 +466,8 @@ impl Drop for Prometheus {
 }
 
 /// Prometheus scrapes the collector and the three agents while loss happens on link 1 (flows
-/// 4041-4043) and link 2 (4043): the PromQL loss ratio per measured span over the last minute
-/// agrees with nftables' counters within 3 %, the switches' inner segments show none, and each
+/// 4041-4043) and link 2 (4043): the PromQL loss ratio per measured span (the counters over
+/// the whole run) agrees with nftables' counters within 3 %, the switches' inner segments show none, and each
 /// agent's own /metrics is up and counts at least the frames the kernel delivered to it.
 #[test]
 fn prometheus_reads_the_loss_ratio_per_segment() {
