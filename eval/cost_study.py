@@ -1036,7 +1036,8 @@ def write_markdown(path: Path, results: list[Result], meta: dict, partial: bool)
         "ovs-vswitchd's CPU, which it would not be with the kernel datapath, and a DPDK "
         "deployment forwards far faster. The comparison is of two AF_PACKET switches.",
         "",
-        f"Regenerate (as root; {elapsed / 60:.0f} min for this run): `{cmd}`",
+        f"Regenerate (as root; {elapsed / 60:.0f} min for this run): `{cmd}`. The tables "
+        "alone, from the run's CSV: `python3 eval/cost_study.py --tables-from docs`.",
         "",
         f"Ran: {meta['ran']}.",
         "",
