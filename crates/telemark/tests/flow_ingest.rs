@@ -27,7 +27,7 @@ use telemark_wire::flow::extract;
 use telemark_wire::link::LinkType;
 
 mod common;
-use common::{collector, tshark_ip_packets};
+use common::{collector, tshark_fields, tshark_ip_packets};
 
 fn pcaps() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -54,16 +54,9 @@ fn payloads(path: &Path) -> Vec<Vec<u8>> {
 /// Flow records with a source address tshark decodes in a capture (templates learnt in the
 /// capture's order).
 fn tshark_flows(path: &Path) -> usize {
-    let out = Command::new("tshark")
-        .arg("-r")
-        .arg(path)
-        .args(["-T", "fields", "-e", "cflow.srcaddr", "-e", "cflow.srcaddrv6"])
-        .stderr(Stdio::null())
-        .output()
-        .expect("tshark runs");
-    String::from_utf8_lossy(&out.stdout)
+    tshark_fields(path, &[], "", &["cflow.srcaddr", "cflow.srcaddrv6"])
         .lines()
-        .flat_map(|l| l.split(['\t', ',']))
+        .flat_map(|l| l.split(['\t', ';']))
         .filter(|s| !s.is_empty())
         .count()
 }
