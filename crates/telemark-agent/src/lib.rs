@@ -1,4 +1,4 @@
-//! The Telemark agent: the loss monitor on live ports (AF_PACKET, TPACKET_V3), an off-path
+//! The Telemark agent: the loss monitor on live ports (AF_PACKET, TPACKET_V2), an off-path
 //! aggregator, and export to the collector. See docs/agent.md.
 pub mod config;
 mod egress;

@@ -702,7 +702,7 @@ impl FastPath {
         let Some(rx) = rxs.get_mut(pi) else { return 0 };
         let Some(proc) = procs.get_mut(pi) else { return 0 };
         let mut n = 0;
-        let got = rx.rx_block(|frame, ts| {
+        let got = rx.rx_ready(|frame, ts| {
             if let Some(p) = burst.get_mut(n) {
                 p.data.clear();
                 p.data.extend_from_slice(frame);

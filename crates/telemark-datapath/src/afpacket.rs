@@ -1,12 +1,19 @@
-//! Live ports on AF_PACKET with memory-mapped rings (Linux `packet(7)`, TPACKET_V3).
+//! Live ports on AF_PACKET with memory-mapped rings (Linux `packet(7)`, TPACKET_V2).
 //!
-//! One socket per interface, with an RX ring of blocks (the kernel fills a block with many
-//! frames and hands the whole block over, so one check of a block's status replaces a syscall
-//! per packet) and a TX ring of frames (the fast path writes frames and status words, then one
-//! `sendto` per burst asks the kernel to send everything marked). Packets the fast path sends
-//! itself are not read back (`PACKET_IGNORE_OUTGOING`). What the kernel could not put in a full
-//! RX ring is counted by the kernel and read with `PACKET_STATISTICS`; a full TX ring is counted
-//! here. Nothing in the per-packet path allocates or blocks.
+//! One socket per interface, with an RX ring of frames (the kernel writes each frame into the
+//! next slot and flips its status word; the fast path reads every slot whose status says it is
+//! ours, one status check instead of a syscall per packet, and gives it straight back) and a TX
+//! ring of frames (the fast path writes frames and status words, then one `sendto` per burst
+//! asks the kernel to send everything marked). Packets the fast path sends itself are not read
+//! back (`PACKET_IGNORE_OUTGOING`). What the kernel could not put in a full RX ring is counted
+//! by the kernel and read with `PACKET_STATISTICS`; a full TX ring is counted here. Nothing in
+//! the per-packet path allocates or blocks.
+//!
+//! Why TPACKET_V2 and not V3's blocks: V3 hands a block of frames over only when it is full or
+//! when its retire timer (at least 1 ms, 2 ms here before) fires, so at low and moderate rates
+//! every frame waited up to that long in a block nobody could read: 2 ms per hop of round-trip
+//! time that a kernel bridge does not add (issue 31, item 13). A V2 frame is readable the moment
+//! the kernel has written it, and a burst still costs one status word per frame.
 //!
 //! A port may live in another network namespace: the socket is opened inside it (by name under
 //! `/run/netns`, as `ip netns` creates them) and the thread returns to its own namespace, so one
@@ -26,7 +33,7 @@ const PACKET_VERSION: libc::c_int = 10;
 const PACKET_TX_RING: libc::c_int = 13;
 const PACKET_QDISC_BYPASS: libc::c_int = 20;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
-const TPACKET_V3: libc::c_int = 2;
+const TPACKET_V2: libc::c_int = 1;
 const ETH_P_ALL: u16 = 0x0003;
 
 const TP_STATUS_KERNEL: u32 = 0;
@@ -35,32 +42,28 @@ const TP_STATUS_AVAILABLE: u32 = 0;
 const TP_STATUS_SEND_REQUEST: u32 = 1;
 const TP_STATUS_WRONG_FORMAT: u32 = 4;
 
-/// `sizeof(struct tpacket3_hdr)`, already a multiple of `TPACKET_ALIGNMENT` (16): where the
-/// frame starts in a TX slot.
-const TPACKET3_HDR: usize = 48;
+/// `TPACKET_ALIGN(sizeof(struct tpacket2_hdr))`: where the frame starts in a TX slot (the
+/// kernel reads it at `TPACKET2_HDRLEN - sizeof(struct sockaddr_ll)`, the same place).
+const TPACKET2_HDR: usize = 32;
 
-// Offsets in `struct tpacket_block_desc` (version, offset_to_priv, then `tpacket_hdr_v1`).
-const BLK_STATUS: usize = 8;
-const BLK_NUM_PKTS: usize = 12;
-const BLK_FIRST: usize = 16;
-// Offsets in `struct tpacket3_hdr`.
-const PKT_NEXT: usize = 0;
-const PKT_SEC: usize = 4;
-const PKT_NSEC: usize = 8;
-const PKT_SNAPLEN: usize = 12;
-const PKT_LEN: usize = 16;
-const PKT_STATUS: usize = 20; // TX slots only
-const PKT_MAC: usize = 24;
+// Offsets in `struct tpacket2_hdr`.
+const PKT_STATUS: usize = 0;
+const PKT_LEN: usize = 4;
+const PKT_SNAPLEN: usize = 8;
+const PKT_MAC: usize = 12; // u16, with tp_net in the upper half of the word
+const PKT_SEC: usize = 16;
+const PKT_NSEC: usize = 20;
 
+/// Most frames one [`RxRing::rx_ready`] call reads, so one busy port cannot starve the others.
+const RX_READ_MAX: usize = 256;
+
+/// `struct tpacket_req`, the ring geometry of TPACKET_V1 and V2.
 #[repr(C)]
-struct TpacketReq3 {
+struct TpacketReq {
     block_size: u32,
     block_nr: u32,
     frame_size: u32,
     frame_nr: u32,
-    retire_blk_tov: u32,
-    sizeof_priv: u32,
-    feature_req_word: u32,
 }
 
 #[repr(C)]
@@ -74,13 +77,13 @@ struct TpacketStats {
 /// Ring geometry.
 #[derive(Debug, Clone, Copy)]
 pub struct RingConfig {
-    /// Bytes per RX block (a power of two, multiple of the page size).
+    /// Bytes per RX block (a power of two, multiple of the page size): the unit the kernel
+    /// allocates the ring in, holding `rx_block / frame` frames.
     pub rx_block: u32,
     /// RX blocks.
     pub rx_blocks: u32,
-    /// A block is handed over at the latest this many ms after its first packet.
-    pub rx_timeout_ms: u32,
-    /// Bytes per TX frame (the largest frame that can be sent, plus 48).
+    /// Bytes per RX and TX frame slot: the largest frame that can be received whole or sent,
+    /// plus the slot's header (32 bytes on TX, up to 80 on RX).
     pub tx_frame: u32,
     /// TX frames.
     pub tx_frames: u32,
@@ -93,7 +96,6 @@ impl Default for RingConfig {
         RingConfig {
             rx_block: 1 << 18,
             rx_blocks: 32,
-            rx_timeout_ms: 2,
             tx_frame: 2048,
             tx_frames: 1024,
             qdisc_bypass: false,
@@ -134,7 +136,7 @@ struct Mapping {
     len: usize,
 }
 
-// SAFETY: the mapping lives as long as the `Mapping`; the RX half touches only RX blocks and
+// SAFETY: the mapping lives as long as the `Mapping`; the RX half touches only RX frames and
 // the TX half only TX frames, each half used by one thread at a time.
 unsafe impl Send for Mapping {}
 // SAFETY: as above; shared words are accessed as atomics.
@@ -159,8 +161,8 @@ impl Drop for Mapping {
 /// The receiving half of a port.
 pub struct RxRing {
     m: Arc<Mapping>,
-    block: usize,
-    blocks: u32,
+    frame: usize,
+    frames: u32,
     next: u32,
     name: String,
     ifindex: u32,
@@ -251,6 +253,7 @@ fn open_here(ifname: &str, cfg: RingConfig) -> io::Result<(RxRing, TxRing)> {
         || cfg.tx_frame < 256
         || !cfg.tx_frame.is_multiple_of(16)
         || !page.is_multiple_of(cfg.tx_frame) && !cfg.tx_frame.is_multiple_of(page)
+        || !cfg.rx_block.is_multiple_of(cfg.tx_frame)
         || cfg.tx_frames == 0
     {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "bad ring geometry"));
@@ -268,32 +271,26 @@ fn open_here(ifname: &str, cfg: RingConfig) -> io::Result<(RxRing, TxRing)> {
     // SAFETY: `raw` is a fresh fd nobody else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     let s = fd.as_raw_fd();
-    setopt(s, PACKET_VERSION, &TPACKET_V3)?;
+    setopt(s, PACKET_VERSION, &TPACKET_V2)?;
     setopt(s, PACKET_IGNORE_OUTGOING, &1 as &libc::c_int)?;
     if cfg.qdisc_bypass {
         setopt(s, PACKET_QDISC_BYPASS, &1 as &libc::c_int)?;
     }
-    let rx = TpacketReq3 {
+    let rx = TpacketReq {
         block_size: cfg.rx_block,
         block_nr: cfg.rx_blocks,
-        frame_size: 2048,
-        frame_nr: cfg.rx_block / 2048 * cfg.rx_blocks,
-        retire_blk_tov: cfg.rx_timeout_ms,
-        sizeof_priv: 0,
-        feature_req_word: 0,
+        frame_size: cfg.tx_frame,
+        frame_nr: cfg.rx_block / cfg.tx_frame * cfg.rx_blocks,
     };
     setopt(s, PACKET_RX_RING, &rx).map_err(|e| err("PACKET_RX_RING".into(), e))?;
     let tx_block = cfg.tx_frame.max(page);
     let per_block = tx_block / cfg.tx_frame;
     let tx_blocks = cfg.tx_frames.div_ceil(per_block);
-    let tx = TpacketReq3 {
+    let tx = TpacketReq {
         block_size: tx_block,
         block_nr: tx_blocks,
         frame_size: cfg.tx_frame,
         frame_nr: tx_blocks * per_block,
-        retire_blk_tov: 0,
-        sizeof_priv: 0,
-        feature_req_word: 0,
     };
     setopt(s, PACKET_TX_RING, &tx).map_err(|e| err("PACKET_TX_RING".into(), e))?;
     let map_len = (rx.block_size as usize) * (rx.block_nr as usize)
@@ -333,8 +330,8 @@ fn open_here(ifname: &str, cfg: RingConfig) -> io::Result<(RxRing, TxRing)> {
     let rx_len = rx.block_size as usize * rx.block_nr as usize;
     let rxr = RxRing {
         m: m.clone(),
-        block: rx.block_size as usize,
-        blocks: rx.block_nr,
+        frame: rx.frame_size as usize,
+        frames: rx.frame_nr,
         next: 0,
         name: ifname.to_string(),
         ifindex,
@@ -373,49 +370,37 @@ impl RxRing {
         self.m.word(off)
     }
 
-    /// Reads the next RX block if the kernel handed it over, calling `f(frame, time_ns)` for
-    /// every frame in it, then gives the block back. Returns the frames read.
+    /// Reads the frames the kernel has written since the last call (at most 256), calling
+    /// `f(frame, time_ns)` for each and giving its slot straight back. Returns the frames read.
     #[inline]
-    pub fn rx_block(&mut self, mut f: impl FnMut(&[u8], u64)) -> usize {
-        let bs = self.block;
-        let b = self.next as usize * bs;
-        if self.word(b + BLK_STATUS).load(Ordering::Acquire) & TP_STATUS_USER == 0 {
-            return 0;
-        }
-        let n = self.word(b + BLK_NUM_PKTS).load(Ordering::Relaxed) as usize;
-        let mut off = self.word(b + BLK_FIRST).load(Ordering::Relaxed) as usize;
+    pub fn rx_ready(&mut self, mut f: impl FnMut(&[u8], u64)) -> usize {
+        let fs = self.frame;
         let mut read = 0;
-        for _ in 0..n {
-            // Every offset comes from the kernel; check it stays in the block anyway.
-            if off + TPACKET3_HDR > bs {
+        while read < RX_READ_MAX {
+            let h = self.next as usize * fs;
+            if self.word(h + PKT_STATUS).load(Ordering::Acquire) & TP_STATUS_USER == 0 {
                 break;
             }
-            let h = b + off;
             let snap = self.word(h + PKT_SNAPLEN).load(Ordering::Relaxed) as usize;
             let len = self.word(h + PKT_LEN).load(Ordering::Relaxed) as usize;
             let mac = (self.word(h + PKT_MAC).load(Ordering::Relaxed) & 0xffff) as usize;
             let sec = u64::from(self.word(h + PKT_SEC).load(Ordering::Relaxed));
             let nsec = u64::from(self.word(h + PKT_NSEC).load(Ordering::Relaxed));
-            if off + mac + snap > bs {
-                break;
+            // Every offset comes from the kernel; check it stays in the slot anyway.
+            if mac + snap <= fs {
+                // SAFETY: [h+mac, +snap) is inside this frame slot (checked above), which the
+                // kernel does not touch until its status is given back below.
+                let frame =
+                    unsafe { core::slice::from_raw_parts(self.m.map.as_ptr().add(h + mac), snap) };
+                if snap < len {
+                    self.stats.rx_truncated += 1;
+                }
+                f(frame, sec * 1_000_000_000 + nsec);
+                read += 1;
             }
-            // SAFETY: [b+off+mac, +snap) is inside this block (checked above), which the
-            // kernel does not touch until the block status is given back below.
-            let frame =
-                unsafe { core::slice::from_raw_parts(self.m.map.as_ptr().add(h + mac), snap) };
-            if snap < len {
-                self.stats.rx_truncated += 1;
-            }
-            f(frame, sec * 1_000_000_000 + nsec);
-            read += 1;
-            let next = self.word(h + PKT_NEXT).load(Ordering::Relaxed) as usize;
-            if next == 0 {
-                break;
-            }
-            off += next;
+            self.word(h + PKT_STATUS).store(TP_STATUS_KERNEL, Ordering::Release);
+            self.next = (self.next + 1) % self.frames;
         }
-        self.word(b + BLK_STATUS).store(TP_STATUS_KERNEL, Ordering::Release);
-        self.next = (self.next + 1) % self.blocks;
         self.stats.rx += read as u64;
         read
     }
@@ -461,7 +446,7 @@ impl TxRing {
     #[inline]
     pub fn tx(&mut self, frame: &[u8]) -> bool {
         let fs = self.frame;
-        if frame.len() + TPACKET3_HDR > fs {
+        if frame.len() + TPACKET2_HDR > fs {
             self.stats.tx_too_big += 1;
             return false;
         }
@@ -473,16 +458,15 @@ impl TxRing {
             self.stats.tx_full += 1;
             return false;
         }
-        // SAFETY: the slot's data area [slot+48, slot+48+len) is inside the TX ring (checked
+        // SAFETY: the slot's data area [slot+32, slot+32+len) is inside the TX ring (checked
         // against the frame size) and belongs to us while its status is AVAILABLE.
         unsafe {
             core::ptr::copy_nonoverlapping(
                 frame.as_ptr(),
-                self.m.map.as_ptr().add(slot + TPACKET3_HDR),
+                self.m.map.as_ptr().add(slot + TPACKET2_HDR),
                 frame.len(),
             );
         }
-        self.word(slot + PKT_NEXT).store(0, Ordering::Relaxed);
         self.word(slot + PKT_LEN).store(frame.len() as u32, Ordering::Relaxed);
         self.word(slot + PKT_SNAPLEN).store(frame.len() as u32, Ordering::Relaxed);
         self.word(slot + PKT_STATUS).store(TP_STATUS_SEND_REQUEST, Ordering::Release);

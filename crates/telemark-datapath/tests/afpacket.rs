@@ -79,7 +79,7 @@ fn frames_cross_a_veth_pair_through_the_rings() {
     let mut read = |got: &mut Vec<Vec<u8>>, want: usize| {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while got.len() < want && std::time::Instant::now() < deadline {
-            if rx1.rx_block(|f, ts| {
+            if rx1.rx_ready(|f, ts| {
                 assert!(ts > 1_600_000_000_000_000_000, "kernel timestamp in ns since the epoch");
                 got.push(f.to_vec());
             }) == 0
@@ -106,7 +106,7 @@ fn frames_cross_a_veth_pair_through_the_rings() {
     assert_eq!(tx0.stats().tx, sent.len() as u64);
     assert_eq!(rx1.stats().rx_ring_drops, 0);
     // x0 sent everything itself: none of it comes back on x0's RX ring.
-    assert_eq!(rx0.rx_block(|_, _| {}), 0);
+    assert_eq!(rx0.rx_ready(|_, _| {}), 0);
     assert!(afpacket::open("nope0", Some(&ns.0), RingConfig::default()).is_err());
     let e = afpacket::open("x0", Some("no-such-netns-tm"), RingConfig::default()).err().unwrap();
     assert!(e.to_string().contains("no-such-netns-tm"), "{e}");

@@ -676,7 +676,7 @@ fn capture(ns: String, iface: &'static str, stop: Arc<AtomicBool>) -> JoinHandle
         let mut frames = Vec::new();
         loop {
             let done = stop.load(std::sync::atomic::Ordering::Acquire);
-            while rx.rx_block(|f, _| frames.push(f.to_vec())) > 0 {}
+            while rx.rx_ready(|f, _| frames.push(f.to_vec())) > 0 {}
             if done {
                 return frames;
             }
