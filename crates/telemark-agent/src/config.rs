@@ -137,6 +137,10 @@ pub struct ExportSection {
     /// For an `https://` collector: the CA certificate(s) (PEM) that signed its certificate;
     /// only these are trusted. Absent: the public web PKI.
     pub ca_file: Option<std::path::PathBuf>,
+    /// Send the token to an `http://` collector on another host, in clear text (a network
+    /// where anyone who can read the traffic may write as this agent); default false: such a
+    /// configuration is refused, use `https://`.
+    pub insecure_token: Option<bool>,
 }
 
 /// The agent's own `/metrics` listener (its health, for Prometheus).
@@ -685,6 +689,20 @@ pub struct AgentConfig {
     pub heavy_hitters: Option<HeavyHittersSettings>,
 }
 
+/// Whether the host of URL `u` (`http://host[:port][/…]`) is a loopback address or
+/// `localhost` (a name that may resolve anywhere else is not).
+fn loopback_url(u: &str) -> bool {
+    let rest = u.split_once("://").map_or(u, |(_, r)| r);
+    let auth = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = auth.rsplit_once('@').map_or(auth, |(_, h)| h);
+    let host = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.split(':').next().unwrap_or(""),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<std::net::IpAddr>().is_ok_and(|a| a.is_loopback())
+}
+
 /// The one token in file `f` (whitespace around it ignored).
 fn token_file(what: &str, f: &std::path::Path) -> Result<String, ConfigError> {
     let t = std::fs::read_to_string(f)
@@ -818,6 +836,23 @@ impl FileConfig {
         }
         let token =
             e.token_file.as_deref().map(|f| token_file("export.token_file", f)).transpose()?;
+        // As the control API (below): a token crosses the network only inside TLS, unless the
+        // operator says otherwise in so many words.
+        if let Some(c) = e.collector.as_deref().filter(|_| token.is_some()) {
+            if c.starts_with("http://") && !loopback_url(c) && e.insecure_token != Some(true) {
+                return Err(invalid(format!(
+                    "export.collector {c:?}: the agent's token (export.token_file) would cross \
+                     the network in clear text; use https:// (with export.ca_file), or set \
+                     export.insecure_token = true on a network you trust"
+                )));
+            }
+            if c.starts_with("http://") && !loopback_url(c) {
+                tracing::warn!(
+                    "export.collector {c:?}: the agent's token goes in clear text \
+                     (export.insecure_token = true)"
+                );
+            }
+        }
         let tls = match &e.ca_file {
             None => None,
             Some(f) => Some(
@@ -1010,6 +1045,39 @@ mod tests {
             let text = format!("{base}{extra}");
             let e = FileConfig::parse(&text).and_then(FileConfig::validate).unwrap_err().to_string();
             assert!(e.contains(want), "{extra:?}: {e}");
+        }
+    }
+
+    /// The agent's token never crosses the network in clear text unless the operator says so
+    /// (as the control API's token, which stays on loopback).
+    #[test]
+    fn a_token_goes_to_another_host_only_over_https() {
+        let dir = tempfile::tempdir().unwrap();
+        let tok = dir.path().join("agent.token");
+        std::fs::write(&tok, "0123456789abcdef0123456789abcdef\n").unwrap();
+        let with = |url: &str, extra: &str| {
+            let text = format!(
+                "agent = \"sw\"\n[[tap]]\nport = \"x0\"\n[export]\ncollector = \"{url}\"\n\
+                 token_file = {:?}\n{extra}",
+                tok.display()
+            );
+            FileConfig::parse(&text).and_then(FileConfig::validate).map(|c| c.token.is_some())
+        };
+        for url in
+            ["http://192.0.2.10:9900", "http://collector.lan:9900/", "http://[2001:db8::1]:1"]
+        {
+            let e = with(url, "").unwrap_err().to_string();
+            assert!(e.contains("clear text") && e.contains("insecure_token"), "{url}: {e}");
+            assert!(with(url, "insecure_token = true\n").unwrap(), "{url} with the opt-in");
+            assert!(with(url, "insecure_token = false\n").is_err(), "{url}");
+        }
+        for url in [
+            "http://127.0.0.1:9900",
+            "http://localhost:9900",
+            "http://[::1]:9900",
+            "https://192.0.2.10:9900",
+        ] {
+            assert!(with(url, "").unwrap(), "{url}");
         }
     }
 

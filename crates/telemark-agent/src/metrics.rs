@@ -33,17 +33,19 @@ pub(crate) struct AgentMetrics {
 
 impl Handler for AgentMetrics {
     fn handle(&self, req: &Request<'_>, _now: u64) -> Response {
+        if let Err(r) = self.access(req.method, req.path(), req.token) {
+            return r;
+        }
         match (req.method, req.path()) {
-            (_, "/metrics") if !self.authorised(req.token) => Response::unauthenticated(),
             ("GET", "/metrics") => {
                 Response::text("text/plain; version=0.0.4", self.render(&self.shared.snapshot()))
             }
-            (_, "/metrics") => Response::error(405, "only GET is allowed on /metrics"),
-            (_, "/api/v1/int") => self.control(req),
-            (_, p) => {
-                Response::error(404, format!("no such endpoint: {p} (the agent serves /metrics)"))
-            }
+            (_, _) => self.control(req),
         }
+    }
+
+    fn admit(&self, method: &str, path: &str, token: Option<&str>) -> Option<Response> {
+        self.access(method, path, token).err()
     }
 
     fn route(&self, path: &str) -> &'static str {
@@ -64,17 +66,39 @@ fn family(o: &mut String, name: &str, kind: &str, help: &str, samples: &[(String
 }
 
 impl AgentMetrics {
-    /// `GET` or `PUT /api/v1/int`.
-    fn control(&self, req: &Request<'_>) -> Response {
-        let Some(want) = &self.control_token else {
-            return Response::error(
+    /// Whether a request may be made, from its method, path and token alone: the listener's
+    /// access rules, all here. The server asks this before it reads a body (so a local user
+    /// without the control token cannot hold the listener's body budget), and
+    /// [`Handler::handle`] asks again.
+    fn access(&self, method: &str, path: &str, token: Option<&str>) -> Result<(), Response> {
+        match (method, path) {
+            (_, "/metrics") if !self.authorised(token) => Err(Response::unauthenticated()),
+            ("GET", "/metrics") => Ok(()),
+            (_, "/metrics") => Err(Response::error(405, "only GET is allowed on /metrics")),
+            (_, "/api/v1/int") => {
+                let Some(want) = &self.control_token else {
+                    return Err(Response::error(
+                        404,
+                        "the control API is off: set metrics.control_token_file and [int]",
+                    ));
+                };
+                if !token.is_some_and(|t| telemark_transport::http::token_eq(want, t)) {
+                    return Err(Response::unauthenticated());
+                }
+                match method {
+                    "GET" | "PUT" => Ok(()),
+                    _ => Err(Response::error(405, "GET or PUT /api/v1/int")),
+                }
+            }
+            (_, p) => Err(Response::error(
                 404,
-                "the control API is off: set metrics.control_token_file and [int]",
-            );
-        };
-        if !req.token.is_some_and(|t| telemark_transport::http::token_eq(want, t)) {
-            return Response::unauthenticated();
+                format!("no such endpoint: {p} (the agent serves /metrics)"),
+            )),
         }
+    }
+
+    /// `GET` or `PUT /api/v1/int`, once [`AgentMetrics::access`] let it through.
+    fn control(&self, req: &Request<'_>) -> Response {
         match req.method {
             "GET" => {
                 let rules = self.shared.int_rules();

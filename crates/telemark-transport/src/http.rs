@@ -85,6 +85,17 @@ pub trait Handler: Send + Sync + 'static {
     /// The metrics label for `path`: one of a fixed set, so a scan of unknown paths cannot grow
     /// the metrics.
     fn route(&self, path: &str) -> &'static str;
+
+    /// Whether a request may be made at all, from its head alone (method, path without the
+    /// query, bearer token): asked before a byte of its body is read, so a client without a
+    /// valid token cannot make the server hold (or wait for) its body. `Some(answer)` refuses
+    /// it (401, 403, 404, …; the server counts 401 as `unauthenticated`, 403 as `forbidden`);
+    /// `None` admits it, and [`Handler::handle`] then sees the whole request. The default
+    /// admits everything.
+    fn admit(&self, method: &str, path: &str, token: Option<&str>) -> Option<Response> {
+        let _ = (method, path, token);
+        None
+    }
 }
 
 /// Whether a bearer token `got` equals `want`, in time that does not depend on where they

@@ -1,18 +1,27 @@
 //! The HTTP server both services listen with: hyper's HTTP/1.1 on a small tokio runtime, TLS
 //! from rustls, and every bound an exposed service needs (docs/collector.md, "Limits"):
 //!
-//! - a bound on open connections (the next wait in the kernel's backlog), each a task, not a
-//!   thread, so idle sockets cost memory only;
+//! - a bound on open connections (the next wait in the kernel's backlog of [`Limits::backlog`]),
+//!   each a task, not a thread, so idle sockets cost memory only; at most
+//!   [`Limits::max_connections_per_source`] of them from one address (more are accepted and
+//!   closed at once, counted), and when three quarters of the bound are open, connections idle
+//!   for a second are closed (counted), so idle sockets cannot lock clients out;
 //! - the request head (line and headers) within [`Limits::max_head`] bytes and
 //!   [`Limits::head_timeout`], which also closes keep-alive connections left idle;
 //! - the URL within [`Limits::max_url`], the body within [`Limits::max_body`] (a larger
 //!   Content-Length is refused before a byte of it is read) and [`Limits::body_timeout`];
+//! - who may make a request is asked of the handler ([`Handler::admit`]) once its head has
+//!   arrived and before a byte of its body is read: a request without a valid token is answered
+//!   401 (403, …) and its connection closed, counted, at no cost in body budget;
+//! - a body must keep coming at [`Limits::min_body_rate`] after its first 2 s (a trickle is cut
+//!   off, 408, counted);
 //! - handlers on at most `workers` threads, so slow sockets never hold one: a handler runs only
 //!   once its whole request has arrived;
 //! - at most `2 × workers × max_body` bytes of request bodies in memory at once (each body
 //!   takes its Content-Length, or `max_body` without one, from that budget before it is read;
-//!   the others wait, unread, in their sockets), so memory is bounded by the workers, not by
-//!   the connections;
+//!   the others wait, unread, in their sockets, at most [`Limits::body_wait`], then 503 with
+//!   `Retry-After`), so memory is bounded by the workers, not by the connections; one source
+//!   address may hold at most half of that budget (503 beyond, counted);
 //! - accept failures (file descriptors exhausted) counted and retried, never fatal;
 //! - graceful shutdown: stop accepting, finish what is in progress, within a grace period.
 //!
@@ -20,12 +29,12 @@
 
 use crate::http::{bearer, Handler, Request, Response};
 use crate::now_ns;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -51,6 +60,14 @@ pub struct Limits {
     pub handshake_timeout: Duration,
     /// How long a shutdown waits for requests in progress.
     pub shutdown_grace: Duration,
+    /// Connections open at once from one source address (more are closed at once, counted).
+    pub max_connections_per_source: usize,
+    /// The listen backlog (the kernel caps it at `net.core.somaxconn`).
+    pub backlog: u32,
+    /// Longest a request waits for room in the body budget before it is answered 503.
+    pub body_wait: Duration,
+    /// Slowest a body may arrive after its first 2 s, bytes per second (0: no minimum).
+    pub min_body_rate: u64,
 }
 
 impl Default for Limits {
@@ -64,6 +81,10 @@ impl Default for Limits {
             body_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(10),
+            max_connections_per_source: 256,
+            backlog: 4096,
+            body_wait: Duration::from_secs(2),
+            min_body_rate: 1024,
         }
     }
 }
@@ -194,10 +215,6 @@ impl Server {
     ) -> Result<Server, ServerError> {
         raise_fd_limit();
         let listen = cfg.listen;
-        let std_listener = std::net::TcpListener::bind(listen)
-            .and_then(|l| l.set_nonblocking(true).map(|()| l))
-            .map_err(|err| ServerError::Listen { addr: listen, err })?;
-        let addr = std_listener.local_addr().unwrap_or(listen);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .max_blocking_threads(cfg.workers.max(1))
@@ -205,16 +222,17 @@ impl Server {
             .enable_all()
             .build()
             .map_err(ServerError::Runtime)?;
+        // A backlog larger than std's 128, so a burst of connections (or idle ones holding
+        // every slot for a moment) does not make the kernel drop new clients' SYNs.
+        let listener = runtime
+            .block_on(async { bind(listen, cfg.limits.backlog) })
+            .map_err(|err| ServerError::Listen { addr: listen, err })?;
+        let addr = listener.local_addr().unwrap_or(listen);
         let (stop, stopped) = watch::channel(false);
         let thread = std::thread::Builder::new()
             .name("telemark-http-accept".into())
             .spawn(move || {
-                runtime.block_on(async move {
-                    match tokio::net::TcpListener::from_std(std_listener) {
-                        Ok(l) => accept_loop(l, cfg, handler, stats, stopped).await,
-                        Err(e) => tracing::error!(%addr, "cannot listen: {e}"),
-                    }
-                });
+                runtime.block_on(accept_loop(listener, cfg, handler, stats, stopped));
                 // Handlers still running (past the grace period) are not waited for.
                 runtime.shutdown_timeout(Duration::from_millis(100));
             })
@@ -243,6 +261,17 @@ impl Drop for Server {
     }
 }
 
+/// A listening socket on `addr` with `backlog` (SO_REUSEADDR, as std's bind sets it).
+fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<tokio::net::TcpListener> {
+    let s = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    s.set_reuseaddr(true)?;
+    s.bind(addr)?;
+    s.listen(backlog.max(1))
+}
+
 /// Raises this process's soft limit on open files to its hard limit (as Go's runtime does), so
 /// the connection bound, not the default 1,024, is what limits clients.
 fn raise_fd_limit() {
@@ -256,6 +285,60 @@ fn raise_fd_limit() {
     }
 }
 
+/// How long a connection must have been idle to be closed while the server is near its
+/// connection bound.
+const PRESSURED_IDLE: Duration = Duration::from_secs(1);
+
+/// The grace a body has before [`Limits::min_body_rate`] applies.
+const RATE_GRACE: Duration = Duration::from_secs(2);
+
+/// The longest a refused request's body is read (and thrown away) before its answer, so that a
+/// client that sent it whole reads the answer instead of a reset.
+const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+
+/// How much of something (connections, KiB of bodies) each source address holds.
+#[derive(Default)]
+struct PerSource(Mutex<HashMap<IpAddr, u64>>);
+
+impl PerSource {
+    /// Takes `n` more for `ip` if it then holds at most `max`; given back when the guard drops.
+    fn take(self: &Arc<Self>, ip: IpAddr, n: u64, max: u64) -> Option<SourceGuard> {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let held = m.get(&ip).copied().unwrap_or(0);
+        if held + n > max {
+            return None;
+        }
+        m.insert(ip, held + n);
+        Some(SourceGuard { of: self.clone(), ip, n })
+    }
+}
+
+/// A source's share, given back on drop.
+struct SourceGuard {
+    of: Arc<PerSource>,
+    ip: IpAddr,
+    n: u64,
+}
+
+impl Drop for SourceGuard {
+    fn drop(&mut self) {
+        let mut m = self.of.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(h) = m.get_mut(&self.ip) {
+            *h = h.saturating_sub(self.n);
+            if *h == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// When a connection last finished a request, and whether one is in progress.
+struct Activity {
+    busy: AtomicU64,
+    /// ms since the server's epoch.
+    last_ms: AtomicU64,
+}
+
 async fn accept_loop<H: Handler>(
     listener: tokio::net::TcpListener,
     cfg: ServerConfig,
@@ -263,15 +346,33 @@ async fn accept_loop<H: Handler>(
     stats: Arc<ServerStats>,
     mut stopped: watch::Receiver<bool>,
 ) {
-    let slots = Arc::new(Semaphore::new(cfg.limits.max_connections.max(1)));
+    let max = cfg.limits.max_connections.max(1);
+    let slots = Arc::new(Semaphore::new(max));
     let budget = 2 * cfg.workers.max(1) * cfg.limits.max_body.div_ceil(1024).max(1);
-    let bodies = Arc::new(Semaphore::new(budget.min(Semaphore::MAX_PERMITS)));
+    let budget = budget.min(Semaphore::MAX_PERMITS);
+    let bodies = Arc::new(Semaphore::new(budget));
+    let per_source = Arc::new(PerSource::default());
+    let per_source_max = cfg.limits.max_connections_per_source.max(1) as u64;
+    // Set while three quarters of the connections are open (cleared below half): idle ones
+    // are closed then.
+    let (pressure, pressured) = watch::channel(false);
+    let pressure = Arc::new(pressure);
+    let shared = Shared {
+        handler,
+        stats: stats.clone(),
+        bodies,
+        budget_kib: budget as u64,
+        body_share: Arc::new(PerSource::default()),
+        epoch: Instant::now(),
+    };
     let tls = cfg.tls.clone().map(tokio_rustls::TlsAcceptor::from);
     let cfg = Arc::new(cfg);
     // Accept failures come in storms (every 50 ms while descriptors are exhausted): logged once
-    // per 10 s with how many there were; all are counted.
+    // per 10 s with how many there were; all are counted. So are refusals per source.
     let mut quiet_until = Instant::now();
     let mut unlogged = 0u64;
+    let mut source_quiet_until = Instant::now();
+    let mut source_unlogged = 0u64;
     loop {
         let permit = tokio::select! {
             p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
@@ -294,20 +395,39 @@ async fn accept_loop<H: Handler>(
             },
             _ = stopped.changed() => break,
         };
+        // One address may not hold every slot: past its share, closed at once.
+        let Some(source) = per_source.take(peer.ip(), 1, per_source_max) else {
+            stats.refuse("per_source_limit");
+            source_unlogged += 1;
+            if Instant::now() >= source_quiet_until {
+                tracing::warn!(
+                    "{source_unlogged} connection(s) closed at once: {} holds {per_source_max} \
+                     (--max-connections-per-source)",
+                    peer.ip()
+                );
+                (source_quiet_until, source_unlogged) =
+                    (Instant::now() + Duration::from_secs(10), 0);
+            }
+            drop(tcp);
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         stats.connections.fetch_add(1, Ordering::Relaxed);
-        stats.open.fetch_add(1, Ordering::Relaxed);
-        let shared =
-            Shared { handler: handler.clone(), stats: stats.clone(), bodies: bodies.clone() };
+        let open = stats.open.fetch_add(1, Ordering::Relaxed) + 1;
+        if open * 4 >= max as u64 * 3 {
+            pressure.send_if_modified(|p| !std::mem::replace(p, true));
+        }
+        let (shared, pressure, pressured) = (shared.clone(), pressure.clone(), pressured.clone());
         let (cfg, stats, tls, stopped) = (cfg.clone(), stats.clone(), tls.clone(), stopped.clone());
         tokio::spawn(async move {
+            let on = Conn { peer: peer.ip(), stopped, pressured };
             match tls {
-                None => connection(tcp, &cfg, shared, stopped).await,
+                None => connection(tcp, &cfg, shared, on).await,
                 Some(acceptor) => {
                     let hs =
                         tokio::time::timeout(cfg.limits.handshake_timeout, acceptor.accept(tcp));
                     match hs.await {
-                        Ok(Ok(s)) => connection(s, &cfg, shared, stopped).await,
+                        Ok(Ok(s)) => connection(s, &cfg, shared, on).await,
                         Ok(Err(e)) => {
                             stats.refuse("tls_handshake");
                             tracing::debug!(%peer, "TLS handshake failed: {e}");
@@ -316,13 +436,16 @@ async fn accept_loop<H: Handler>(
                     }
                 }
             }
-            stats.open.fetch_sub(1, Ordering::Relaxed);
-            drop(permit);
+            let open = stats.open.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
+            if open * 2 <= max as u64 {
+                pressure.send_if_modified(|p| std::mem::replace(p, false));
+            }
+            drop((source, permit));
         });
     }
     // Stop accepting, then wait for the connections to finish (they were told to).
     drop(listener);
-    let all = u32::try_from(cfg.limits.max_connections.max(1)).unwrap_or(u32::MAX);
+    let all = u32::try_from(max).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(cfg.limits.shutdown_grace, slots.acquire_many(all)).await;
 }
 
@@ -332,6 +455,12 @@ struct Shared<H> {
     stats: Arc<ServerStats>,
     /// The KiB of request bodies that may be in memory.
     bodies: Arc<Semaphore>,
+    /// Its size.
+    budget_kib: u64,
+    /// The KiB of it each source address holds or waits for.
+    body_share: Arc<PerSource>,
+    /// When the server started (connections' activity is in ms since then).
+    epoch: Instant,
 }
 
 impl<H> Clone for Shared<H> {
@@ -340,25 +469,40 @@ impl<H> Clone for Shared<H> {
             handler: self.handler.clone(),
             stats: self.stats.clone(),
             bodies: self.bodies.clone(),
+            budget_kib: self.budget_kib,
+            body_share: self.body_share.clone(),
+            epoch: self.epoch,
         }
     }
 }
 
-async fn connection<H, S>(
-    io: S,
-    cfg: &ServerConfig,
-    shared: Shared<H>,
-    mut stopped: watch::Receiver<bool>,
-) where
+/// One connection's peer and the signals it listens to.
+struct Conn {
+    peer: IpAddr,
+    stopped: watch::Receiver<bool>,
+    pressured: watch::Receiver<bool>,
+}
+
+async fn connection<H, S>(io: S, cfg: &ServerConfig, shared: Shared<H>, on: Conn)
+where
     H: Handler,
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let stats = shared.stats.clone();
+    let Conn { peer, mut stopped, pressured } = on;
+    let (stats, epoch) = (shared.stats.clone(), shared.epoch);
+    let ms = move || epoch.elapsed().as_millis() as u64;
+    let act = Arc::new(Activity { busy: AtomicU64::new(0), last_ms: AtomicU64::new(ms()) });
     let svc = {
-        let limits = cfg.limits.clone();
+        let (limits, act) = (cfg.limits.clone(), act.clone());
         hyper::service::service_fn(move |req| {
-            let (shared, limits) = (shared.clone(), limits.clone());
-            async move { Ok::<_, std::convert::Infallible>(answer(req, shared, &limits).await) }
+            let (shared, limits, act) = (shared.clone(), limits.clone(), act.clone());
+            async move {
+                act.busy.fetch_add(1, Ordering::Relaxed);
+                let r = answer(req, shared, &limits, peer).await;
+                act.last_ms.store(ms(), Ordering::Relaxed);
+                act.busy.fetch_sub(1, Ordering::Relaxed);
+                Ok::<_, std::convert::Infallible>(r)
+            }
         })
     };
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -371,6 +515,11 @@ async fn connection<H, S>(
     let result = tokio::select! {
         r = conn.as_mut() => r,
         _ = stopped.changed() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+        () = idle_under_pressure(pressured, &act, ms) => {
+            stats.refuse("idle_under_pressure");
             conn.as_mut().graceful_shutdown();
             conn.await
         }
@@ -391,20 +540,79 @@ async fn connection<H, S>(
     }
 }
 
+/// Returns once the server is near its connection bound and this connection has been idle
+/// (no request in progress) for [`PRESSURED_IDLE`].
+async fn idle_under_pressure(
+    mut pressured: watch::Receiver<bool>,
+    act: &Activity,
+    ms: impl Fn() -> u64,
+) {
+    loop {
+        if pressured.wait_for(|p| *p).await.is_err() {
+            return std::future::pending().await;
+        }
+        let idle = Duration::from_millis(ms().saturating_sub(act.last_ms.load(Ordering::Relaxed)));
+        if act.busy.load(Ordering::Relaxed) == 0 && idle >= PRESSURED_IDLE {
+            return;
+        }
+        let left = PRESSURED_IDLE.saturating_sub(idle).max(Duration::from_millis(100));
+        tokio::time::sleep(left).await;
+    }
+}
+
+/// `r`, and the connection closed after it (its body, if any, is not read further).
+fn closing(mut r: Response) -> hyper::Response<Full<Bytes>> {
+    r.headers.push(("Connection", "close".into()));
+    reply(r)
+}
+
+/// 503: the server is busy; try again in a second.
+fn busy(msg: &str) -> hyper::Response<Full<Bytes>> {
+    let mut r = Response::error(503, msg);
+    r.headers.push(("Retry-After", "1".into()));
+    closing(r)
+}
+
 /// Reads one request within the limits and runs the handler on it.
 async fn answer<H: Handler>(
     req: hyper::Request<Incoming>,
     shared: Shared<H>,
     limits: &Limits,
+    peer: IpAddr,
 ) -> hyper::Response<Full<Bytes>> {
-    let Shared { handler, stats, bodies } = shared;
+    let Shared { handler, stats, bodies, budget_kib, body_share, .. } = shared;
     let stats = &*stats;
     let (parts, body) = req.into_parts();
     let url = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
-    let route = handler.route(url.split_once('?').map_or(url.as_str(), |(p, _)| p));
+    let path = url.split_once('?').map_or(url.as_str(), |(p, _)| p);
+    let route = handler.route(path);
     if url.len() > limits.max_url {
         stats.refuse("url_too_long");
         return reply(Response::error(414, format!("URL over {} bytes", limits.max_url)));
+    }
+    let token = parts
+        .headers
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer)
+        .map(str::to_string);
+    let method = parts.method.as_str().to_string();
+    let has_body = !hyper::body::Body::is_end_stream(&body);
+    // Who may make this request, before a byte of its body is read: a client without a
+    // token cannot make the server hold its body.
+    if let Some(r) = handler.admit(&method, path, token.as_deref()) {
+        match r.status {
+            401 => stats.refuse("unauthenticated"),
+            403 => stats.refuse("forbidden"),
+            _ => {}
+        }
+        if has_body {
+            // Thrown away as it arrives (nothing is kept), for a short while, so a client
+            // that sent its request whole reads this answer rather than a reset.
+            let limits = Limits { body_timeout: DRAIN_LIMIT, ..limits.clone() };
+            let _ = read_body(body, &limits, None).await;
+        }
+        return closing(r);
     }
     let declared = parts
         .headers
@@ -417,41 +625,34 @@ async fn answer<H: Handler>(
     }
     // A body is read only once its size is taken from the budget, and given back when its
     // answer is made: bodies in memory are bounded by the workers, however many connections
-    // send them.
-    let _permit = if hyper::body::Body::is_end_stream(&body) {
-        None
-    } else {
+    // send them. One source address may hold (or wait for) at most half of it, and nobody
+    // waits for it longer than `body_wait`.
+    let _permit = if has_body {
         let size = declared.map_or(limits.max_body as u64, |n| n.min(limits.max_body as u64));
-        let kib = u32::try_from(size.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
-        bodies.acquire_many_owned(kib).await.ok()
+        let kib = size.div_ceil(1024).max(1);
+        let Some(share) = body_share.take(peer, kib, (budget_kib / 2).max(kib)) else {
+            stats.refuse("body_budget_source");
+            return busy("this address has too many request bodies in progress; retry");
+        };
+        let kib = u32::try_from(kib).unwrap_or(u32::MAX);
+        match tokio::time::timeout(limits.body_wait, bodies.acquire_many_owned(kib)).await {
+            Ok(Ok(p)) => Some((p, share)),
+            Ok(Err(_)) => return busy("the server is stopping"),
+            Err(_) => {
+                stats.refuse("body_budget_timeout");
+                return busy("too many request bodies in progress; retry");
+            }
+        }
+    } else {
+        None
     };
-    let read =
-        tokio::time::timeout(limits.body_timeout, Limited::new(body, limits.max_body).collect());
-    let body = match read.await {
-        Ok(Ok(b)) => b.to_bytes(),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            stats.refuse("body_too_large");
-            return reply(Response::error(
-                413,
-                format!("request body over {} bytes", limits.max_body),
-            ));
-        }
-        Ok(Err(e)) => {
-            stats.refuse("body_read");
-            return reply(Response::error(400, format!("reading the request body: {e}")));
-        }
-        Err(_) => {
-            stats.refuse("body_timeout");
-            return reply(Response::error(408, "the request body took too long"));
+    let body = match read_body(body, limits, Some(declared.unwrap_or(0) as usize)).await {
+        Ok(b) => b,
+        Err((reason, r)) => {
+            stats.refuse(reason);
+            return closing(r);
         }
     };
-    let token = parts
-        .headers
-        .get(hyper::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer)
-        .map(str::to_string);
-    let method = parts.method.as_str().to_string();
     let started = Instant::now();
     let ran = tokio::task::spawn_blocking(move || {
         let req = Request { method: &method, url: &url, token: token.as_deref(), body: &body };
@@ -465,6 +666,71 @@ async fn answer<H: Handler>(
     });
     stats.observe(route, started.elapsed());
     reply(resp)
+}
+
+/// Reads a body of at most `max_body` bytes within `body_timeout`, arriving at
+/// `min_body_rate` or faster after its first [`RATE_GRACE`]; `keep`: whether to keep it (with
+/// room for that many bytes), or throw it away as it arrives.
+async fn read_body(
+    mut body: Incoming,
+    limits: &Limits,
+    keep: Option<usize>,
+) -> Result<Vec<u8>, (&'static str, Response)> {
+    let start = tokio::time::Instant::now();
+    let deadline = start + limits.body_timeout;
+    let mut out = Vec::with_capacity(keep.unwrap_or(0).min(limits.max_body));
+    let mut got = 0u64;
+    loop {
+        // By when more than `got` bytes must have come.
+        let due = match limits.min_body_rate {
+            0 => deadline,
+            r => start + RATE_GRACE + Duration::from_secs_f64(got as f64 / r as f64),
+        };
+        let until = deadline.min(due);
+        let frame = match tokio::time::timeout_at(until, body.frame()).await {
+            Ok(f) => f,
+            Err(_) if until >= deadline => {
+                return Err((
+                    "body_timeout",
+                    Response::error(408, "the request body took too long"),
+                ))
+            }
+            Err(_) => {
+                return Err((
+                    "body_too_slow",
+                    Response::error(
+                        408,
+                        format!(
+                            "the request body came slower than {} bytes/s",
+                            limits.min_body_rate
+                        ),
+                    ),
+                ))
+            }
+        };
+        match frame {
+            None => return Ok(out),
+            Some(Err(e)) => {
+                return Err(("body_read", Response::error(400, format!("reading the body: {e}"))))
+            }
+            Some(Ok(f)) => {
+                let Ok(data) = f.into_data() else { continue };
+                got += data.len() as u64;
+                if got > limits.max_body as u64 {
+                    return Err((
+                        "body_too_large",
+                        Response::error(
+                            413,
+                            format!("request body over {} bytes", limits.max_body),
+                        ),
+                    ));
+                }
+                if keep.is_some() {
+                    out.extend_from_slice(&data);
+                }
+            }
+        }
+    }
 }
 
 fn reply(r: Response) -> hyper::Response<Full<Bytes>> {
