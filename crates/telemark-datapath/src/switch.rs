@@ -650,15 +650,14 @@ fn burst<C, S, T, D>(
                     None
                 } else {
                     let s = learn(&core.cfg, &mut core.fib, &mut core.stats, &parsed.key, m.hash);
-                    if let (Some(t), Some(_)) = (loss.as_deref_mut(), s) {
-                        t.admitted(m.hash);
-                    }
-                    if let (Some(t), Some(s), true) =
-                        (loss.as_deref_mut(), s, core.selection.is_some())
-                    {
-                        // Selected flows join mid-flow.
-                        if let Some((_, _, hot)) = core.fib.entry_mut(s) {
-                            t.arm(hot, s);
+                    if let (Some(t), Some(s)) = (loss.as_deref_mut(), s) {
+                        let refused_before = t.admitted(m.hash);
+                        // Selected flows, and flows the full table refused before, join
+                        // mid-flow: the batch open now lacks the packets not counted.
+                        if refused_before || core.selection.is_some() {
+                            if let Some((_, _, hot)) = core.fib.entry_mut(s) {
+                                t.arm(hot, s);
+                            }
                         }
                     }
                     s

@@ -157,6 +157,9 @@ pub struct Aggregator {
     out: VecDeque<Record>,
     /// [`BatchEventKind::Gap`] events seen.
     gaps: u64,
+    /// Per point, whether it has refused a flow for lack of room: from then on a flow it
+    /// admits may join part-way through a batch (see [`Aggregator::match_upstream`]).
+    refusing: Vec<bool>,
     /// Events that named a point the aggregator does not know.
     pub bad_events: u64,
 }
@@ -176,6 +179,7 @@ impl Aggregator {
         Aggregator {
             downstream,
             interval: vec![LossCounts::default(); points.len()],
+            refusing: vec![false; points.len()],
             points,
             batch,
             tol_ns,
@@ -283,6 +287,9 @@ impl Aggregator {
             BatchEventKind::Refused => {
                 // Nothing this point says about the flow is a measurement until it reports it.
                 pf.watch = Watch::NotWatched;
+                if let Some(r) = self.refusing.get_mut(usize::from(p)) {
+                    *r = true;
+                }
                 // A batch the point retired (idle, evicted) and then refused the rest of was
                 // cut short by the end of watching, as a deselected one is: not comparable
                 // with the whole batch upstream.
@@ -318,7 +325,7 @@ impl Aggregator {
         let mut wiped = Vec::new();
         loop {
             let Some(pf) = self.flows.get_mut(&(*key, p)) else { return };
-            let Some(&b) = pf.waiting.front() else { break };
+            let Some(&(mut b)) = pf.waiting.front() else { break };
             let must = force || pf.waiting.len() > WAIT_MAX;
             let (expected, id, matched_up) = match upstream {
                 _ if marker => (Some(b.count + b.late), b.id, None),
@@ -326,7 +333,7 @@ impl Aggregator {
                     let e = self.batch.filter(|_| !b.tail).map(u64::from);
                     (e, b.id, None)
                 }
-                Some(u) => match self.match_upstream(key, u, &b, skew, &mut wiped) {
+                Some(u) => match self.match_upstream(key, (p, u), &mut b, skew, &mut wiped) {
                     Match::Found(e, id) => (e, id, e.map(|_| u)),
                     Match::Never => (None, b.id, None),
                     Match::NotYet if must => (None, b.id, None),
@@ -363,16 +370,22 @@ impl Aggregator {
     /// ([`Span::Continues`]), uncertain (`false`) when this batch began a new one, and not at
     /// all when the point had chosen not to watch the flow ([`Span::Rejoins`]). A batch cut
     /// short by the end of watching is only compared with upstream batches cut at the same
-    /// moment; against a whole one its expectation is unknown (`Found(None, _)`).
+    /// moment; against a whole one its expectation is unknown (`Found(None, _)`). At a point
+    /// whose table has refused flows, or after events were lost, the first batch of a new
+    /// watch that began after its upstream batch began may not have been seen from its start
+    /// (the flow admitted once an idle flow made room, its refusal forgotten by the point or
+    /// its event lost): its shortfall is uncertain, never lost. (Points arm the flows they
+    /// remember refusing, so that they report only whole batches; this covers the rest.)
     fn match_upstream(
         &mut self,
         key: &FlowKey,
-        u: u8,
-        b: &Batch,
+        (p, u): (u8, u8),
+        b: &mut Batch,
         skew: i64,
         wiped: &mut Vec<(Batch, bool)>,
     ) -> Match {
         let tol = self.tol_ns as i128;
+        let pressed = self.gaps > 0 || self.refusing.get(usize::from(p)).copied().unwrap_or(true);
         let (first, last) =
             (i128::from(b.first_ns) - i128::from(skew), i128::from(b.last_ns) - i128::from(skew));
         let Some(up) = self.flows.get_mut(&(*key, u)) else { return Match::NotYet };
@@ -385,6 +398,12 @@ impl Aggregator {
             let past = up.done.iter().any(|x| i128::from(x.first_ns) > last + tol);
             return if past { Match::Never } else { Match::NotYet };
         };
+        if pressed
+            && b.span == Span::Fresh
+            && up.done.get(j).is_some_and(|x| i128::from(x.first_ns) + tol < first)
+        {
+            b.uncertain = true;
+        }
         let mut expected = 0;
         let mut comparable = true;
         let id = up.done.get(j).map_or(0, |x| x.id);
@@ -804,6 +823,47 @@ mod tests {
             let e = agg.totals(&k, 2);
             assert_eq!((e.lost, e.uncertain), (0, 0), "batch {gone} lost: {e:?}");
         }
+    }
+
+    /// A point that began watching a flow after the batch began (admitted once a full table
+    /// made room, its refusal unknown to the aggregator: forgotten, or its event lost) has no
+    /// count of the whole batch: 26 packets marked, the ingress admitted the flow for its last
+    /// one. Uncertain, not lost; and the batches after it are measured as usual.
+    #[test]
+    fn a_batch_joined_part_way_is_not_lost() {
+        let mut agg = Aggregator::new(
+            vec![spec("marker", None, true), spec("ingress", Some(0), false)],
+            Some(100),
+            0,
+        )
+        .report_all(true);
+        let k = crate::loss::test_key(1);
+        let ev = |point: u8, ordinal: u32, color: u8, count: u32, first_ns: u64, last_ns: u64| {
+            BatchEvent {
+                key: k,
+                point,
+                kind: BatchEventKind::Closed,
+                color,
+                ordinal,
+                count,
+                first_ns,
+                last_ns,
+                tail: false,
+                head: false,
+                cut: false,
+            }
+        };
+        // The ingress table is full: it refuses flows (another one's event came through).
+        agg.handle(BatchEvent::refused(&crate::loss::test_key(2), 1));
+        // Batch 0: marked from t=0, seen at ingress from t=2,500 (one packet); batch 1 whole
+        // at both, 3 of its packets lost on the way.
+        agg.handle(ev(0, 0, 0, 26, 0, 2_500));
+        agg.handle(ev(1, 0, 0, 1, 2_500, 2_500));
+        agg.handle(ev(0, 1, 1, 100, 2_600, 3_600));
+        agg.handle(ev(1, 1, 1, 97, 2_600, 3_600));
+        agg.flush();
+        let t = agg.totals(&k, 1);
+        assert_eq!((t.lost, t.uncertain), (3, 25), "{t:?}");
     }
 
     /// Marker → ingress → egress with a deterministic drop pattern at each segment.

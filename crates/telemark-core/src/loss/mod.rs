@@ -96,36 +96,51 @@ impl EventSink for Vec<BatchEvent> {
     }
 }
 
-/// Tells the aggregator, about once per flow, that a point refused the flow. Remembers the
-/// last refused flows in a small direct-mapped set so a refused flow's every packet does not
-/// become an event.
+/// Tells the aggregator, about once per flow, that a point refused the flow, and tells the point
+/// when it admits a flow it refused before. Remembers the last refused flows in a direct-mapped
+/// set, so a refused flow's every packet does not become an event, and so a flow admitted after
+/// a refusal (an idle flow left and made room) is known to join mid-flow: the batch open at
+/// its admission lacks the packets refused, and the point starts it armed (see
+/// `Detector::armed`) instead of reporting a partial batch as if it were whole. A flow whose
+/// entry a later refusal overwrote is not known here; the aggregator's rule for batches that
+/// began before the point saw them (`Span::Fresh` in the aggregator) covers it.
 #[derive(Clone)]
 pub(crate) struct RefusedSet {
-    tags: [u32; 256],
+    tags: Box<[u32; REFUSED_SLOTS]>,
 }
+
+/// Flows a point remembers having refused (16 KiB of tags): a table that refuses more flows
+/// than this between admissions forgets some, counted on by the aggregator's rule.
+const REFUSED_SLOTS: usize = 4096;
 
 impl Default for RefusedSet {
     fn default() -> Self {
-        RefusedSet { tags: [0; 256] }
+        RefusedSet { tags: Box::new([0; REFUSED_SLOTS]) }
     }
 }
 
 impl RefusedSet {
-    /// Forgets that flow `hash` was refused: it was admitted, so its next refusal (after an
-    /// eviction) is news to the aggregator again.
-    pub(crate) fn admitted(&mut self, hash: u64) {
+    fn slot(&mut self, hash: u64) -> (Option<&mut u32>, u32) {
         let tag = ((hash >> 32) as u32) | 1;
-        if let Some(t) = self.tags.get_mut((hash as usize >> 8) & 255) {
-            if *t == tag {
+        (self.tags.get_mut((hash as usize >> 8) % REFUSED_SLOTS), tag)
+    }
+
+    /// Forgets that flow `hash` was refused, as it is admitted now (its next refusal, after an
+    /// eviction, is news to the aggregator again); returns whether it had been refused, so
+    /// that it joins mid-flow.
+    pub(crate) fn admitted(&mut self, hash: u64) -> bool {
+        match self.slot(hash) {
+            (Some(t), tag) if *t == tag => {
                 *t = 0;
+                true
             }
+            _ => false,
         }
     }
 
     /// Whether flow `hash` was not among the flows refused last (and remembers it).
     pub(crate) fn first(&mut self, hash: u64) -> bool {
-        let tag = ((hash >> 32) as u32) | 1;
-        let Some(t) = self.tags.get_mut((hash as usize >> 8) & 255) else { return false };
+        let (Some(t), tag) = self.slot(hash) else { return false };
         let new = *t != tag;
         *t = tag;
         new

@@ -355,8 +355,10 @@ impl<C: Counter> PairTable<C> {
     }
 
     /// The switch admitted flow `hash` (learned it): a later refusal of it is reported again.
-    pub fn admitted(&mut self, hash: u64) {
-        self.refused.admitted(hash);
+    /// Returns whether the switch had refused the flow before, so that it joins mid-flow
+    /// ([`Self::arm`] it).
+    pub fn admitted(&mut self, hash: u64) -> bool {
+        self.refused.admitted(hash)
     }
 
     /// A packet of a flow the switch does not measure (its table is full, or selection left

@@ -177,11 +177,11 @@ impl<C: Counter> ColorTable<C> {
     }
 
     fn admit(&mut self, i: usize, key: &FlowKey, hash: u64) {
-        self.refused.admitted(hash);
+        let refused_before = self.refused.admitted(hash);
         if let (Some(e), Some(k)) = (self.slots.get_mut(i), self.keys.get_mut(i)) {
             *e = Entry { tag: slots::tag_of(hash), ..Entry::default() };
-            if self.selection.is_some() {
-                // Selected flows join mid-flow.
+            if self.selection.is_some() || refused_before {
+                // Selected flows, and flows this table refused before, join mid-flow.
                 fast::arm(&mut e.hot);
             }
             *k = *key;
@@ -470,6 +470,37 @@ mod tests {
         }
         t.flush(&mut ev);
         assert_eq!(closed(&ev), vec![100; 4]);
+    }
+
+    /// A flow the full table refused and then admitted (an idle flow made room) joins
+    /// mid-flow: armed, it reports nothing of the batch it joined, only whole batches after it,
+    /// the first marked `head`.
+    #[test]
+    fn a_flow_admitted_after_a_refusal_joins_armed() {
+        let cfg = LossConfig { table_size: 2, idle_ns: 1_000, ..LossConfig::default() };
+        let mut t = ColorTable::<u8>::new(&cfg, 1);
+        let keys: Vec<FlowKey> = (1..=3).map(crate::loss::test_key).collect();
+        let hashes: Vec<u64> = keys.iter().map(crate::flow_hash).collect();
+        let mut ev: Vec<BatchEvent> = Vec::new();
+        // Flows 0 and 1 fill the table; flow 2 is refused.
+        assert!(t.observe(&keys[0], hashes[0], 0, 0, &mut ev));
+        assert!(t.observe(&keys[1], hashes[1], 0, 0, &mut ev));
+        assert!(!t.observe(&keys[2], hashes[2], 0, 10, &mut ev));
+        // Both idle out; flow 2 comes in mid-batch, then two more batches.
+        t.expire(5_000, &mut ev);
+        ev.clear();
+        for i in 0..250u64 {
+            let color = u8::from((10 + i) / 100 % 2 == 1);
+            assert!(t.observe(&keys[2], hashes[2], color, 6_000 + i, &mut ev));
+        }
+        t.flush(&mut ev);
+        let closed: Vec<(u32, bool, bool)> = ev
+            .iter()
+            .filter(|e| e.kind == BatchEventKind::Closed)
+            .map(|e| (e.count, e.head, e.tail))
+            .collect();
+        assert!(!closed.is_empty() && closed[0].1, "first batch reported not head: {closed:?}");
+        assert!(closed.iter().all(|c| c.0 == 100 || c.2), "a partial batch: {closed:?}");
     }
 
     /// A flow selected mid-flow, whose first packet here is a straggler of the batch before
