@@ -86,6 +86,9 @@ class Bridge:
     def stop(self) -> None:
         ns(NS_S, "ip", "link", "del", "br0", check=False)
 
+    def cpu_s(self) -> float:
+        return 0.0
+
 
 class Agent:
     def __init__(self, binary: str, label: str, workdir: Path):
@@ -109,6 +112,11 @@ class Agent:
             time.sleep(0.1)
         raise RuntimeError(f"agent did not start: {(self.workdir / 'agent.err').read_text()}")
 
+    def cpu_s(self) -> float:
+        """The agent's CPU time so far (utime + stime of all its threads), in seconds."""
+        f = open(f"/proc/{self.proc.pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         if self.proc:
             self.proc.send_signal(signal.SIGTERM)
@@ -117,6 +125,12 @@ class Agent:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def switch_packets() -> int:
+    """Frames the switch's two veths received."""
+    return sum(json.loads(ns(NS_S, "ip", "-s", "-j", "link", "show", d))[0]["stats64"]["rx"]
+               ["packets"] for d in ("pa", "pb"))
 
 
 def ping(seconds: float) -> dict:
@@ -187,7 +201,11 @@ def main() -> int:
             try:
                 r = {"switch": sw.label}
                 r.update(ping(a.seconds))
+                pkts, cpu = switch_packets(), sw.cpu_s()
                 r.update(flowgrind(a.seconds))
+                pkts, cpu = switch_packets() - pkts, sw.cpu_s() - cpu
+                r["rr_kpps"] = pkts / a.seconds / 1e3
+                r["rr_cpu_us_per_pkt"] = cpu * 1e6 / pkts if pkts and cpu else None
                 r.update(iperf(a.seconds))
                 rows.append(r)
             finally:
@@ -196,9 +214,9 @@ def main() -> int:
         sh("pkill", "-f", "flowgrindd -p 5999", check=False)
         down()
     head = ("switch", "ping avg ms", "ping max ms", "req/resp tps", "req/resp RTT avg ms",
-            "req/resp RTT max ms", "TCP Gbit/s")
+            "req/resp RTT max ms", "req/resp kpkt/s", "switch CPU µs/pkt", "TCP Gbit/s")
     keys = ("switch", "ping_avg_ms", "ping_max_ms", "rr_tps", "rr_rtt_avg_ms",
-            "rr_rtt_max_ms", "tcp_gbps")
+            "rr_rtt_max_ms", "rr_kpps", "rr_cpu_us_per_pkt", "tcp_gbps")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = []
