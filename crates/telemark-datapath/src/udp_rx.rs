@@ -27,6 +27,8 @@ pub struct UdpRx {
     /// vector and its slot of `control`): built once, so a read allocates nothing.
     iov: Vec<libc::iovec>,
     msgs: Vec<libc::mmsghdr>,
+    /// One sender address per slot (`msg_name`), for allow-lists.
+    names: Vec<libc::sockaddr_storage>,
     /// The kernel's drop counter as last read (cumulative for the socket).
     kernel_drops: u32,
     batch: usize,
@@ -106,6 +108,8 @@ impl UdpRx {
             control: vec![0; batch * CONTROL_LEN / 8],
             iov: Vec::new(),
             msgs: Vec::new(),
+            // SAFETY: an all-zero sockaddr_storage is valid.
+            names: vec![unsafe { core::mem::zeroed() }; batch],
             kernel_drops: 0,
             batch,
         }
@@ -125,6 +129,7 @@ impl UdpRx {
             .collect();
         let iov = self.iov.as_mut_ptr();
         let control = self.control.as_mut_ptr().cast::<u8>();
+        let names = self.names.as_mut_ptr();
         self.msgs = (0..self.batch)
             .map(|i| {
                 // SAFETY: an all-zero msghdr is valid; the fields used are set below.
@@ -133,7 +138,9 @@ impl UdpRx {
                 unsafe {
                     h.msg_iov = iov.add(i);
                     h.msg_control = control.add(i * CONTROL_LEN).cast();
+                    h.msg_name = names.add(i).cast();
                 }
+                h.msg_namelen = core::mem::size_of::<libc::sockaddr_storage>() as _;
                 h.msg_iovlen = 1;
                 libc::mmsghdr { msg_hdr: h, msg_len: 0 }
             })
@@ -182,6 +189,7 @@ impl UdpRx {
             // The kernel shrinks these to what it wrote: give each slot its full space back.
             m.msg_hdr.msg_controllen = CONTROL_LEN as _;
             m.msg_hdr.msg_flags = 0;
+            m.msg_hdr.msg_namelen = core::mem::size_of::<libc::sockaddr_storage>() as _;
         }
         // SAFETY: `msgs` has `batch` entries whose buffers live across the call.
         let n = unsafe {
@@ -225,6 +233,28 @@ impl UdpRx {
     pub fn datagram(&self, i: usize) -> (&[u8], bool) {
         let start = i * MAX_DATAGRAM;
         (&self.bufs[start..start + self.lens[i]], self.truncated[i])
+    }
+
+    /// The sender of datagram `i` of the last batch.
+    pub fn source(&self, i: usize) -> Option<SocketAddr> {
+        let s = self.names.get(i)?;
+        match libc::c_int::from(s.ss_family) {
+            libc::AF_INET => {
+                // SAFETY: the kernel wrote a sockaddr_in for an AF_INET sender.
+                let a =
+                    unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+                let ip = std::net::Ipv4Addr::from(a.sin_addr.s_addr.to_ne_bytes());
+                Some(SocketAddr::from((ip, u16::from_be(a.sin_port))))
+            }
+            libc::AF_INET6 => {
+                // SAFETY: the kernel wrote a sockaddr_in6 for an AF_INET6 sender.
+                let a =
+                    unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+                let ip = std::net::Ipv6Addr::from(a.sin6_addr.s6_addr);
+                Some(SocketAddr::from((ip, u16::from_be(a.sin6_port))))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -282,6 +312,7 @@ mod tests {
             for i in 0..n {
                 let (d, cut) = a.datagram(i);
                 assert!(!cut);
+                assert_eq!(a.source(i), Some(tx.local_addr().unwrap()));
                 got.push(d.to_vec());
             }
         }

@@ -268,6 +268,11 @@ fn parse_group(b: &[u8], mode: Mode) -> Result<Reports<'_>> {
     head.hw_id = ((w0 >> 22) & 0x3f) as u8;
     head.seq = w0 & 0x3f_ffff;
     head.node_id = Some(be32(b, 4));
+    if b.len() == GROUP_HEADER_LEN && mode == Mode::Strict {
+        // TR v2.0 §3.3: a report packet holds one or more individual reports. Tolerantly
+        // the group is returned with no report (its sequence number still tells it arrived).
+        return Err(Error::Malformed { layer: "telemetry report", field: "group without reports" });
+    }
     Ok(Reports { rest: &b[GROUP_HEADER_LEN..], head, mode, done: false })
 }
 
@@ -628,6 +633,16 @@ mod tests {
         assert_eq!(&r.inner[..7], &inner);
         assert!(r.deviations.is_empty());
         assert_eq!(reports[1].unwrap().in_type, InType::None);
+    }
+
+    #[test]
+    fn a_group_header_alone_holds_no_report() {
+        // Group header only (TR v2.0 §3.2): version 2, hw_id 1, seq 5, node 7.
+        let b = [0x20, 0x40, 0x00, 0x05, 0, 0, 0, 7];
+        assert!(parse(&b, Mode::Strict).is_err(), "§3.3: one or more reports");
+        let rs = parse(&b, Mode::Tolerant).unwrap();
+        assert_eq!((rs.group().seq, rs.group().node_id), (5, Some(7)));
+        assert_eq!(rs.count(), 0);
     }
 
     #[test]

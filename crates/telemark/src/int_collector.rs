@@ -8,13 +8,14 @@ use clap::Args as ClapArgs;
 use serde::Deserialize;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use std::fmt::Write as _;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use telemark_collector::flow_listen::Prefix;
 use telemark_core::int::collect::{Collector, Counts, Refusal};
-use telemark_core::int::sequence::{NodeSeq, Sequences};
+use telemark_core::int::sequence::{Limits as SeqLimits, NodeSeq, Sequences};
 use telemark_core::int::{DetectRule, DetectSection, Detectors, Event};
 use telemark_core::records::Record;
 use telemark_core::spsc;
@@ -53,6 +54,22 @@ pub struct Args {
     /// what XDP does not take (IPv6, IPv4 with options) still arrives on the UDP socket.
     #[arg(long)]
     pub xdp: Option<String>,
+    /// Senders whose reports are read (address prefix, repeatable: `--allow 192.0.2.0/24`);
+    /// datagrams from elsewhere are dropped and counted (refused{reason="not_allowed"}).
+    /// Needed unless the listen address is loopback. Adds to the config file's `allow`.
+    #[arg(long = "allow", value_name = "PREFIX")]
+    pub allow: Vec<Prefix>,
+    /// Most (node, hardware ID) pairs whose sequence numbers are followed (default 4096).
+    #[arg(long)]
+    pub max_nodes: Option<usize>,
+    /// Largest jump ahead of a node's sequence number counted as lost reports (default
+    /// 65536); a longer one is counted as a jump (sequence_jumps_total), not loss.
+    #[arg(long)]
+    pub max_seq_gap: Option<u32>,
+    /// How long a node must be silent before a new node may take its place in a full table
+    /// (default 10m).
+    #[arg(long, value_parser = crate::opts::parse_duration_ns)]
+    pub node_idle: Option<u64>,
 }
 
 /// The config file.
@@ -74,6 +91,15 @@ struct FileConfig {
     xdp: Option<String>,
     /// `generic` (default), `native` or `zerocopy`.
     xdp_mode: Option<String>,
+    /// Senders whose reports are read (address prefixes).
+    #[serde(default)]
+    allow: Vec<String>,
+    /// Most (node, hardware ID) pairs followed.
+    max_nodes: Option<usize>,
+    /// Largest sequence jump read as loss.
+    max_seq_gap: Option<u32>,
+    /// Idle time before a node's place may be taken (e.g. "10m").
+    node_idle: Option<String>,
     export: Option<ExportSection>,
     metrics: Option<MetricsSection>,
     #[serde(default)]
@@ -105,6 +131,8 @@ struct Config {
     queue: usize,
     rcvbuf: usize,
     xdp: Option<(String, XdpMode)>,
+    allow: Vec<Prefix>,
+    limits: SeqLimits,
     rules: Vec<DetectRule>,
     collector: Option<String>,
     token: Option<String>,
@@ -160,10 +188,47 @@ fn resolve(a: Args) -> Result<Config> {
         Some("zerocopy") => XdpMode::ZeroCopy,
         Some(m) => bail!("xdp_mode {m:?}: generic, native or zerocopy"),
     };
+    let mut allow = a.allow;
+    for p in &file.allow {
+        allow.push(p.parse().map_err(|e| anyhow::anyhow!("allow: {e}"))?);
+    }
+    let listen = a.listen.or(file.listen).unwrap_or_else(|| "0.0.0.0:32766".parse().expect("addr"));
+    if allow.is_empty() && !listen.ip().is_loopback() {
+        bail!(
+            "{listen} is not a loopback address: say which switches may send reports to it \
+             (--allow PREFIX or allow = [...], docs/int.md); reports carry no credentials"
+        );
+    }
+    let node_idle = match (a.node_idle, file.node_idle.as_deref()) {
+        (Some(ns), _) => ns,
+        (None, Some(t)) => {
+            crate::opts::parse_duration_ns(t).map_err(|e| anyhow::anyhow!("node_idle: {e}"))?
+        }
+        (None, None) => telemark_core::int::sequence::IDLE_NS,
+    };
+    let max_gap =
+        a.max_seq_gap.or(file.max_seq_gap).unwrap_or(telemark_core::int::sequence::MAX_GAP);
+    if max_gap < telemark_core::int::sequence::WINDOW {
+        bail!(
+            "max_seq_gap {max_gap}: at least {} (the window)",
+            telemark_core::int::sequence::WINDOW
+        );
+    }
+    let limits = SeqLimits {
+        max_nodes: a
+            .max_nodes
+            .or(file.max_nodes)
+            .unwrap_or(telemark_core::int::sequence::MAX_NODES)
+            .max(1),
+        max_gap,
+        idle_ns: node_idle,
+    };
     Ok(Config {
+        allow,
+        limits,
         xdp: a.xdp.or(file.xdp).map(|i| (i, xdp_mode)),
         name: a.name.or(file.name).unwrap_or_else(|| "int-collector".into()),
-        listen: a.listen.or(file.listen).unwrap_or_else(|| "0.0.0.0:32766".parse().expect("addr")),
+        listen,
         workers: a.workers.or(file.workers).unwrap_or(1).clamp(1, 64),
         mode,
         flows: file.flows.unwrap_or(65_536),
@@ -175,6 +240,45 @@ fn resolve(a: Args) -> Result<Config> {
         tls,
         metrics,
     })
+}
+
+/// What `telemark int-replay` takes from a config file (and flags): the collector's rules,
+/// mode, flow table, allow-list and sequence limits, read exactly as the live collector does.
+pub(crate) struct Offline {
+    pub rules: Vec<DetectRule>,
+    pub mode: Mode,
+    pub flows: usize,
+    pub allow: Vec<Prefix>,
+    pub limits: SeqLimits,
+}
+
+/// Resolves a config file and flags as `int-collector` would, without binding anything.
+pub(crate) fn offline(
+    config: Option<PathBuf>,
+    strict: bool,
+    allow: Vec<Prefix>,
+) -> Result<Offline> {
+    let c = resolve(Args {
+        config,
+        // Loopback: the allow-list is not required for a capture.
+        listen: Some("127.0.0.1:0".parse().expect("addr")),
+        name: None,
+        collector: None,
+        workers: None,
+        metrics: None,
+        strict,
+        xdp: None,
+        allow,
+        max_nodes: None,
+        max_seq_gap: None,
+        node_idle: None,
+    })?;
+    Ok(Offline { rules: c.rules, mode: c.mode, flows: c.flows, allow: c.allow, limits: c.limits })
+}
+
+/// Whether a datagram from `src` is read (for replay).
+pub(crate) fn sender_allowed(allow: &[Prefix], src: IpAddr) -> bool {
+    allowed(allow, Some(src))
 }
 
 /// What the workers publish for /metrics and the exporter.
@@ -210,7 +314,8 @@ pub fn run(a: Args) -> Result<()> {
     for sig in [SIGINT, SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
-    let shared = Arc::new(Shared::default());
+    let shared =
+        Arc::new(Shared { sequences: Mutex::new(Sequences::new(cfg.limits)), ..Shared::default() });
     shared
         .workers
         .lock()
@@ -257,9 +362,10 @@ pub fn run(a: Args) -> Result<()> {
         consumers.push(rx_events);
         let detectors = Detectors::new(cfg.rules.clone(), cfg.flows);
         let (stop, shared, mode) = (stop.clone(), shared.clone(), cfg.mode);
+        let allow = cfg.allow.clone();
         threads.push(std::thread::Builder::new().name(format!("int-rx-{w}")).spawn(move || {
             let c = Collector::new(detectors, mode).with_shared_sequences();
-            worker(w, rx, c, tx, &stop, &shared)
+            worker(w, rx, c, tx, &allow, &stop, &shared)
         })?);
     }
     let server = match &cfg.metrics {
@@ -281,8 +387,9 @@ pub fn run(a: Args) -> Result<()> {
         None => None,
     };
     tracing::info!(
-        "telemark int-collector {}: reports on udp {bound}{} ({} worker(s), {:?} mode, {} rule(s)), events to {}",
+        "telemark int-collector {}: reports on udp {bound}{} from {} ({} worker(s), {:?} mode, {} rule(s)), events to {}",
         cfg.name,
+        if cfg.allow.is_empty() { "anywhere (loopback)".to_string() } else { format!("{} prefix(es)", cfg.allow.len()) },
         cfg.xdp.as_ref().map_or(String::new(), |(i, m)| format!(" and AF_XDP on {i} ({m:?})")),
         cfg.workers,
         cfg.mode,
@@ -310,14 +417,15 @@ enum Source {
 }
 
 impl Source {
-    /// Reads a batch, hands each datagram and whether it was cut to `f`; returns how many.
-    fn batch(&mut self, mut f: impl FnMut(&[u8], bool)) -> std::io::Result<usize> {
+    /// Reads a batch, hands each datagram, whether it was cut and its sender to `f`;
+    /// returns how many.
+    fn batch(&mut self, mut f: impl FnMut(&[u8], bool, Option<IpAddr>)) -> std::io::Result<usize> {
         match self {
             Source::Udp(rx) => {
                 let n = rx.recv()?;
                 for i in 0..n {
                     let (d, cut) = rx.datagram(i);
-                    f(d, cut);
+                    f(d, cut, rx.source(i).map(|a| a.ip()));
                 }
                 Ok(n)
             }
@@ -325,8 +433,11 @@ impl Source {
                 let n = x.recv(100)?;
                 for i in 0..n {
                     // A frame the program redirected without a whole UDP datagram in it is
-                    // counted malformed, as any datagram that is not a report.
-                    f(udp_payload(x.frame(i)).unwrap_or(&[]), false);
+                    // counted malformed, as any datagram that is not a report. The program
+                    // takes Ethernet/IPv4 only: the sender is at bytes 26..30.
+                    let frame = x.frame(i);
+                    let src = frame.get(26..30).map(|a| IpAddr::from([a[0], a[1], a[2], a[3]]));
+                    f(udp_payload(frame).unwrap_or(&[]), false, src);
                 }
                 x.release();
                 Ok(n)
@@ -351,6 +462,7 @@ fn worker(
     mut rx: Source,
     mut c: Collector,
     tx: spsc::Producer<Event>,
+    allow: &[Prefix],
     stop: &AtomicBool,
     shared: &Shared,
 ) {
@@ -359,7 +471,12 @@ fn worker(
     let mut last_publish = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let now = telemark_transport::now_ns();
-        let r = rx.batch(|d, cut| {
+        let r = rx.batch(|d, cut, src| {
+            // Reports carry no credentials: the sender's address is what keeps strangers out.
+            if !allowed(allow, src) {
+                c.not_allowed();
+                return;
+            }
             truncated += u64::from(cut);
             c.datagram(d, now, |e| {
                 if tx.push(e).is_err() {
@@ -399,6 +516,19 @@ fn worker(
                 ws[w] = stats;
             }
         }
+    }
+}
+
+/// Whether a datagram from `src` is read: any sender when the list is empty (loopback only).
+fn allowed(allow: &[Prefix], src: Option<IpAddr>) -> bool {
+    allow.is_empty() || src.is_some_and(|ip| allow.iter().any(|p| p.contains(to_v4(ip))))
+}
+
+/// An IPv4-mapped IPv6 sender (a dual-stack socket) as the IPv4 address it is.
+fn to_v4(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
     }
 }
 
@@ -573,7 +703,7 @@ impl Metrics {
                 Err(_) => Vec::new(),
             }
         };
-        family("telemark_int_reports_lost_total", "counter", "Report datagrams lost between a node and this collector: sequence numbers the 1,024-wide window moved past unseen.", per_node(&|n| n.lost));
+        family("telemark_int_reports_lost_total", "counter", "Report datagrams lost between a node and this collector: sequence numbers the 1,024-wide window moved past unseen (a node's gap is counted here only after 1,024 later numbers arrive; until then it is in telemark_int_reports_missing).", per_node(&|n| n.lost));
         family(
             "telemark_int_reports_missing",
             "gauge",
@@ -603,6 +733,34 @@ impl Metrics {
             "counter",
             "Times a node started counting again (a restart).",
             per_node(&|n| n.restarts),
+        );
+        family(
+            "telemark_int_sequence_jumps_total",
+            "counter",
+            "Jumps ahead of more than max_seq_gap numbers: not counted as lost reports, the window starts again.",
+            per_node(&|n| n.jumps),
+        );
+        let (nodes, refused, evicted) = match self.shared.sequences.lock() {
+            Ok(s) => (s.nodes().count() as u64, s.untracked, s.evicted),
+            Err(_) => (0, 0, 0),
+        };
+        family(
+            "telemark_int_nodes",
+            "gauge",
+            "(node, hardware ID) pairs whose sequence numbers are followed (at most max_nodes).",
+            one(nodes),
+        );
+        family(
+            "telemark_int_nodes_refused_total",
+            "counter",
+            "Datagrams of new nodes not followed: the node table was full and no node in it idle for node_idle.",
+            one(refused),
+        );
+        family(
+            "telemark_int_nodes_evicted_total",
+            "counter",
+            "Nodes dropped from a full table for a new one, after being silent for node_idle.",
+            one(evicted),
         );
         family(
             "telemark_int_socket_drops_total",

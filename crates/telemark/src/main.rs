@@ -18,6 +18,7 @@ mod export;
 mod gen;
 mod input;
 mod int_collector;
+mod int_replay;
 mod opts;
 mod replay;
 
@@ -63,6 +64,9 @@ enum Cmd {
     /// The INT report collector: Telemetry Reports over UDP, per-flow event detection where
     /// the switches did not filter, events to the collector, /metrics.
     IntCollector(int_collector::Args),
+    /// A capture of Telemetry Reports through the INT report collector's own code, driven by
+    /// the capture's timestamps: the events and the lost reports it would count.
+    IntReplay(int_replay::Args),
     /// Records per second one collector stores, acknowledged, pinned to one core (optionally
     /// against another build's collector, alternating).
     BenchCollector(bench_collector::Args),
@@ -107,6 +111,7 @@ fn main() {
         Cmd::Agent(a) => agent::run(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::IntCollector(a) => int_collector::run(a),
+        Cmd::IntReplay(a) => int_replay::run(a),
         Cmd::BenchInt(a) => bench_int::run(a),
         Cmd::BenchKafka(a) => bench_kafka::run(a),
         Cmd::BenchFlows(a) => bench_flows::run(a),

@@ -9,7 +9,7 @@
 //! switch that reported it: its report is an event as it is (detector `switch`).
 
 use super::detector::{Detection, MAX_HOPS};
-use super::sequence::{Observation, Sequences};
+use super::sequence::{Limits, Observation, Sequences};
 use super::table::{Detectors, Event, Outcome};
 use telemark_wire::dialect::{Deviation, Deviations, Mode};
 use telemark_wire::int::{Field, Hop, Instructions, Layout, Version};
@@ -28,12 +28,24 @@ pub enum Refusal {
     BadInt,
     /// The reported packet has no flow Telemark reads (not TCP/UDP over IP).
     NoFlow,
+    /// A group header without any report (TR v2.0 §3.3: a report packet holds one or more).
+    /// Tolerantly its sequence number is still taken (the datagram arrived); strictly the
+    /// datagram is malformed.
+    NoReports,
+    /// The sender is not in the allow-list (counted by the receive loop, not here).
+    NotAllowed,
 }
 
 impl Refusal {
     /// Every refusal.
-    pub const ALL: [Refusal; 4] =
-        [Refusal::Malformed, Refusal::BadReport, Refusal::BadInt, Refusal::NoFlow];
+    pub const ALL: [Refusal; 6] = [
+        Refusal::Malformed,
+        Refusal::BadReport,
+        Refusal::BadInt,
+        Refusal::NoFlow,
+        Refusal::NoReports,
+        Refusal::NotAllowed,
+    ];
 
     /// Name for counters.
     pub fn name(self) -> &'static str {
@@ -42,6 +54,8 @@ impl Refusal {
             Refusal::BadReport => "bad_report",
             Refusal::BadInt => "bad_int",
             Refusal::NoFlow => "no_flow",
+            Refusal::NoReports => "no_reports",
+            Refusal::NotAllowed => "not_allowed",
         }
     }
 }
@@ -54,7 +68,7 @@ pub struct Counts {
     /// Individual reports used.
     pub reports: u64,
     /// Refused, by reason.
-    pub refused: [u64; 4],
+    pub refused: [u64; Refusal::ALL.len()],
     /// Reports that broke a rule and were read anyway, by [`Deviation`].
     pub deviations: [u64; Deviation::ALL.len()],
     /// Events handed on.
@@ -99,6 +113,20 @@ impl Collector {
             seq: SeqSink::Own(Sequences::default()),
             counts: Counts::default(),
         }
+    }
+
+    /// Follows sequence numbers within `limits` (when this collector follows them itself).
+    pub fn with_sequence_limits(mut self, limits: Limits) -> Collector {
+        if let SeqSink::Own(s) = &mut self.seq {
+            *s = Sequences::new(limits);
+        }
+        self
+    }
+
+    /// Counts a datagram refused before it was read (its sender not allowed).
+    pub fn not_allowed(&mut self) {
+        self.counts.datagrams += 1;
+        self.refuse(Refusal::NotAllowed);
     }
 
     /// Keeps sequence numbers for the caller to follow ([`take_observations`]) instead of
@@ -151,7 +179,7 @@ impl Collector {
         // The common report (one, conforming) is read at fixed offsets; anything else by the
         // reference readers, which the fast one answers exactly as for the common shape.
         if let Some((r, found)) = report_fast::read(bytes) {
-            self.sequence(observation(&r));
+            self.sequence(observation(&r, now));
             self.report(&r, Some(&found), now, &mut emit);
             return;
         }
@@ -163,9 +191,11 @@ impl Collector {
             }
         };
         // Only the group's sequence number is kept past the loop (a datagram without reports).
-        let group = observation(reports.group());
+        let group = observation(reports.group(), now);
         let mut sequenced = false;
+        let mut empty = true;
         for r in reports {
+            empty = false;
             let r = match r {
                 Ok(r) => r,
                 Err(_) => {
@@ -176,7 +206,7 @@ impl Collector {
             if !sequenced {
                 // The first report tells the dialect, and with it the sequence number's width.
                 sequenced = true;
-                self.sequence(observation(&r));
+                self.sequence(observation(&r, now));
             }
             let start = match r.in_type {
                 InType::Ethernet => Start::Ethernet,
@@ -197,6 +227,9 @@ impl Collector {
         }
         if !sequenced {
             // No report read: the datagram still arrived.
+            if empty {
+                self.refuse(Refusal::NoReports);
+            }
             self.sequence(group);
         }
     }
@@ -290,8 +323,8 @@ impl Collector {
 }
 
 /// A report's sequence number, as the window follows it.
-fn observation(r: &Report<'_>) -> Observation {
-    Observation { node: r.node_id.unwrap_or(0), hw_id: r.hw_id, seq: r.seq, bits: r.seq_bits }
+fn observation(r: &Report<'_>, time: u64) -> Observation {
+    Observation { node: r.node_id.unwrap_or(0), hw_id: r.hw_id, seq: r.seq, bits: r.seq_bits, time }
 }
 
 #[cfg(test)]
@@ -417,5 +450,25 @@ mod tests {
             n += 1;
         });
         assert_eq!(n, 1);
+    }
+
+    #[test]
+    fn a_group_header_alone_is_refused_not_silently_counted() {
+        // 8 bytes: v2.0 group header, hw_id 1, seq 3, node 42; no individual report.
+        let empty = [0x20, 0x40, 0, 3, 0, 0, 0, 42];
+        let mut c = Collector::new(Detectors::new(vec![], 8), Mode::Tolerant);
+        c.datagram(&datagram(2, 0), 0, |_| {});
+        c.datagram(&empty, 0, |_| panic!("no event from no report"));
+        c.datagram(&datagram(4, 0), 0, |_| {});
+        assert_eq!(c.counts().refused[Refusal::NoReports as usize], 1);
+        assert_eq!(c.counts().reports, 2);
+        // Its sequence number arrived: no report is missing.
+        let (_, n) = c.sequences().unwrap().nodes().next().unwrap();
+        assert_eq!((n.received, n.missing(), n.lost), (3, 0, 0));
+        // Strictly, not a Telemetry Report at all.
+        let mut s = Collector::new(Detectors::new(vec![], 8), Mode::Strict);
+        s.datagram(&empty, 0, |_| {});
+        assert_eq!(s.counts().refused[Refusal::Malformed as usize], 1);
+        assert!(s.sequences().unwrap().nodes().next().is_none());
     }
 }

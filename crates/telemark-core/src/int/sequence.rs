@@ -7,13 +7,43 @@
 //! only grows. Numbers inside the window not seen yet are `missing`: loss unless they still
 //! come. A number far behind the window many times in a row means the sender restarted its
 //! count: the window starts again there.
+//!
+//! Sequence numbers are not authenticated (TR v2.0 has no integrity field), so what one
+//! datagram can do is bounded: a jump ahead by more than [`Limits::max_gap`] numbers is not
+//! read as that many lost reports but as a jump (counted; the window starts again at the new
+//! number), and at most [`Limits::max_nodes`] (node, hardware ID) pairs are followed: a new
+//! pair takes the place of the one idle longest only if that one has been idle for
+//! [`Limits::idle_ns`]; otherwise the new pair is refused and counted, and the pairs followed
+//! keep their windows and counters.
 
 use std::collections::HashMap;
 
 /// Sequence numbers a window spans.
 pub const WINDOW: u32 = 1024;
-/// Most (node, hardware ID) pairs followed.
+/// Most (node, hardware ID) pairs followed, by default.
 pub const MAX_NODES: usize = 4096;
+/// Largest jump ahead read as lost reports, by default.
+pub const MAX_GAP: u32 = 65_536;
+/// Idle time after which a pair may give its place to a new one, by default (10 minutes).
+pub const IDLE_NS: u64 = 600_000_000_000;
+
+/// Bounds on what the windows take from datagrams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most (node, hardware ID) pairs followed.
+    pub max_nodes: usize,
+    /// Largest jump ahead (in sequence numbers) counted as lost reports; a longer one is a
+    /// jump: counted apart, the window starts again there.
+    pub max_gap: u32,
+    /// Nanoseconds a pair must have been silent before a new pair may take its place.
+    pub idle_ns: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_nodes: MAX_NODES, max_gap: MAX_GAP, idle_ns: IDLE_NS }
+    }
+}
 /// Datagrams behind the window in a row that mean the sender started counting again.
 const RESTART_AFTER: u32 = 64;
 
@@ -28,6 +58,8 @@ pub struct Observation {
     pub seq: u32,
     /// Width of the sequence field in bits (22 in v2.0, 16 in CableLabs' dialect, 32 before).
     pub bits: u8,
+    /// When it arrived (nanoseconds; only compared with other arrivals).
+    pub time: u64,
 }
 
 /// One (node, hardware ID)'s window and counters. The window is a ring of bits indexed by
@@ -52,6 +84,10 @@ pub struct NodeSeq {
     pub late: u64,
     /// Times the sender started counting again.
     pub restarts: u64,
+    /// Jumps ahead longer than the limit (not counted as loss).
+    pub jumps: u64,
+    /// Last arrival.
+    last: u64,
 }
 
 impl NodeSeq {
@@ -66,6 +102,8 @@ impl NodeSeq {
             duplicates: 0,
             late: 0,
             restarts: 0,
+            jumps: 0,
+            last: 0,
         };
         n.set(seq);
         n
@@ -97,7 +135,7 @@ impl NodeSeq {
         u64::from(self.top + 1) - seen as u64
     }
 
-    fn observe(&mut self, seq: u32, bits: u8) {
+    fn observe(&mut self, seq: u32, bits: u8, max_gap: u32) {
         // Sequence numbers wrap at a power of two: a mask, not a division.
         let modulus = 1u64 << bits.clamp(10, 32);
         let wrap = |v: u64| (v & (modulus - 1)) as u32;
@@ -111,6 +149,13 @@ impl NodeSeq {
                 self.received += 1;
                 self.top = self.top.max(d as u32);
             }
+        } else if d < modulus / 2 && d > u64::from(max_gap.max(WINDOW)) {
+            // Too far ahead to be believed as loss from one datagram: a jump (a forged or
+            // corrupted number, or a sender that started again elsewhere); the window starts
+            // again there.
+            self.behind_run = 0;
+            self.restart_at(seq);
+            self.jumps += 1;
         } else if d < modulus / 2 {
             // Ahead of the window: move it so that `seq` is its last number; what leaves it
             // unseen is lost.
@@ -133,14 +178,17 @@ impl NodeSeq {
             self.late += 1;
             self.behind_run += 1;
             if self.behind_run >= RESTART_AFTER {
-                let (received, lost, duplicates, late) =
-                    (self.received, self.lost, self.duplicates, self.late);
-                let restarts = self.restarts + 1;
-                *self = NodeSeq::new(seq);
-                (self.received, self.lost, self.duplicates, self.late, self.restarts) =
-                    (received + 1, lost, duplicates, late, restarts);
+                self.restart_at(seq);
+                self.restarts += 1;
             }
         }
+    }
+
+    /// Starts the window again at `seq` (received), keeping the counters.
+    fn restart_at(&mut self, seq: u32) {
+        let fresh = NodeSeq::new(seq);
+        (self.base, self.seen, self.top, self.behind_run) = (fresh.base, fresh.seen, fresh.top, 0);
+        self.received += 1;
     }
 }
 
@@ -174,17 +222,27 @@ type NodeMap = HashMap<(u32, u8), usize, core::hash::BuildHasherDefault<NodeHash
 /// The windows of every (node, hardware ID).
 #[derive(Debug, Default, Clone)]
 pub struct Sequences {
+    limits: Limits,
     /// Where each pair's window is in `windows`.
     index: NodeMap,
     windows: Vec<((u32, u8), NodeSeq)>,
     /// The pair seen last and where its window is: a collector mostly hears from the same
     /// switch datagram after datagram, and then needs no lookup.
     last: Option<((u32, u8), usize)>,
-    /// Datagrams of pairs beyond [`MAX_NODES`], not followed.
+    /// Datagrams of new pairs refused because the table was full of pairs not idle.
     pub untracked: u64,
+    /// Pairs dropped from a full table for a new one (idle for at least `idle_ns`).
+    pub evicted: u64,
+    /// A full table had no pair idle enough before this time: no scan until then.
+    next_idle: u64,
 }
 
 impl Sequences {
+    /// Windows bounded by `limits`.
+    pub fn new(limits: Limits) -> Sequences {
+        Sequences { limits, ..Sequences::default() }
+    }
+
     /// Takes one datagram's sequence number into account.
     pub fn observe(&mut self, o: Observation) {
         let key = (o.node, o.hw_id);
@@ -192,22 +250,50 @@ impl Sequences {
             Some((k, i)) if k == key => i,
             _ => match self.index.get(&key) {
                 Some(&i) => i,
-                None if self.windows.len() < MAX_NODES => {
-                    self.index.insert(key, self.windows.len());
-                    self.windows.push((key, NodeSeq::new(o.seq)));
-                    self.last = Some((key, self.windows.len() - 1));
-                    return;
-                }
                 None => {
-                    self.untracked += 1;
+                    if self.windows.len() >= self.limits.max_nodes.max(1) && !self.evict(o.time) {
+                        self.untracked += 1;
+                        return;
+                    }
+                    let mut n = NodeSeq::new(o.seq);
+                    n.last = o.time;
+                    self.index.insert(key, self.windows.len());
+                    self.windows.push((key, n));
+                    self.last = Some((key, self.windows.len() - 1));
                     return;
                 }
             },
         };
         self.last = Some((key, at));
         if let Some((_, n)) = self.windows.get_mut(at) {
-            n.observe(o.seq, o.bits);
+            n.last = n.last.max(o.time);
+            n.observe(o.seq, o.bits, self.limits.max_gap);
         }
+    }
+
+    /// Drops the pair idle longest if it has been idle for `idle_ns` at `now`. A full table
+    /// of busy pairs is scanned at most once until one of them can be idle enough.
+    fn evict(&mut self, now: u64) -> bool {
+        if now < self.next_idle {
+            return false;
+        }
+        let Some((at, last)) =
+            self.windows.iter().enumerate().map(|(i, (_, n))| (i, n.last)).min_by_key(|x| x.1)
+        else {
+            return false;
+        };
+        if now.saturating_sub(last) < self.limits.idle_ns {
+            self.next_idle = last.saturating_add(self.limits.idle_ns);
+            return false;
+        }
+        let (gone, _) = self.windows.swap_remove(at);
+        self.index.remove(&gone);
+        if let Some((moved, _)) = self.windows.get(at) {
+            self.index.insert(*moved, at);
+        }
+        self.last = None;
+        self.evicted += 1;
+        true
     }
 
     /// Each (node, hardware ID) followed.
@@ -233,7 +319,7 @@ mod tests {
     fn run(seqs: impl IntoIterator<Item = u32>, bits: u8) -> Sequences {
         let mut s = Sequences::default();
         for seq in seqs {
-            s.observe(Observation { node: 1, hw_id: 0, seq, bits });
+            s.observe(Observation { node: 1, hw_id: 0, seq, bits, time: 0 });
         }
         s
     }
@@ -259,8 +345,8 @@ mod tests {
         assert_eq!(n.received, 2700);
         // A duplicate is not a receipt; a number long gone is late, not found.
         let mut s = s;
-        s.observe(Observation { node: 1, hw_id: 0, seq: 2999, bits: 22 });
-        s.observe(Observation { node: 1, hw_id: 0, seq: 3, bits: 22 });
+        s.observe(Observation { node: 1, hw_id: 0, seq: 2999, bits: 22, time: 0 });
+        s.observe(Observation { node: 1, hw_id: 0, seq: 3, bits: 22, time: 0 });
         let m = node(&s);
         assert_eq!((m.duplicates, m.late, m.lost), (1, 1, n.lost));
     }
@@ -284,5 +370,43 @@ mod tests {
         let n = node(&s);
         assert_eq!(n.restarts, 1);
         assert_eq!(n.lost + n.missing(), 0, "{n:?}");
+    }
+
+    #[test]
+    fn one_datagram_cannot_fake_millions_lost() {
+        // The attack of issue 31: seq 0, then one datagram 2,096,126 ahead.
+        let s = run([0, 2_096_126, 2_096_127], 22);
+        let n = node(&s);
+        assert_eq!((n.lost, n.missing(), n.jumps, n.received), (0, 0, 1, 3), "{n:?}");
+        // An outage inside the limit is still loss.
+        let s = run([0, 60_001], 22);
+        assert_eq!(node(&s).lost + node(&s).missing(), 60_000);
+    }
+
+    #[test]
+    fn a_full_table_keeps_its_nodes_and_counts_the_refused() {
+        let limits = Limits { max_nodes: 4, max_gap: MAX_GAP, idle_ns: 1_000 };
+        let mut s = Sequences::new(limits);
+        let o = |node, seq, time| Observation { node, hw_id: 0, seq, bits: 22, time };
+        // A real node, then forged ones filling the table.
+        s.observe(o(7, 0, 0));
+        for (i, node) in (100..110).enumerate() {
+            s.observe(o(node, 0, 10 + i as u64));
+        }
+        s.observe(o(7, 1, 500));
+        assert_eq!((s.untracked, s.evicted), (7, 0));
+        let n7 = s.nodes().find(|(k, _)| k.0 == 7).map(|(_, n)| n.received);
+        assert_eq!(n7, Some(2), "the real node keeps its window");
+        // Once idle long enough, the forged ones give way (the real node is busy).
+        s.observe(o(7, 2, 1_012));
+        s.observe(o(200, 0, 1_013));
+        assert_eq!((s.untracked, s.evicted), (7, 1));
+        assert!(s.nodes().any(|(k, _)| k.0 == 200) && s.nodes().any(|(k, _)| k.0 == 7));
+        // Index and windows stay consistent after the swap.
+        for node in [7, 200, 101, 102] {
+            s.observe(o(node, 3, 1_014));
+        }
+        assert_eq!(s.nodes().count(), 4);
+        assert_eq!(s.nodes().find(|(k, _)| k.0 == 7).map(|(_, n)| n.received), Some(4));
     }
 }
