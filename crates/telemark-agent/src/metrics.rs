@@ -444,3 +444,98 @@ impl AgentMetrics {
         o
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::{Duration, Instant};
+    use telemark_transport::server::{Limits, Server, ServerConfig};
+
+    const CONTROL: &str = "c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0";
+
+    /// The status of one request sent whole on a new connection, and how long its answer took.
+    fn request(addr: SocketAddr, head: &str, body: &str) -> (u16, Duration) {
+        let t = Instant::now();
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let req =
+            format!("{head}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+        s.write_all(req.as_bytes()).unwrap();
+        let mut status = [0u8; 12];
+        match s.read_exact(&mut status) {
+            Ok(()) => (String::from_utf8_lossy(&status[9..]).parse().unwrap_or(0), t.elapsed()),
+            Err(_) => (0, t.elapsed()),
+        }
+    }
+
+    /// The attack that worked before: 8 local sockets without the control token, each
+    /// announcing a 64 KiB `PUT /api/v1/int` and sending a byte every 2 s, took the listener's
+    /// whole body budget, and the controller's `PUT` timed out. Now they are refused (401) from
+    /// their head, counted, and the controller's requests are answered at once.
+    #[test]
+    fn slow_bodies_without_the_control_token_do_not_hold_the_controller() {
+        let transport = Arc::new(ServerStats::default());
+        let handler = Arc::new(AgentMetrics {
+            agent: "sw".into(),
+            shared: Arc::new(Shared::default()),
+            points: Vec::new(),
+            ports: Vec::new(),
+            token: None,
+            control_token: Some(CONTROL.into()),
+            transport: transport.clone(),
+        });
+        // As run.rs starts it.
+        let cfg = ServerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            tls: None,
+            limits: Limits { max_body: 64 * 1024, max_connections: 64, ..Limits::default() },
+            workers: 1,
+        };
+        let server = Server::start(cfg, handler, transport.clone()).unwrap();
+        let addr = server.addr;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let slow: Vec<_> = (0..8)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut s = TcpStream::connect(addr).unwrap();
+                    let head =
+                        "PUT /api/v1/int HTTP/1.1\r\nHost: x\r\nContent-Length: 65536\r\n\r\n";
+                    s.write_all(head.as_bytes()).unwrap();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        if s.write_all(b" ").is_err() {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_secs(2));
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        let mut took = Vec::new();
+        for _ in 0..10 {
+            let head = format!(
+                "PUT /api/v1/int HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {CONTROL}\r\n"
+            );
+            let (status, t) = request(addr, &head, "{}");
+            assert_eq!(status, 200, "the controller's PUT after {t:?}");
+            took.push(t);
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        took.sort();
+        eprintln!(
+            "8 slow 64 KiB bodies without a token: 10 authenticated PUTs, median {:.2} ms, worst \
+             {:.2} ms",
+            took[5].as_secs_f64() * 1e3,
+            took[9].as_secs_f64() * 1e3
+        );
+        assert!(took[9] < Duration::from_secs(1), "worst {:?}", took[9]);
+        assert_eq!(transport.refused("unauthenticated"), 8);
+        for h in slow {
+            h.join().unwrap();
+        }
+    }
+}

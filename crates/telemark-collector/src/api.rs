@@ -84,7 +84,16 @@ impl Handler for Api {
     fn route(&self, path: &str) -> &'static str {
         route_of(path)
     }
+
+    fn admit(&self, method: &str, path: &str, token: Option<&str>) -> Option<Response> {
+        let refusal = self.access(method, path, token).err()?;
+        Some(self.refused(route_of(path), refusal))
+    }
 }
+
+/// Why a request is refused from its head alone: its answer, and the error counter it counts
+/// under (if any).
+struct Refusal(Option<&'static str>, Response);
 
 /// The metrics label of `path`: itself when served, else `other`.
 fn route_of(path: &str) -> &'static str {
@@ -108,9 +117,9 @@ impl Api {
         let (path, query) = req.url.split_once('?').unwrap_or((req.url, ""));
         // Unknown paths share one metrics label, so a scan cannot grow the metrics.
         let route = route_of(path);
-        let who = match &*self.auth.read().unwrap_or_else(|p| p.into_inner()) {
-            None => Some(Identity::Anyone),
-            Some(a) => a.identify(req.token),
+        let who = match self.access(req.method, path, req.token) {
+            Ok(who) => who,
+            Err(refusal) => return self.refused(route, refusal),
         };
         let r = match (req.method, path, who) {
             // The page holds no data (it reads the API with the token it is given).
@@ -118,25 +127,17 @@ impl Api {
             ("GET", "/page.js", _) => {
                 document("text/javascript; charset=utf-8", crate::page::SCRIPT)
             }
-            _ if route == "other" => Response::error(404, format!("no such endpoint: {path}")),
             // Probes (for a load balancer, systemd or Kubernetes) need no token and say
             // nothing but whether the process runs and whether its storage works.
             ("GET", "/healthz", _) => Response::json(200, &json!({ "status": "ok" })),
             // (Why, with the file's path, only to a writer, in the answer to its write.)
-            ("GET", "/readyz", _) => match self.store().ready() {
-                Ok(()) => Response::json(200, &json!({ "status": "ready" })),
-                Err(_) => Response::error(503, "the database cannot take writes"),
+            ("GET", "/readyz", _) => match self.storage_ready() {
+                true => Response::json(200, &json!({ "status": "ready" })),
+                false => Response::error(503, "the database cannot take writes"),
             },
-            (_, _, None) => {
-                self.metrics.count_error("unauthenticated");
-                Response::unauthenticated()
-            }
+            (_, _, None) => Response::error(404, format!("no such endpoint: {path}")),
             ("POST", "/api/v1/ingest", Some(who)) => self.ingest(req.body, &who, now),
             ("POST", "/api/v1/agents", Some(who)) => self.register(req.body, &who, now),
-            ("GET", _, Some(who)) if !who.may_read() => {
-                self.metrics.count_error("forbidden");
-                Response::error(403, "this token may only send records")
-            }
             ("GET", "/api/v1/agents", _) => self.agents(now),
             ("GET", "/api/v1/flows", _) => self.flows(query, now),
             ("GET", "/api/v1/flows/top", _) => self.top_talkers(query, now),
@@ -148,6 +149,59 @@ impl Api {
             ("GET", "/metrics", _) => self.metrics_page(),
             _ => Response::error(405, format!("{} is not allowed on {path}", req.method)),
         };
+        self.metrics.request(route, r.status);
+        r
+    }
+
+    /// Who a request comes from and whether it may be made, from its method, path and token
+    /// alone (the server asks this before it reads a body, [`Handler::admit`], and
+    /// [`Api::handle`] again): the API's access rules, all here. `Ok(None)`: a document or a
+    /// probe, which needs no token. Whether a writer may write as the agent its body names is
+    /// decided once the body is read ([`Api::writes_as`]).
+    fn access(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+    ) -> Result<Option<Identity>, Refusal> {
+        match (method, path) {
+            ("GET", "/" | "/page.js" | "/healthz" | "/readyz") => return Ok(None),
+            _ if route_of(path) == "other" => {
+                return Err(Refusal(
+                    None,
+                    Response::error(404, format!("no such endpoint: {path}")),
+                ))
+            }
+            _ => {}
+        }
+        let who = match &*self.auth.read().unwrap_or_else(|p| p.into_inner()) {
+            None => Some(Identity::Anyone),
+            Some(a) => a.identify(token),
+        };
+        let Some(who) = who else {
+            return Err(Refusal(Some("unauthenticated"), Response::unauthenticated()));
+        };
+        match (method, path) {
+            ("POST", "/api/v1/ingest" | "/api/v1/agents") if !who.may_write() => {
+                Err(Refusal(Some("forbidden"), Response::error(403, "this token may only read")))
+            }
+            ("POST", "/api/v1/ingest" | "/api/v1/agents") => Ok(Some(who)),
+            ("GET", _) if !who.may_read() => Err(Refusal(
+                Some("forbidden"),
+                Response::error(403, "this token may only send records"),
+            )),
+            ("GET", _) => Ok(Some(who)),
+            (m, _) => {
+                Err(Refusal(None, Response::error(405, format!("{m} is not allowed on {path}"))))
+            }
+        }
+    }
+
+    /// A refusal's answer, counted.
+    fn refused(&self, route: &'static str, Refusal(reason, r): Refusal) -> Response {
+        if let Some(reason) = reason {
+            self.metrics.count_error(reason);
+        }
         self.metrics.request(route, r.status);
         r
     }
@@ -175,7 +229,16 @@ impl Api {
         })
     }
 
+    /// Whether the database takes writes: the file is there and answers, and the last write
+    /// did not fail for want of space or I/O (a full disk).
+    pub fn storage_ready(&self) -> bool {
+        !self.metrics.storage_failing() && self.store().ready().is_ok()
+    }
+
     fn db_error(&self, e: StoreError) -> Response {
+        if storage_failure(&e) {
+            self.metrics.storage_failed(&e);
+        }
         if e.unavailable() {
             // Not this request's fault, and not worth a retry until an operator acts.
             self.metrics.count_error("database_unavailable");
@@ -223,7 +286,10 @@ impl Api {
             Err(e) => return self.db_error(e),
         }
         match st.register(&r.agent, &r.version, r.boot, now) {
-            Ok(()) => Response::json(200, &json!({ "agent": r.agent, "registered": true })),
+            Ok(()) => {
+                self.metrics.storage_ok();
+                Response::json(200, &json!({ "agent": r.agent, "registered": true }))
+            }
             Err(e) => self.db_error(e),
         }
     }
@@ -280,6 +346,7 @@ impl Api {
         }
         match st.ingest(&req.agent, req.boot, req.seq, &records, req.export_dropped, now) {
             Ok(s) => {
+                self.metrics.storage_ok();
                 self.metrics.ingested(&records, &s);
                 let next_seq = req.seq + req.records.len() as u64;
                 Response::json(
@@ -575,12 +642,12 @@ impl Api {
         let st = self.store();
         let agents = st.agents().unwrap_or_default();
         let counts = st.counts().unwrap_or_default();
-        let ready = st.ready().is_ok();
+        let ready = st.ready().is_ok() && !self.metrics.storage_failing();
         drop(st);
         let mut page = self.metrics.render(&agents, counts);
         page.push_str(&format!(
             "# HELP telemark_collector_storage_ready Whether the database takes writes (0: removed, \
-             replaced or failing; see /readyz).\n# TYPE telemark_collector_storage_ready gauge\n\
+             replaced, full or failing; see /readyz).\n# TYPE telemark_collector_storage_ready gauge\n\
              telemark_collector_storage_ready {}\n",
             u8::from(ready)
         ));
@@ -593,6 +660,18 @@ impl Api {
     fn bad_query(&self, e: String) -> Response {
         self.metrics.count_error("bad_query");
         Response::error(400, e)
+    }
+}
+
+/// Whether `e` says the storage cannot take writes (disk full: SQLITE_FULL; an I/O error such
+/// as ENOSPC on a journal; a read-only file), as opposed to one request's failure.
+fn storage_failure(e: &StoreError) -> bool {
+    use rusqlite::ErrorCode as C;
+    match e {
+        StoreError::Sql(rusqlite::Error::SqliteFailure(f, _)) => {
+            matches!(f.code, C::DiskFull | C::SystemIoFailure | C::ReadOnly | C::CannotOpen)
+        }
+        _ => e.unavailable(),
     }
 }
 

@@ -39,6 +39,11 @@ impl Identity {
         }
     }
 
+    /// Whether it may write records as some agent.
+    pub fn may_write(&self) -> bool {
+        matches!(self, Identity::Anyone | Identity::Agent(_))
+    }
+
     /// Whether it may read the API and metrics.
     pub fn may_read(&self) -> bool {
         matches!(self, Identity::Anyone | Identity::Reader(_))

@@ -10,6 +10,16 @@ use telemark_core::records::Record;
 #[derive(Default)]
 pub struct Metrics {
     inner: Mutex<Inner>,
+    storage: Mutex<StorageState>,
+}
+
+/// Whether the last write failed for want of storage (disk full, I/O error, read-only), and
+/// when that was last logged.
+#[derive(Default)]
+struct StorageState {
+    failing: bool,
+    unlogged: u64,
+    logged_at: Option<std::time::Instant>,
 }
 
 #[derive(Default)]
@@ -55,6 +65,36 @@ impl Metrics {
     /// One answered request.
     pub fn request(&self, route: &str, status: u16) {
         self.with(|m| *m.requests.entry((route.to_string(), status)).or_default() += 1);
+    }
+
+    /// A write failed because the storage could not take it (`why`): not ready until a write
+    /// succeeds again (`/readyz` 503, `storage_ready` 0). Logged at most once per 10 s.
+    pub fn storage_failed(&self, why: &dyn std::fmt::Display) {
+        let mut s = self.storage.lock().unwrap_or_else(|p| p.into_inner());
+        s.failing = true;
+        s.unlogged += 1;
+        if s.logged_at.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(10)) {
+            tracing::error!(
+                "{} write(s) failed, not acknowledged (agents retry): {why}; not ready until a \
+                 write succeeds",
+                s.unlogged
+            );
+            (s.logged_at, s.unlogged) = (Some(std::time::Instant::now()), 0);
+        }
+    }
+
+    /// A write succeeded: the storage takes writes again.
+    pub fn storage_ok(&self) {
+        let mut s = self.storage.lock().unwrap_or_else(|p| p.into_inner());
+        if std::mem::take(&mut s.failing) {
+            tracing::info!("writes succeed again: ready");
+            (s.logged_at, s.unlogged) = (None, 0);
+        }
+    }
+
+    /// Whether the last write failed for want of storage.
+    pub fn storage_failing(&self) -> bool {
+        self.storage.lock().unwrap_or_else(|p| p.into_inner()).failing
     }
 
     /// One rejected request or failure, by reason.

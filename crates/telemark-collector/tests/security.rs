@@ -262,3 +262,79 @@ fn the_page_shows_record_text_as_text_in_chromium() {
     assert!(!dom.contains("data-pwned=\"1\""), "payload ran:\n{dom}");
     assert!(!dom.contains("<img"), "payload became markup:\n{dom}");
 }
+
+/// The attack that worked before (issue 31, item 1): 16 sockets without a token, each
+/// announcing an 8 MiB `POST /api/v1/ingest` and sending one byte every 2 s, took the whole
+/// body budget (2 x workers x max-body) while their bodies trickled in, and authenticated
+/// ingest with the agent's 5 s timeout failed 13 times in 14. Now a request is refused from
+/// its head (401, counted) before its body is read: every authenticated flush during the
+/// attack succeeds, promptly.
+#[test]
+fn unauthenticated_slow_bodies_do_not_stall_ingest() {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    // Two workers: a budget of 4 bodies of 8 MiB, which 16 attackers filled four times over.
+    let c = start(dir.path(), Some(tokens()));
+    let a = c.addr;
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let attackers: Vec<_> = (0..16)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut s = std::net::TcpStream::connect(a).unwrap();
+                let head = format!(
+                    "POST /api/v1/ingest HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                     Content-Length: {}\r\n\r\n",
+                    8 << 20
+                );
+                s.write_all(head.as_bytes()).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    if s.write_all(b"[").is_err() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut b = Exporter::new(&format!("http://{a}"), "sw-b", 7, 1000).with_token(Some(SW_B));
+    let (mut took, mut failed) = (Vec::new(), 0);
+    let t = Instant::now();
+    let mut n = 0;
+    while t.elapsed() < Duration::from_secs(12) {
+        b.push(loss("sw-b", n, 1));
+        n += 1;
+        let f = Instant::now();
+        match b.flush() {
+            Ok(_) => took.push(f.elapsed()),
+            Err(e) => {
+                failed += 1;
+                eprintln!("flush failed after {:?}: {e}", f.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    stop.store(true, Ordering::Relaxed);
+    took.sort();
+    let p = |q: f64| took[((took.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e3;
+    eprintln!(
+        "during the attack: {} flushes ok, {failed} failed; latency p50 {:.2} ms, p99 {:.2} ms, \
+         max {:.2} ms",
+        took.len(),
+        p(0.5),
+        p(0.99),
+        p(1.0)
+    );
+    assert_eq!(failed, 0);
+    assert!(p(0.99) < 1000.0, "p99 {} ms", p(0.99));
+    assert_eq!(c.api.store().counts().unwrap().0, n);
+    // Every attacker counted, by the API and by the transport.
+    assert_eq!(metric(a, "telemark_collector_errors_total{reason=\"unauthenticated\"}"), 16);
+    assert_eq!(metric(a, "telemark_collector_http_refused_total{reason=\"unauthenticated\"}"), 16);
+    for h in attackers {
+        h.join().unwrap();
+    }
+}

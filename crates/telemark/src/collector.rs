@@ -33,6 +33,18 @@ pub struct Args {
     /// Connections open at once (more wait in the kernel's backlog).
     #[arg(long, default_value_t = 4096)]
     pub max_connections: usize,
+    /// Connections one source address may hold open at once; more are closed at once and
+    /// counted (http_refused_total{reason="per_source_limit"}).
+    #[arg(long, default_value_t = 256)]
+    pub max_connections_per_source: usize,
+    /// Longest a request waits for room in the request-body budget (2 x workers x
+    /// max-body) before it is answered 503 with Retry-After (e.g. 2s).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub body_wait: Duration,
+    /// Slowest a request body may arrive after its first 2 s, in bytes per second (0: no
+    /// minimum); slower ones are answered 408.
+    #[arg(long, default_value_t = 1024)]
+    pub min_body_rate: u64,
     /// Time a client has to send a request's head; also how long a keep-alive connection may
     /// sit idle (e.g. 10s).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
@@ -97,6 +109,9 @@ pub fn run(a: Args) -> Result<()> {
         limits: telemark_transport::server::Limits {
             max_body: a.max_body,
             max_connections: a.max_connections.max(1),
+            max_connections_per_source: a.max_connections_per_source.max(1),
+            body_wait: a.body_wait.max(Duration::from_millis(10)),
+            min_body_rate: a.min_body_rate,
             head_timeout: a.head_timeout.max(Duration::from_millis(100)),
             body_timeout: a.body_timeout.max(Duration::from_millis(100)),
             ..defaults.limits.clone()
