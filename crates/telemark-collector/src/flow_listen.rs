@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use telemark_core::records::{Flow, FlowRecord, Record};
+use telemark_core::records::{Flow, FlowExport, FlowRecord, Record};
 
 /// Listener settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -700,11 +700,16 @@ const BELIEVED_NS: u64 = 3600 * 1_000_000_000;
 /// exact only when every packet was counted; a sampled count's `error_bound` is the half
 /// width of its 95 % interval (1.96 · rate · √samples).
 fn record(agent: &str, f: &ExportedFlow, now: u64) -> FlowRecord {
-    let believable = |t: u64| t != 0 && t + BELIEVED_NS >= now && t <= now + BELIEVED_NS;
-    let (start, end) = if believable(f.start_ns) && believable(f.end_ns) && f.start_ns <= f.end_ns {
-        (f.start_ns, f.end_ns)
-    } else {
-        (now, now)
+    // The flow's own first and last packet times when the exporter sent believable ones
+    // (one of them: a window of that instant); else the arrival time.
+    let believable = |t: u64| {
+        t != 0 && t.saturating_add(BELIEVED_NS) >= now && t <= now.saturating_add(BELIEVED_NS)
+    };
+    let (start, end, exporter_times) = match (believable(f.start_ns), believable(f.end_ns)) {
+        (true, true) if f.start_ns <= f.end_ns => (f.start_ns, f.end_ns, true),
+        (true, false) => (f.start_ns, f.start_ns, true),
+        (false, true) => (f.end_ns, f.end_ns, true),
+        _ => (now, now, false),
     };
     let rate = u64::from(f.sampling_rate.max(1));
     let exact = rate == 1;
@@ -733,5 +738,13 @@ fn record(agent: &str, f: &ExportedFlow, now: u64) -> FlowRecord {
         },
         truth_packets: None,
         truth_bytes: None,
+        exported: FlowExport {
+            direction: f.direction,
+            tos: Some(f.tos),
+            tcp_flags: (f.key.proto == 6).then_some(f.tcp_flags),
+            out_port: (f.out_if != 0).then(|| f.out_if.to_string()),
+            sampling_rate: Some(f.sampling_rate.max(1)),
+            exporter_times: Some(exporter_times),
+        },
     }
 }

@@ -19,6 +19,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
+use telemark_core::records::Direction;
 use telemark_wire::flow::{extract, FlowKey};
 use telemark_wire::ipfix::{self, Message, SetKind, Template, TemplateRecord, Templates, Value};
 use telemark_wire::link::LinkType;
@@ -82,6 +83,9 @@ pub struct ExportedFlow {
     pub vlan: Option<u16>,
     /// The packet was dropped (sFlow discard events, an IPFIX forwarding status of dropped).
     pub dropped: bool,
+    /// Where the exporter observed the flow (flowDirection, IE 61), when it means ingress or
+    /// egress by it ([`Domain::flow_record`] says when it does not).
+    pub direction: Option<Direction>,
 }
 
 impl ExportedFlow {
@@ -236,6 +240,15 @@ mod ie {
     pub const FLOW_END_MICROSECONDS: u16 = 155;
     pub const FLOW_START_NANOSECONDS: u16 = 156;
     pub const FLOW_END_NANOSECONDS: u16 = 157;
+    pub const FLOW_START_DELTA_MICROSECONDS: u16 = 158;
+    pub const FLOW_END_DELTA_MICROSECONDS: u16 = 159;
+    pub const FLOW_DIRECTION: u16 = 61;
+    pub const ICMP_TYPE_CODE_V4: u16 = 32;
+    pub const ICMP_TYPE_CODE_V6: u16 = 139;
+    pub const ICMP_TYPE_V4: u16 = 176;
+    pub const ICMP_CODE_V4: u16 = 177;
+    pub const ICMP_TYPE_V6: u16 = 178;
+    pub const ICMP_CODE_V6: u16 = 179;
     pub const SYSTEM_INIT_TIME_MILLISECONDS: u16 = 160;
     pub const INGRESS_PHYSICAL_INTERFACE: u16 = 252;
     pub const EGRESS_PHYSICAL_INTERFACE: u16 = 253;
@@ -309,8 +322,12 @@ impl Decoder {
         self.stats.sequence_lost +=
             gap(&mut d.next_sequence, h.flow_sequence, records.len() as u32);
         let export_ms = u64::from(h.unix_secs) * 1000 + u64::from(h.unix_nsecs) / 1_000_000;
+        // A flow's age against the header's 32-bit uptime (which wraps every 49.7 days, and
+        // is behind the flow's times when softflowd reads a capture older than its start).
         let at = |up: u32| {
-            (export_ms + u64::from(up)).saturating_sub(u64::from(h.sys_uptime_ms)) * 1_000_000
+            let age = i64::from(h.sys_uptime_ms.wrapping_sub(up) as i32);
+            let export = i64::try_from(export_ms).unwrap_or(i64::MAX);
+            u64::try_from(export.saturating_sub(age)).unwrap_or(0).saturating_mul(1_000_000)
         };
         for r in records {
             out.push(ExportedFlow {
@@ -337,6 +354,7 @@ impl Decoder {
                 tos: r.tos,
                 vlan: None,
                 dropped: false,
+                direction: None,
             });
         }
     }
@@ -569,6 +587,7 @@ fn sflow_flow(
         tos: 0,
         vlan: None,
         dropped,
+        direction: None,
     };
     let mut found = false;
     for r in records {
@@ -687,7 +706,12 @@ impl Domain {
             if f.enterprise != 0 {
                 continue;
             }
-            let Value::Unsigned(v) = ipfix::value(f, bytes) else { continue };
+            // systemInitTimeMilliseconds is a dateTimeMilliseconds (RFC 7012 §6.1.9).
+            let v = match ipfix::value(f, bytes) {
+                Value::Unsigned(v) => v,
+                Value::Time(ns) => ns / 1_000_000,
+                _ => continue,
+            };
             if !sampling.learn(f.id, v) && f.id == ie::SYSTEM_INIT_TIME_MILLISECONDS {
                 self.boot_ms = Some(v);
             }
@@ -734,6 +758,7 @@ impl Domain {
             tos: 0,
             vlan: None,
             dropped: false,
+            direction: None,
         };
         // Telemark's own loss records over IPFIX (docs/flow-export.md) are not flows: the
         // agent sends them to the collector's HTTP ingest as loss records already.
@@ -742,6 +767,10 @@ impl Domain {
         }
         let (mut sampling, mut has_addr) = (Sampling::default(), false);
         let (mut start_up, mut end_up) = (None, None);
+        let (mut start_delta_us, mut end_delta_us) = (None, None);
+        let (mut direction, mut has_out_if) = (None, false);
+        // ICMP type and code: one element (type × 256 + code) or two.
+        let (mut icmp, mut icmp_type, mut icmp_code) = (None, None, None);
         for (spec, bytes) in rec.fields() {
             if spec.enterprise != 0 {
                 continue;
@@ -769,7 +798,10 @@ impl Domain {
                     f.packets = u
                 }
                 (ie::INGRESS_INTERFACE, _) => f.in_if = u as u32,
-                (ie::EGRESS_INTERFACE, _) => f.out_if = u as u32,
+                (ie::EGRESS_INTERFACE, _) => {
+                    f.out_if = u as u32;
+                    has_out_if = true;
+                }
                 (ie::INGRESS_PHYSICAL_INTERFACE, _) if f.in_if == 0 => f.in_if = u as u32,
                 (ie::EGRESS_PHYSICAL_INTERFACE, _) if f.out_if == 0 => f.out_if = u as u32,
                 (ie::TCP_FLAGS, _) => f.tcp_flags = u as u8,
@@ -777,6 +809,12 @@ impl Domain {
                 (ie::VLAN_ID, _) => f.vlan = Some(u as u16),
                 // RFC 7270: status in the top two bits of the first byte, 2 = dropped.
                 (ie::FORWARDING_STATUS, _) => f.dropped = (u >> 6) & 3 == 2,
+                (ie::FLOW_DIRECTION, _) => direction = Some(u),
+                (ie::ICMP_TYPE_CODE_V4 | ie::ICMP_TYPE_CODE_V6, _) => icmp = Some(u as u16),
+                (ie::ICMP_TYPE_V4 | ie::ICMP_TYPE_V6, _) => icmp_type = Some(u as u8),
+                (ie::ICMP_CODE_V4 | ie::ICMP_CODE_V6, _) => icmp_code = Some(u as u8),
+                (ie::FLOW_START_DELTA_MICROSECONDS, _) => start_delta_us = Some(u),
+                (ie::FLOW_END_DELTA_MICROSECONDS, _) => end_delta_us = Some(u),
                 (id, Value::Unsigned(u)) if sampling.learn(id, u) => {}
                 (ie::FLOW_START_SYS_UP_TIME, _) => start_up = Some(u),
                 (ie::FLOW_END_SYS_UP_TIME, _) => end_up = Some(u),
@@ -812,20 +850,60 @@ impl Domain {
             .or_else(|| sampling.sampler.and_then(|s| self.samplers.get(&s).copied()))
             .or(self.default_rate)
             .unwrap_or(1);
-        // sysUpTime-relative times: v9 against the header's uptime, IPFIX against the
-        // exporter's boot time from options data.
-        let boot_ms = match clock.uptime_ms {
-            Some(up) => Some(clock.export_ms.saturating_sub(up)),
-            None => self.boot_ms,
+        // sysUpTime-relative times (ms since the exporter started, 32 bits that wrap every
+        // 49.7 days): v9 against the header's uptime (RFC 3954 §5.1), IPFIX against the start
+        // time options data gave (systemInitTimeMilliseconds). Of the times a value may stand
+        // for, the one nearest the export time: an age of more than half the range is a time
+        // just ahead, or one before the exporter started (softflowd reading an older capture).
+        let export = i64::try_from(clock.export_ms).unwrap_or(i64::MAX);
+        let started = match (clock.uptime_ms, self.boot_ms) {
+            (Some(up), _) => Some((export.saturating_sub(up as i64), up as i64)),
+            (None, Some(boot)) => {
+                let boot = i64::try_from(boot).unwrap_or(i64::MAX);
+                Some((boot, export.saturating_sub(boot)))
+            }
+            (None, None) => None,
         };
-        if let Some(boot) = boot_ms {
+        let ms = |t: u64| t.saturating_mul(1_000_000);
+        if let Some((boot, up)) = started {
+            let at = |t: u64| {
+                let age = i64::from((up as u32).wrapping_sub(t as u32) as i32);
+                ms(u64::try_from(boot.saturating_add(up).saturating_sub(age)).unwrap_or(0))
+            };
             if let Some(s) = start_up {
-                f.start_ns = (boot + s) * 1_000_000;
+                f.start_ns = at(s);
             }
             if let Some(e) = end_up {
-                f.end_ns = (boot + e) * 1_000_000;
+                f.end_ns = at(e);
             }
         }
+        // RFC 5102 flowStart/EndDeltaMicroseconds (Open vSwitch): microseconds before the
+        // message's export time.
+        let export_ns = ms(clock.export_ms);
+        if let Some(d) = start_delta_us {
+            f.start_ns = export_ns.saturating_sub(d.saturating_mul(1000));
+        }
+        if let Some(d) = end_delta_us {
+            f.end_ns = export_ns.saturating_sub(d.saturating_mul(1000));
+        }
+        // ICMP keyed as NetFlow v5 keys it (and softflowd's v9): type × 256 + code in the
+        // destination port, so one flow has one key in every format.
+        if matches!(f.key.proto, 1 | 58) {
+            let split = icmp_type.map(|t| u16::from(t) << 8 | u16::from(icmp_code.unwrap_or(0)));
+            if let Some(tc) = icmp.or(split) {
+                f.key.dport = tc;
+            }
+        }
+        // flowDirection (RFC 5102 §5.11.6): 0 ingress, 1 egress of the observation point. An
+        // exporter that reports one interface as both ingress and egress does not mean that by
+        // it: softflowd (ipfix.c, `flowDirection = i`) gives the address order of the two
+        // halves of a bidirectional flow, and the same interface both ways.
+        let same_interface = has_out_if && f.out_if == f.in_if;
+        f.direction = match direction {
+            Some(0) if !same_interface => Some(Direction::Ingress),
+            Some(1) if !same_interface => Some(Direction::Egress),
+            _ => None,
+        };
         Some(f)
     }
 }

@@ -256,6 +256,58 @@ pub struct FlowRecord {
     /// The flow's true bytes in the window (replay only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truth_bytes: Option<u64>,
+    /// What a flow exporter (NetFlow, IPFIX, sFlow) said of the flow besides its key and
+    /// counts; empty in agents' heavy-hitter records and in records stored before these
+    /// fields existed.
+    #[serde(flatten)]
+    pub exported: FlowExport,
+}
+
+/// Where an exporter observed a flow: IPFIX / NetFlow v9 flowDirection (IE 61, RFC 5102).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// Where packets enter the observation point (flowDirection 0).
+    Ingress,
+    /// Where they leave it (flowDirection 1).
+    Egress,
+}
+
+impl Direction {
+    /// Its name in records and queries.
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Ingress => "ingress",
+            Direction::Egress => "egress",
+        }
+    }
+}
+
+/// The elements of an exported flow a [`FlowRecord`] keeps (docs/flows.md): every one is
+/// optional, absent when the exporter did not say.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowExport {
+    /// Where the exporter observed the flow; absent: unknown (the exporter did not say, or
+    /// used the element for something else, as softflowd does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direction: Option<Direction>,
+    /// IPv4 ToS / IPv6 traffic class byte (DSCP is its top six bits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tos: Option<u8>,
+    /// TCP flags seen in the flow (OR of its packets').
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_flags: Option<u8>,
+    /// Output interface index, as the exporter numbers them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_port: Option<String>,
+    /// One packet in this many was sampled (1: every packet); `packets` and `bytes` are
+    /// already scaled by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling_rate: Option<u32>,
+    /// Whether the window is the exporter's own first and last packet times (true) or the
+    /// arrival time at the collector (false: the exporter sent none, or none believable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exporter_times: Option<bool>,
 }
 
 impl FlowRecord {
@@ -281,6 +333,7 @@ impl FlowRecord {
             error_bound: f.error_bound,
             truth_packets: None,
             truth_bytes: None,
+            exported: FlowExport::default(),
         }
     }
 }
