@@ -15,6 +15,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(store) = Store::open(std::path::Path::new(":memory:")) else { return };
     let api = Api {
         store: Mutex::new(store),
+        readers: Default::default(),
         metrics: Metrics::default(),
         stale_ns: 15_000_000_000,
         auth: RwLock::new(None),

@@ -60,8 +60,11 @@ fn document(content_type: &'static str, body: &str) -> Response {
 
 /// Everything a request may touch.
 pub struct Api {
-    /// The database (SQLite serialises writers anyway).
+    /// The writer's connection: writes, and the probes' and `/metrics`' few quick reads.
+    /// Queries never take it (unless the database is in memory): they use `readers`.
     pub store: Mutex<Store>,
+    /// Read-only connections for queries, each request's reading under a time budget.
+    pub readers: crate::store::Readers,
     /// Counters.
     pub metrics: Metrics,
     /// Agents silent for longer than this are reported unhealthy.
@@ -221,6 +224,16 @@ impl Api {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// `f` on a reader connection, under the query budget: never the writer's lock, so a long
+    /// query cannot hold up a write (`store::Readers`).
+    pub fn read<T>(
+        &self,
+        f: impl FnOnce(&Store) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let st = self.readers.get(&self.store)?;
+        f(&st)
+    }
+
     /// The request body as `T`, or a 400 naming what is wrong with it (counted).
     fn body<T: serde::de::DeserializeOwned>(&self, body: &[u8], what: &str) -> Result<T, Response> {
         serde_json::from_slice(body).map_err(|e| {
@@ -238,6 +251,16 @@ impl Api {
     fn db_error(&self, e: StoreError) -> Response {
         if storage_failure(&e) {
             self.metrics.storage_failed(&e);
+        }
+        if e.overloaded() {
+            // Over the query budget, or every reader busy: not a fault; retry shortly.
+            self.metrics.count_error(match e {
+                StoreError::OverBudget => "query_over_budget",
+                _ => "query_readers_busy",
+            });
+            let mut r = Response::error(503, e);
+            r.headers.push(("Retry-After", "1".into()));
+            return r;
         }
         if e.unavailable() {
             // Not this request's fault, and not worth a retry until an operator acts.
@@ -391,8 +414,7 @@ impl Api {
     }
 
     fn agents(&self, now: u64) -> Response {
-        let st = self.store();
-        match st.agents() {
+        match self.read(|st| st.agents()) {
             Ok(a) => {
                 let v: Vec<_> = a
                     .into_iter()
@@ -425,7 +447,7 @@ impl Api {
             Err(e) => return self.bad_query(e),
         };
         // One more than asked, to know whether a next page exists.
-        let listed = self.store().flows(w, lossy, offset, limit + 1);
+        let listed = self.read(|st| st.flows(w, lossy, offset, limit + 1));
         match listed {
             Ok(mut f) => {
                 let more = f.len() > limit;
@@ -461,8 +483,7 @@ impl Api {
             Ok(x) => x,
             Err(e) => return self.bad_query(e),
         };
-        let st = self.store();
-        match st.series(&flow, w, bucket) {
+        match self.read(|st| st.series(&flow, w, bucket)) {
             Ok(s) => q.json(200, &json!({ "flow": flow, "bucket_ns": bucket, "series": s })),
             Err(e) => self.db_error(e),
         }
@@ -476,7 +497,10 @@ impl Api {
             Err(e) => return self.bad_query(e),
         };
         let since = w.from_ns;
-        let st = self.store();
+        let st = match self.readers.get(&self.store) {
+            Ok(st) => st,
+            Err(e) => return self.db_error(e),
+        };
         let segs = match st.points_in(&flow, w) {
             Ok(points) => crate::path::segments(&points),
             Err(e) => return self.db_error(e),
@@ -526,7 +550,7 @@ impl Api {
             Ok(x) => x,
             Err(e) => return self.bad_query(e),
         };
-        let h = self.store().health(w.from_ns);
+        let h = self.read(|st| st.health(w.from_ns));
         match h {
             Ok(h) => q.json(200, &h),
             Err(e) => self.db_error(e),
@@ -553,7 +577,7 @@ impl Api {
             Ok(x) => x,
             Err(e) => return self.bad_query(e),
         };
-        match self.store().events(w, q.get("detector"), flow.as_ref(), limit) {
+        match self.read(|st| st.events(w, q.get("detector"), flow.as_ref(), limit)) {
             Ok(ev) => q.json(200, &json!({ "events": ev })),
             Err(e) => self.db_error(e),
         }
@@ -588,7 +612,7 @@ impl Api {
             interface: q.get("interface"),
             point: q.get("point"),
         };
-        match self.store().top_talkers(w, &filter, by, limit) {
+        match self.read(|st| st.top_talkers(w, &filter, by, limit)) {
             Ok(top) => q.json(
                 200,
                 &json!({ "from_ns": w.from_ns, "to_ns": w.to_ns, "by": q.get("by").unwrap_or("bytes"), "flows": top }),
@@ -619,7 +643,7 @@ impl Api {
             (Ok(u), Ok(d), Ok(t)) => (u, d, t),
             (Err(e), ..) | (_, Err(e), _) | (.., Err(e)) => return self.bad_query(e),
         };
-        let points = match self.store().points_in(&flow, w) {
+        let points = match self.read(|st| st.points_in(&flow, w)) {
             Ok(p) => p,
             Err(e) => return self.db_error(e),
         };

@@ -682,6 +682,10 @@ impl Storer {
             match st.ingest_flows(&agent, self.boot + b.worker as u64, &numbered, now) {
                 Ok(s) => {
                     self.stats.stored.fetch_add(s.accepted, Ordering::Relaxed);
+                    // A count no reader could hold (validate::counts), refused by the store.
+                    for _ in 0..s.refused {
+                        self.api.metrics.count_error("exporter_count_too_large");
+                    }
                 }
                 Err(e) => {
                     tracing::warn!("flows: storing {agent}'s flows: {e}");

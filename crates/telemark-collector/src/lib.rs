@@ -51,6 +51,12 @@ pub struct Config {
     pub kafka: Option<kafka::KafkaFile>,
     /// NetFlow, IPFIX and sFlow listeners (docs/flows.md); none when `listen` is empty.
     pub flows: flow_listen::FlowListenConfig,
+    /// Longest one request may spend reading the database; past it the query is stopped and
+    /// answered 503 (docs/collector.md, "Queries").
+    pub query_budget: Duration,
+    /// Read-only connections, so at most this many requests read at once (0: half the
+    /// workers, at least 1); the writer is never one of them.
+    pub query_readers: usize,
 }
 
 impl Default for Config {
@@ -66,6 +72,19 @@ impl Default for Config {
             auth: None,
             kafka: None,
             flows: flow_listen::FlowListenConfig::default(),
+            query_budget: store::DEFAULT_QUERY_BUDGET,
+            query_readers: 0,
+        }
+    }
+}
+
+impl Config {
+    /// Reader connections: `query_readers`, or half the workers (at least 1), so queries
+    /// never take every request thread from writers and probes.
+    pub fn readers(&self) -> usize {
+        match self.query_readers {
+            0 => (self.workers / 2).max(1),
+            n => n,
         }
     }
 }
@@ -140,8 +159,12 @@ impl Collector {
             ),
             None => None,
         };
+        let readers = store
+            .readers(cfg.readers(), cfg.query_budget)
+            .map_err(|err| StartError::Db { path: cfg.db.clone(), err })?;
         let api = Arc::new(Api {
             store: Mutex::new(store),
+            readers,
             metrics: metrics::Metrics::default(),
             stale_ns: cfg.stale.as_nanos() as u64,
             auth: std::sync::RwLock::new(cfg.auth.clone()),

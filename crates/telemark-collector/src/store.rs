@@ -5,16 +5,25 @@
 //! changes every time the agent starts, and the record's position in that run. The triple is
 //! the primary key, so a batch the agent sends again after a lost acknowledgement is taken once
 //! and counted as duplicate: at-least-once delivery, exactly-once storage.
+//!
+//! Queries do not hold the writer: they run on [`Readers`], read-only connections of their own
+//! (WAL readers never block the writer, nor it them), each request's reading under a time
+//! budget (docs/collector.md, "Queries"). Sums of stored counts never fail: `usum`.
 
-use crate::flows::Remembered;
+use crate::flows::{DomainKey, Protocol, Remembered};
 use crate::link::Batch;
 use crate::path::PointRecords;
-use rusqlite::{params, Connection, OptionalExtension, ToSql};
+use rusqlite::functions::{Aggregate, Context, FunctionFlags};
+use rusqlite::types::ValueRef;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, ToSql};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use telemark_core::records::{EventRecord, Flow, HealthRecord, PointHealth, Record, Scope};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
+use std::time::{Duration, Instant};
+use telemark_core::records::{
+    EventRecord, Flow, FlowRecord, HealthRecord, PointHealth, Record, Scope,
+};
 use telemark_kafka::{Message, Origin};
 use telemark_wire::ipfix::{Template, TemplateRecord};
 
@@ -23,7 +32,19 @@ use telemark_wire::ipfix::{Template, TemplateRecord};
 pub enum StoreError {
     /// SQLite failed (disk full, I/O error, …).
     #[error("database: {0}")]
-    Sql(#[from] rusqlite::Error),
+    Sql(rusqlite::Error),
+    /// A query ran past its budget and was stopped (`--query-budget`).
+    #[error(
+        "the query took longer than the collector's budget for one request (--query-budget): \
+         ask for a shorter window or fewer flows"
+    )]
+    OverBudget,
+    /// Every reader connection was busy with another query (`--query-readers`).
+    #[error("all {readers} query connections are busy: retry shortly (--query-readers)")]
+    Busy {
+        /// Reader connections.
+        readers: usize,
+    },
     /// The file failed SQLite's integrity check at start.
     #[error(
         "database {path} is damaged ({detail}): restore it from a backup, or move it away to \
@@ -44,11 +65,27 @@ pub enum StoreError {
     Gone(PathBuf),
 }
 
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> StoreError {
+        // The progress handler stopped it: the budget, not the database, failed.
+        match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::OperationInterrupted) => StoreError::OverBudget,
+            _ => StoreError::Sql(e),
+        }
+    }
+}
+
 impl StoreError {
     /// Whether the store cannot take writes until an operator acts (as opposed to one
     /// request's failure).
     pub fn unavailable(&self) -> bool {
         matches!(self, StoreError::Gone(_) | StoreError::Corrupt { .. })
+    }
+
+    /// Whether the reading was refused for lack of time or of a connection, not for a fault:
+    /// worth a retry shortly (503).
+    pub fn overloaded(&self) -> bool {
+        matches!(self, StoreError::OverBudget | StoreError::Busy { .. })
     }
 }
 
@@ -65,6 +102,9 @@ pub struct Stored {
     pub accepted: u64,
     /// Records already stored earlier (a retry), ignored.
     pub duplicates: u64,
+    /// Records refused (a count over [`crate::validate::MAX_COUNT`]): from exporters only,
+    /// whose records are not checked before (agents' and Kafka's are, whole).
+    pub refused: u64,
     /// Which of the request's records were stored now (the others were duplicates).
     pub new: Vec<bool>,
 }
@@ -133,17 +173,155 @@ pub struct FlowSummary {
     pub last_ns: u64,
 }
 
-/// The database.
+/// The database: the writer's connection, or (from [`Store::readers`]) a read-only one.
 pub struct Store {
     db: Connection,
     path: PathBuf,
     /// The file opened (device, inode), to notice it being removed or replaced; `None` for an
     /// in-memory database.
     file: Option<(u64, u64)>,
-    /// Rows in `loss` and `other` (kept here: counting 10 M rows takes a second).
-    rows: (u64, u64),
+    /// Rows in `loss` and `other` (kept here: counting 10 M rows takes a second), shared by
+    /// the writer and its readers.
+    rows: Arc<[AtomicU64; 2]>,
     /// When publishing to Kafka: the outbox's state, shared with the publisher.
     publishing: Option<Arc<Publishing>>,
+    /// When the reading in progress must stop ([`mono_ns`]; 0: no limit, as for writes).
+    deadline: Arc<AtomicU64>,
+}
+
+/// How long one request may read, unless configured (`--query-budget`).
+pub const DEFAULT_QUERY_BUDGET: Duration = Duration::from_secs(10);
+
+/// Nanoseconds on a monotonic clock (never 0).
+fn mono_ns() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let ns = START.get_or_init(Instant::now).elapsed().as_nanos();
+    u64::try_from(ns).unwrap_or(u64::MAX).saturating_add(1)
+}
+
+/// What every connection gets: `usum`, and a progress handler that stops a statement once the
+/// connection's `deadline` passed (SQLite's progress callback: a non-zero return interrupts,
+/// <https://sqlite.org/c3ref/progress_handler.html>); checked every 10,000 VM steps, tens of
+/// microseconds.
+fn prepare(db: &Connection, deadline: &Arc<AtomicU64>) -> Result<(), StoreError> {
+    db.create_aggregate_function(
+        "usum",
+        1,
+        FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC,
+        USum,
+    )?;
+    let d = deadline.clone();
+    db.progress_handler(
+        10_000,
+        Some(move || {
+            let at = d.load(Ordering::Relaxed);
+            at != 0 && mono_ns() > at
+        }),
+    );
+    Ok(())
+}
+
+/// `usum(x)`: SQLite's `SUM` without its failures, for stored counts. `SUM` stops the whole
+/// query with "integer overflow" past 2^63 and turns real once any value is (a count beyond
+/// 2^63 stored as JSON), which no count column reads back; here integers add exactly (in 128
+/// bits), a real counts as the integer it rounds to, and the total saturates at 2^63 − 1.
+/// NULL when no row has a value, as `SUM`.
+struct USum;
+
+impl Aggregate<Option<i128>, Option<i64>> for USum {
+    fn init(&self, _: &mut Context<'_>) -> rusqlite::Result<Option<i128>> {
+        Ok(None)
+    }
+
+    fn step(&self, ctx: &mut Context<'_>, acc: &mut Option<i128>) -> rusqlite::Result<()> {
+        let v = match ctx.get_raw(0) {
+            ValueRef::Integer(v) => i128::from(v),
+            // Saturating, NaN as 0.
+            ValueRef::Real(f) => f.round() as i128,
+            _ => return Ok(()),
+        };
+        *acc = Some(acc.unwrap_or(0).saturating_add(v));
+        Ok(())
+    }
+
+    fn finalize(
+        &self,
+        _: &mut Context<'_>,
+        acc: Option<Option<i128>>,
+    ) -> rusqlite::Result<Option<i64>> {
+        Ok(acc
+            .flatten()
+            .map(|v| i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX })))
+    }
+}
+
+/// Read-only connections to the database, for queries: a request reads on one of its own, so
+/// no query waits for the writer nor holds it (SQLite's WAL: readers and the writer do not
+/// block each other, <https://sqlite.org/wal.html>). At most as many requests read at once as
+/// there are connections; one more is refused ([`StoreError::Busy`]) rather than made to
+/// wait, so that queries never take every request thread from the writers. An in-memory
+/// database (tests) has no second connection: its requests read on the writer's, under the
+/// same budget.
+pub struct Readers {
+    conns: Vec<Mutex<Store>>,
+    /// Longest one request may read.
+    pub budget: Duration,
+}
+
+impl Default for Readers {
+    /// None: read on the writer's connection, under [`DEFAULT_QUERY_BUDGET`].
+    fn default() -> Self {
+        Readers { conns: Vec::new(), budget: DEFAULT_QUERY_BUDGET }
+    }
+}
+
+impl Readers {
+    /// A connection for one request's reading, its budget starting now: one of the readers,
+    /// or the writer's (`writer`) when there are none.
+    pub fn get<'a>(&'a self, writer: &'a Mutex<Store>) -> Result<Reader<'a>, StoreError> {
+        let budget = u64::try_from(self.budget.as_nanos()).unwrap_or(u64::MAX);
+        let guard = if self.conns.is_empty() {
+            writer.lock().unwrap_or_else(|p| p.into_inner())
+        } else {
+            let free = self.conns.iter().find_map(|c| match c.try_lock() {
+                Ok(g) => Some(g),
+                // A panic in another request left no transaction open on a read-only
+                // connection.
+                Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(TryLockError::WouldBlock) => None,
+            });
+            free.ok_or(StoreError::Busy { readers: self.conns.len() })?
+        };
+        guard.deadline.store(mono_ns().saturating_add(budget), Ordering::Relaxed);
+        Ok(Reader(guard))
+    }
+
+    /// Reader connections (0: reads use the writer's).
+    pub fn len(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Whether reads use the writer's connection.
+    pub fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+    }
+}
+
+/// One request's connection for reading ([`Readers::get`]); its budget ends when dropped.
+pub struct Reader<'a>(MutexGuard<'a, Store>);
+
+impl std::ops::Deref for Reader<'_> {
+    type Target = Store;
+
+    fn deref(&self) -> &Store {
+        &self.0
+    }
+}
+
+impl Drop for Reader<'_> {
+    fn drop(&mut self) {
+        self.0.deadline.store(0, Ordering::Relaxed);
+    }
 }
 
 /// The outbox of records stored and not yet acknowledged by Kafka (docs/kafka.md, "From the
@@ -345,6 +523,8 @@ impl Store {
     /// Opens (creating if needed) the database at `path`; `":memory:"` for a throw-away one.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         let db = Connection::open(path)?;
+        let deadline = Arc::new(AtomicU64::new(0));
+        prepare(&db, &deadline)?;
         // A damaged file is refused at start, not discovered by the first query that touches
         // the damage (quick_check: every page and record, not the index contents).
         let check = db
@@ -370,8 +550,14 @@ impl Store {
             }
         }
         let in_memory = path.as_os_str() == ":memory:";
-        let mut store =
-            Store { db, path: path.to_path_buf(), file: None, rows: (0, 0), publishing: None };
+        let mut store = Store {
+            db,
+            path: path.to_path_buf(),
+            file: None,
+            rows: Arc::default(),
+            publishing: None,
+            deadline,
+        };
         if !in_memory {
             store.file = identity(path);
         }
@@ -379,8 +565,36 @@ impl Store {
         let count = |t: &str| -> Result<u64, StoreError> {
             Ok(u(store.db.query_row(&format!("SELECT COUNT(*) FROM {t}"), [], |r| r.get(0))?))
         };
-        store.rows = (count("loss")?, count("other")?);
+        store.rows[0].store(count("loss")?, Ordering::Relaxed);
+        store.rows[1].store(count("other")?, Ordering::Relaxed);
         Ok(store)
+    }
+
+    /// `n` read-only connections to this database, each request's reading limited to
+    /// `budget`; none for an in-memory database (its reads use this connection).
+    pub fn readers(&self, n: usize, budget: Duration) -> Result<Readers, StoreError> {
+        let mut conns = Vec::new();
+        if self.file.is_some() {
+            for _ in 0..n.max(1) {
+                let db = Connection::open_with_flags(
+                    &self.path,
+                    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )?;
+                // A WAL reader waits only while the writer recovers or restarts the log.
+                db.busy_timeout(Duration::from_secs(5))?;
+                let deadline = Arc::new(AtomicU64::new(0));
+                prepare(&db, &deadline)?;
+                conns.push(Mutex::new(Store {
+                    db,
+                    path: self.path.clone(),
+                    file: self.file,
+                    rows: self.rows.clone(),
+                    publishing: None,
+                    deadline,
+                }));
+            }
+        }
+        Ok(Readers { conns, budget })
     }
 
     /// A database from before `flow_hours` gets it filled from its batches, once.
@@ -396,7 +610,7 @@ impl Store {
                      SELECT first_ns / {HOUR_NS}, src, dst, sport, dport, proto,
                             COALESCE(spi, -1), COALESCE(si, -1), agent, point,
                             COALESCE(upstream, ''), scope, COUNT(*), SUM(lost > 0),
-                            SUM(COALESCE(expected, 0)), SUM(lost), SUM(uncertain),
+                            usum(COALESCE(expected, 0)), usum(lost), usum(uncertain),
                             MIN(first_ns), MAX(last_ns)
                      FROM loss GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12"
                 ),
@@ -603,9 +817,16 @@ impl Store {
     ) -> Result<Stored, StoreError> {
         self.check_file()?;
         self.register_run(exporter, "exporter", boot, now)?;
-        let numbered = records.iter().map(|(s, r)| (*s, r));
+        // The one rule for counts (`validate::counts`): a record an exporter sent with a count
+        // no reader could hold (a packetDeltaCount of 2^64 - 1) is refused, counted, and the
+        // others stored.
+        let (fit, refused): (Vec<_>, Vec<_>) =
+            records.iter().partition(|(_, r)| crate::validate::counts(r).is_ok());
+        let numbered = fit.into_iter().map(|(s, r)| (*s, r));
         let publishing = self.publishing.clone();
-        self.store(exporter, boot, numbered, None, publishing.as_deref(), now)
+        let mut st = self.store(exporter, boot, numbered, None, publishing.as_deref(), now)?;
+        st.refused = refused.len() as u64;
+        Ok(st)
     }
 
     fn store<'r>(
@@ -634,8 +855,9 @@ impl Store {
                  1, ?13, ?14, ?15, ?16, ?17, ?18)
                  ON CONFLICT DO UPDATE SET batches = batches + 1,
                     lossy_batches = lossy_batches + excluded.lossy_batches,
-                    expected = expected + excluded.expected,
-                    lost = lost + excluded.lost, uncertain = uncertain + excluded.uncertain,
+                    expected = MIN(expected + excluded.expected, 9223372036854775807),
+                    lost = MIN(lost + excluded.lost, 9223372036854775807),
+                    uncertain = MIN(uncertain + excluded.uncertain, 9223372036854775807),
                     first_ns = MIN(first_ns, excluded.first_ns),
                     last_ns = MAX(last_ns, excluded.last_ns)",
             )?;
@@ -736,7 +958,8 @@ impl Store {
             )?;
         }
         tx.commit()?;
-        self.rows = (self.rows.0 + new_rows.0, self.rows.1 + new_rows.1);
+        self.rows[0].fetch_add(new_rows.0, Ordering::Relaxed);
+        self.rows[1].fetch_add(new_rows.1, Ordering::Relaxed);
         if let Some(p) = publishing {
             p.pending.fetch_add(published, Ordering::Relaxed);
             p.skipped.fetch_add(unpublished, Ordering::Relaxed);
@@ -750,7 +973,11 @@ impl Store {
         let b = self.db.execute("DELETE FROM other WHERE time_ns < ?1", [i(before_ns)])?;
         // Hours wholly before the cut go; the hour it falls in stays until it is whole.
         self.db.execute("DELETE FROM flow_hours WHERE hour < ?1", [i(before_ns / HOUR_NS)])?;
-        self.rows = (self.rows.0.saturating_sub(a as u64), self.rows.1.saturating_sub(b as u64));
+        for (rows, gone) in self.rows.iter().zip([a as u64, b as u64]) {
+            let _ = rows.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(gone))
+            });
+        }
         Ok((a + b) as u64)
     }
 
@@ -789,12 +1016,12 @@ impl Store {
         // of the flows listed are then read exactly, from their batches.
         let mut q = self.db.prepare_cached(
             "SELECT src, dst, sport, dport, proto, NULLIF(spi, -1), NULLIF(si, -1), agent, point,
-                    NULLIF(upstream, ''), scope, SUM(lossy_batches), SUM(lost), SUM(uncertain),
+                    NULLIF(upstream, ''), scope, SUM(lossy_batches), usum(lost), usum(uncertain),
                     MIN(first_ns), MAX(last_ns)
-                    , SUM(expected)
+                    , usum(expected)
              FROM flow_hours WHERE hour >= ?1 AND hour <= ?2
              GROUP BY src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope
-             HAVING ?3 = 0 OR SUM(lost) > 0 OR SUM(uncertain) > 0
+             HAVING ?3 = 0 OR MAX(lost) > 0 OR MAX(uncertain) > 0
              ORDER BY src, dst, sport, dport, proto, spi, si",
         )?;
         let hours = (i(w.from_ns / HOUR_NS), i(w.to_ns.saturating_sub(1) / HOUR_NS));
@@ -862,8 +1089,8 @@ impl Store {
                 continue;
             }
             let segs = crate::path::segments(&points);
-            f.lost = segs.iter().map(|s| s.lost).sum();
-            f.uncertain = segs.iter().map(|s| s.uncertain).sum();
+            f.lost = segs.iter().fold(0, |a, s| a.saturating_add(s.lost));
+            f.uncertain = segs.iter().fold(0, |a, s| a.saturating_add(s.uncertain));
             f.packets = points.iter().map(|p| p.expected).max().unwrap_or(0);
             f.ratio = if f.packets > 0 { f.lost as f64 / f.packets as f64 } else { 0.0 };
             if !lossy_only || f.lost > 0 || f.uncertain > 0 {
@@ -882,7 +1109,7 @@ impl Store {
     ) -> Result<Vec<SeriesPoint>, StoreError> {
         let sql = format!(
             "SELECT agent, point, (first_ns / :bucket) * :bucket AS t, COUNT(*),
-                    SUM(COALESCE(expected, 0)), SUM(lost), SUM(late), MAX(scope), SUM(uncertain)
+                    usum(COALESCE(expected, 0)), usum(lost), usum(late), MAX(scope), usum(uncertain)
              FROM loss WHERE {FLOW_IN} GROUP BY agent, point, t ORDER BY t, agent, point"
         );
         let (bucket, range) = (i(bucket_ns.max(1)), w.args());
@@ -950,9 +1177,9 @@ impl Store {
             };
             p.batches.push(batch);
             p.ended = tail;
-            p.expected += expected;
-            p.lost += lost;
-            p.uncertain += uncertain;
+            p.expected = p.expected.saturating_add(expected);
+            p.lost = p.lost.saturating_add(lost);
+            p.uncertain = p.uncertain.saturating_add(uncertain);
             p.lossy_batches += u64::from(lost > 0);
             p.every_batch |= lost == 0 && uncertain == 0;
         }
@@ -985,10 +1212,11 @@ impl Store {
                 }
             };
             sum.interval_end_ns = h.interval_end_ns;
-            sum.rx += h.rx;
-            sum.rx_ring_drops += h.rx_ring_drops;
-            sum.tx_drops += h.tx_drops;
-            sum.events_lost += h.events_lost;
+            // Saturating: a sum of stored counts is never wrapped round.
+            sum.rx = sum.rx.saturating_add(h.rx);
+            sum.rx_ring_drops = sum.rx_ring_drops.saturating_add(h.rx_ring_drops);
+            sum.tx_drops = sum.tx_drops.saturating_add(h.tx_drops);
+            sum.events_lost = sum.events_lost.saturating_add(h.events_lost);
             sum.export_dropped = h.export_dropped;
             for p in h.points {
                 let at = sum.points.iter().position(|q| q.point == p.point && q.port == p.port);
@@ -1004,10 +1232,10 @@ impl Store {
                         q
                     }
                 };
-                q.flows_admitted += p.flows_admitted;
-                q.flows_evicted += p.flows_evicted;
-                q.packets_refused += p.packets_refused;
-                q.packets_unselected += p.packets_unselected;
+                q.flows_admitted = q.flows_admitted.saturating_add(p.flows_admitted);
+                q.flows_evicted = q.flows_evicted.saturating_add(p.flows_evicted);
+                q.packets_refused = q.packets_refused.saturating_add(p.packets_refused);
+                q.packets_unselected = q.packets_unselected.saturating_add(p.packets_unselected);
                 (q.flows, q.capacity) = (p.flows, p.capacity);
             }
         }
@@ -1075,10 +1303,10 @@ impl Store {
             "SELECT json_extract(json, '$.flow.src'), json_extract(json, '$.flow.dst'),
                     json_extract(json, '$.flow.sport'), json_extract(json, '$.flow.dport'),
                     json_extract(json, '$.flow.proto'),
-                    SUM(json_extract(json, '$.packets')) AS packets,
-                    SUM(json_extract(json, '$.bytes')) AS bytes, COUNT(*),
+                    usum(json_extract(json, '$.packets')) AS packets,
+                    usum(json_extract(json, '$.bytes')) AS bytes, COUNT(*),
                     MIN(json_extract(json, '$.exact')),
-                    SUM(json_extract(json, '$.error_bound') * json_extract(json, '$.error_bound'))
+                    TOTAL(json_extract(json, '$.error_bound') * json_extract(json, '$.error_bound'))
              FROM other WHERE kind = 'flow' AND time_ns >= :from AND time_ns < :to
                AND (:exporter IS NULL OR agent = :exporter)
                AND (:interface IS NULL OR json_extract(json, '$.port') = :interface)
@@ -1140,7 +1368,7 @@ impl Store {
 
     /// Records stored, per table.
     pub fn counts(&self) -> Result<(u64, u64), StoreError> {
-        Ok(self.rows)
+        Ok((self.rows[0].load(Ordering::Relaxed), self.rows[1].load(Ordering::Relaxed)))
     }
 }
 
@@ -1168,7 +1396,115 @@ fn flow_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Flow> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use telemark_core::records::LossRecord;
+    use telemark_core::records::{FlowRecord, LossRecord};
+
+    fn flow_record(sport: u16, packets: u64) -> Record {
+        Record::Flow(FlowRecord {
+            agent: "192.0.2.1".into(),
+            port: "1".into(),
+            point: "ipfix".into(),
+            flow: Flow {
+                src: "10.0.0.1".into(),
+                dst: "10.0.0.2".into(),
+                sport,
+                dport: 80,
+                proto: 6,
+                spi: None,
+                si: None,
+            },
+            window_start_ns: 1_000,
+            window_end_ns: 2_000,
+            packets,
+            bytes: packets,
+            exact: true,
+            error_bound: 0,
+            truth_packets: None,
+            truth_bytes: None,
+            exported: Default::default(),
+        })
+    }
+
+    #[test]
+    fn readers_are_their_own_connections_and_one_too_many_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let writer = Mutex::new(Store::open(&path).unwrap());
+        let readers = writer.lock().unwrap().readers(2, DEFAULT_QUERY_BUDGET).unwrap();
+        assert_eq!(readers.len(), 2);
+        let a = readers.get(&writer).unwrap();
+        let b = readers.get(&writer).unwrap();
+        assert!(matches!(readers.get(&writer), Err(StoreError::Busy { readers: 2 })));
+        // Both readers held, the writer is free and writes; the readers see it once committed.
+        writer.lock().unwrap().register("a", "1", 7, 0).unwrap();
+        assert_eq!(a.agents().unwrap().len(), 1);
+        // A reader cannot write.
+        assert!(a.db.execute("DELETE FROM agents", []).is_err());
+        drop((a, b));
+        assert!(readers.get(&writer).is_ok());
+        // In memory there is no second connection: reads take the writer's.
+        let mem = Mutex::new(Store::open(Path::new(":memory:")).unwrap());
+        let none = mem.lock().unwrap().readers(2, DEFAULT_QUERY_BUDGET).unwrap();
+        assert!(none.is_empty());
+        let r = none.get(&mem).unwrap();
+        assert!(mem.try_lock().is_err(), "the reader holds the writer's connection");
+        drop(r);
+        assert!(mem.try_lock().is_ok());
+    }
+
+    #[test]
+    fn a_query_past_its_budget_is_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let writer = Mutex::new(Store::open(&path).unwrap());
+        let readers = writer.lock().unwrap().readers(1, Duration::from_millis(1)).unwrap();
+        let r = readers.get(&writer).unwrap();
+        // Far more than 1 ms of work (a billion-row recursive count).
+        let slow = r.db.query_row(
+            "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 1e9)
+             SELECT COUNT(*) FROM c",
+            [],
+            |row| row.get::<_, i64>(0),
+        );
+        assert!(matches!(StoreError::from(slow.unwrap_err()), StoreError::OverBudget));
+        drop(r);
+        // The writer has no budget: the same statement there is not stopped by one.
+        assert_eq!(writer.lock().unwrap().deadline.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn sums_of_stored_counts_never_fail_nor_wrap() {
+        // Rows a collector stored before counts were held to 2^53 - 1 (and Kafka-era rows):
+        // SQLite's SUM failed on them ("integer overflow", "Invalid column type Real").
+        let mut s = Store::open(Path::new(":memory:")).unwrap();
+        let recs = vec![
+            flow_record(1, i64::MAX as u64),
+            flow_record(1, 5),
+            flow_record(2, u64::MAX),
+            flow_record(2, u64::MAX),
+            flow_record(3, (1 << 53) - 1),
+            flow_record(3, 5),
+        ];
+        s.ingest("192.0.2.1", 1, 0, &recs, 0, 1).unwrap();
+        let top = s.top_talkers(Window::since(0), &TopFilter::default(), TopBy::Packets, 10);
+        let top = top.unwrap();
+        let packets = |sport: u16| top.iter().find(|t| t.flow.sport == sport).unwrap().packets;
+        assert_eq!(packets(1), i64::MAX as u64, "saturated");
+        assert_eq!(packets(2), i64::MAX as u64, "saturated");
+        // Above 2^53 and still exact.
+        assert_eq!(packets(3), (1 << 53) + 4);
+        let health = |rx: u64| {
+            Record::Health(HealthRecord {
+                agent: "a".into(),
+                interval_start_ns: 1,
+                interval_end_ns: 2,
+                rx,
+                ..HealthRecord::default()
+            })
+        };
+        s.register("a", "1", 1, 0).unwrap();
+        s.ingest("a", 1, 0, &[health(u64::MAX), health(u64::MAX)], 0, 3).unwrap();
+        assert_eq!(s.health(0).unwrap()[0].rx, u64::MAX, "saturated, not wrapped");
+    }
 
     #[test]
     fn same_seq_is_stored_once() {
@@ -1203,15 +1539,15 @@ mod tests {
         let recs = vec![r.clone(), r.clone(), r.clone()];
         assert_eq!(
             s.ingest("a", 7, 0, &recs, 0, 1).unwrap(),
-            Stored { accepted: 3, duplicates: 0, new: vec![true; 3] }
+            Stored { accepted: 3, duplicates: 0, refused: 0, new: vec![true; 3] }
         );
         assert_eq!(
             s.ingest("a", 7, 1, &recs[..1], 0, 1).unwrap(),
-            Stored { accepted: 0, duplicates: 1, new: vec![false] }
+            Stored { accepted: 0, duplicates: 1, refused: 0, new: vec![false] }
         );
         assert_eq!(
             s.ingest("a", 8, 1, &recs[..1], 0, 1).unwrap(),
-            Stored { accepted: 1, duplicates: 0, new: vec![true] }
+            Stored { accepted: 1, duplicates: 0, refused: 0, new: vec![true] }
         );
         assert_eq!(s.counts().unwrap(), (4, 0));
     }

@@ -3,9 +3,11 @@
 
 use telemark_core::records::{EventRecord, Flow, LossRecord, Record};
 
-/// Largest count one record may carry: a batch's counters are at most 32 bits wide, so sums
-/// over any number of records a store can hold stay far below 2^63.
-pub const MAX_COUNT: u64 = u32::MAX as u64;
+/// Largest count (packets, bytes, frames, cycles, …) one record of any kind may carry:
+/// 2^53 − 1, the largest integer every JSON reader holds exactly (RFC 8259 §6; JavaScript's
+/// numbers). Every count of every record kind is held to it by [`counts`], one rule for agents,
+/// Kafka and exporters alike; sums of stored counts saturate (`store.rs`, `usum`).
+pub const MAX_COUNT: u64 = (1 << 53) - 1;
 /// How far in the past a record may be dated.
 pub const MAX_AGE_NS: u64 = 400 * 24 * 3600 * 1_000_000_000;
 /// How far in the future (clocks disagree a little, never by a day).
@@ -16,12 +18,12 @@ pub fn record(r: &Record, now: u64) -> Result<(), String> {
     if let Some(a) = r.agent() {
         name("agent", a)?;
     }
+    counts(r)?;
     match r {
         Record::Loss(l) => loss(l, now),
         Record::Summary(s) => {
             name("point", &s.point)?;
-            time_range(s.interval_start_ns, s.interval_end_ns, now)?;
-            counts(&[s.counts.expected, s.counts.observed, s.counts.lost, s.counts.late])
+            time_range(s.interval_start_ns, s.interval_end_ns, now)
         }
         Record::FlowLoss(f) => {
             name("point", &f.point)?;
@@ -74,7 +76,6 @@ fn loss(l: &LossRecord, now: u64) -> Result<(), String> {
         return Err(format!("color {} (0 or 1)", l.color));
     }
     time_range(l.first_ns, l.last_ns, now)?;
-    counts(&[l.expected.unwrap_or(0), l.observed, l.lost, l.late, l.uncertain])?;
     if let Some(e) = l.expected {
         if l.lost.saturating_add(l.uncertain) > e {
             return Err(format!(
@@ -121,9 +122,79 @@ fn time_range(first: u64, last: u64, now: u64) -> Result<(), String> {
     Ok(())
 }
 
-fn counts(c: &[u64]) -> Result<(), String> {
-    match c.iter().find(|v| **v > MAX_COUNT) {
-        Some(v) => Err(format!("count {v} is more than one record can carry ({MAX_COUNT})")),
+/// Whether every count `r` carries is at most [`MAX_COUNT`]; else which one is not. The one
+/// rule for counts: `record` applies it to what agents and Kafka send, the store to what
+/// exporters send (`Store::ingest_flows`).
+pub fn counts(r: &Record) -> Result<(), String> {
+    let loss = |c: &telemark_core::records::LossCounts| {
+        [
+            ("batches", c.batches),
+            ("lossy_batches", c.lossy_batches),
+            ("expected", c.expected),
+            ("observed", c.observed),
+            ("late", c.late),
+            ("lost", c.lost),
+            ("uncertain", c.uncertain),
+            ("uncertain_batches", c.uncertain_batches),
+            ("excess", c.excess),
+            ("unmatched", c.unmatched),
+        ]
+    };
+    let mut all: Vec<(&str, u64)> = Vec::new();
+    match r {
+        Record::Loss(l) => all.extend([
+            ("expected", l.expected.unwrap_or(0)),
+            ("observed", l.observed),
+            ("lost", l.lost),
+            ("late", l.late),
+            ("uncertain", l.uncertain),
+        ]),
+        Record::Summary(s) => {
+            all.extend(loss(&s.counts));
+            all.push(("rx_ring_drops", s.rx_ring_drops));
+        }
+        Record::FlowLoss(f) => {
+            all.extend(loss(&f.counts));
+            all.push(("truth_lost", f.truth_lost.unwrap_or(0)));
+        }
+        Record::Flow(f) => all.extend([
+            ("packets", f.packets),
+            ("bytes", f.bytes),
+            ("error_bound", f.error_bound),
+            ("truth_packets", f.truth_packets.unwrap_or(0)),
+            ("truth_bytes", f.truth_bytes.unwrap_or(0)),
+        ]),
+        Record::Health(h) => {
+            all.extend([
+                ("rx", h.rx),
+                ("rx_ring_drops", h.rx_ring_drops),
+                ("tx_drops", h.tx_drops),
+                ("events_lost", h.events_lost),
+                ("export_dropped", h.export_dropped),
+            ]);
+            for p in &h.points {
+                all.extend([
+                    ("flows_admitted", p.flows_admitted),
+                    ("flows_evicted", p.flows_evicted),
+                    ("packets_refused", p.packets_refused),
+                    ("packets_unselected", p.packets_unselected),
+                    ("flows", p.flows),
+                    ("capacity", p.capacity),
+                ]);
+            }
+        }
+        Record::Cost(c) => all.extend([("packets", c.packets), ("cycles", c.cycles)]),
+        Record::Capture(c) => {
+            all.extend([("packets", c.packets), ("cut", c.cut)]);
+            all.extend(c.skipped.values().map(|v| ("skipped", *v)));
+        }
+        // An event's value is a measurement (a latency, a queue depth), not a count.
+        Record::Event(_) => {}
+    }
+    match all.iter().find(|(_, v)| *v > MAX_COUNT) {
+        Some((what, v)) => {
+            Err(format!("{what} {v} is more than a count may be ({MAX_COUNT}, 2^53 - 1)"))
+        }
         None => Ok(()),
     }
 }
@@ -200,7 +271,7 @@ mod tests {
             (json!({"point": "<script>"}), "point"),
             (json!({"first_ns": NOW, "last_ns": NOW - 1}), "before it begins"),
             (json!({"lost": 101, "observed": 0}), "more than the 100 expected"),
-            (json!({"lost": u64::MAX}), "more than one record can carry"),
+            (json!({"lost": u64::MAX}), "more than a count may be"),
             (json!({"first_ns": 0, "last_ns": 1}), "400 days"),
             (json!({"first_ns": NOW, "last_ns": 7_258_118_400_000_000_000u64}), "a day ahead"),
             (json!({"color": 2}), "color"),

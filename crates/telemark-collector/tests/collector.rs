@@ -578,3 +578,140 @@ fn two_agents_with_one_name_do_not_both_write() {
     let (_, agents) = get(c.addr, "/api/v1/agents");
     assert!(agents.contains("\"boot\":300"), "{agents}");
 }
+
+/// A flow record of `packets` (and as many bytes) from agent `sw-c`.
+fn flow_record(sport: u16, packets: u64) -> serde_json::Value {
+    serde_json::to_value(Record::Flow(telemark_core::records::FlowRecord {
+        agent: "sw-c".into(),
+        port: "p1".into(),
+        point: "ingress".into(),
+        flow: flow(sport),
+        window_start_ns: base_ns(),
+        window_end_ns: base_ns() + 1_000_000_000,
+        packets,
+        bytes: packets,
+        exact: true,
+        error_bound: 0,
+        truth_packets: None,
+        truth_bytes: None,
+        exported: Default::default(),
+    }))
+    .unwrap()
+}
+
+/// Every count of every record kind is held to one rule, at most 2^53 - 1 (issue 31, item 5):
+/// before, two `flow` records of 2^63 - 1 and 5 packets were stored and then every
+/// `/api/v1/flows/top` over them answered 500 ("integer overflow"), and two `health` records
+/// of rx 2^64 - 1 summed to 18446744073709551614 (wrapped).
+#[test]
+fn counts_no_reader_can_hold_are_refused_and_sums_do_not_fail() {
+    let c = start(std::path::Path::new(":memory:"), "127.0.0.1:0".parse().unwrap());
+    let reg = br#"{"agent":"sw-c","version":"1","boot":1}"#;
+    assert_eq!(send("POST", c.addr, "/api/v1/agents", reg).0, 200);
+    let ingest = |seq: u64, records: Vec<serde_json::Value>| {
+        let body = serde_json::json!({"agent": "sw-c", "boot": 1, "seq": seq, "records": records});
+        send("POST", c.addr, "/api/v1/ingest", body.to_string().as_bytes())
+    };
+    let (status, body) = ingest(0, vec![flow_record(1, i64::MAX as u64), flow_record(1, 5)]);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("record 0: packets 9223372036854775807 is more than a count"), "{body}");
+    let health = |rx: u64| {
+        serde_json::json!({"kind": "health", "agent": "sw-c", "interval_start_ns": base_ns(),
+                           "interval_end_ns": base_ns() + 1, "rx": rx, "points": []})
+    };
+    let (status, body) = ingest(0, vec![health(u64::MAX), health(u64::MAX)]);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("rx 18446744073709551615 is more than a count"), "{body}");
+    let point = serde_json::json!({"point": "ingress", "port": "p1", "packets_refused": u64::MAX});
+    let mut h = health(1);
+    h["points"] = serde_json::json!([point]);
+    let (status, body) = ingest(0, vec![h]);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("packets_refused"), "{body}");
+    let cost = serde_json::json!({"kind": "cost", "agent": "sw-c", "stage": "parse",
+                                  "packets": 1, "cycles": u64::MAX, "interval_ns": 1});
+    let (status, body) = ingest(0, vec![cost]);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("cycles"), "{body}");
+    assert_eq!(metric(c.addr, "telemark_collector_errors_total{reason=\"bad_record\"}"), 4);
+    let (status, body) = get(c.addr, "/api/v1/flows/top?from=0");
+    assert_eq!(status, 200, "{body}");
+    // The largest count there is, twice, and five: the sum is above 2^53 and exact (as a
+    // string for JavaScript with ints=string).
+    let (status, body) = ingest(0, vec![flow_record(2, (1 << 53) - 1), flow_record(2, 5)]);
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = ingest(2, vec![health(u64::pow(2, 53) - 1), health(1)]);
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = get(c.addr, "/api/v1/flows/top?from=0&ints=string");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""packets":"9007199254740996""#), "{body}");
+    let (status, body) = get(c.addr, "/api/v1/health?from=0");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""rx":9007199254740992"#), "{body}");
+}
+
+/// An IPFIX record whose packetDeltaCount is 2^64 - 1 (issue 31, item 5): before, it was
+/// stored and every `/api/v1/flows/top` over its window answered 500 ("Invalid column type
+/// Real"). Now it is refused and counted; the other record of the datagram is stored.
+#[test]
+fn an_exporter_count_no_reader_can_hold_is_refused_and_the_rest_stored() {
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let mut cfg = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        db: ":memory:".into(),
+        workers: 2,
+        ..Config::default()
+    };
+    cfg.flows.listen = vec![port];
+    let c = Collector::start(&cfg).expect("collector starts");
+    // RFC 7011: a message header, a template set (id 2) of template 256, a data set of two
+    // records: addresses, ports, protocol, packetDeltaCount (IE 2) and octetDeltaCount (IE 1).
+    let fields: [(u16, u16); 7] = [(8, 4), (12, 4), (7, 2), (11, 2), (4, 1), (2, 8), (1, 8)];
+    let mut tmpl = vec![0, 2, 0, 0, 1, 0, 0, 7];
+    for (ie, len) in fields {
+        tmpl.extend(ie.to_be_bytes());
+        tmpl.extend(len.to_be_bytes());
+    }
+    let n = tmpl.len() as u16;
+    tmpl[2..4].copy_from_slice(&n.to_be_bytes());
+    let mut data = vec![1, 0, 0, 0];
+    for (sport, packets) in [(1u16, u64::MAX), (2, 7)] {
+        data.extend([10, 0, 0, 1, 10, 0, 0, 7]);
+        data.extend(sport.to_be_bytes());
+        data.extend(5201u16.to_be_bytes());
+        data.push(17);
+        data.extend(packets.to_be_bytes());
+        data.extend((packets.saturating_mul(100)).to_be_bytes());
+    }
+    let n = data.len() as u16;
+    data[2..4].copy_from_slice(&n.to_be_bytes());
+    let now = (telemark_collector::now_ns() / 1_000_000_000) as u32;
+    let mut msg = vec![0, 10, 0, 0];
+    msg.extend(now.to_be_bytes());
+    msg.extend(0u32.to_be_bytes());
+    msg.extend(0u32.to_be_bytes());
+    msg.extend(tmpl);
+    msg.extend(data);
+    let n = msg.len() as u16;
+    msg[2..4].copy_from_slice(&n.to_be_bytes());
+    let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    tx.send_to(&msg, port).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let (status, body) = get(c.addr, "/api/v1/flows/top?from=0");
+        assert_eq!(status, 200, "{body}");
+        if body.contains("\"sport\":2") || std::time::Instant::now() > deadline {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let flows = v["flows"].as_array().unwrap();
+    assert_eq!(flows.len(), 1, "{body}");
+    assert_eq!(flows[0]["flow"]["sport"], 2);
+    assert_eq!(flows[0]["packets"], 7);
+    assert_eq!(
+        metric(c.addr, "telemark_collector_errors_total{reason=\"exporter_count_too_large\"}"),
+        1
+    );
+}

@@ -79,6 +79,14 @@ pub struct Args {
     /// Receive buffer per flow socket, bytes.
     #[arg(long, default_value_t = 8 << 20)]
     pub flows_rcvbuf: usize,
+    /// Longest one request may spend reading the database (e.g. 10s, 500ms); a query past it
+    /// is stopped and answered 503 (docs/collector.md, "Queries").
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub query_budget: Duration,
+    /// Requests that may read the database at once, each on a read-only connection of its own
+    /// (0: half of --workers, at least 1); one more is answered 503.
+    #[arg(long, default_value_t = 0)]
+    pub query_readers: usize,
 }
 
 /// A duration such as `30s`, `15m`, `48h`, `7d` (seconds without a unit; 0 allowed).
@@ -117,6 +125,8 @@ pub fn run(a: Args) -> Result<()> {
             ..defaults.limits.clone()
         },
         workers: usize::from(a.workers),
+        query_budget: a.query_budget.max(Duration::from_millis(1)),
+        query_readers: a.query_readers,
         kafka,
         flows: telemark_collector::flow_listen::FlowListenConfig {
             listen: a.flows_listen,
