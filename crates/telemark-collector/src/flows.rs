@@ -18,7 +18,9 @@
 //! so tunnels, VLAN stacks and NSH give the same flow key as in the switch.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use telemark_core::records::Direction;
 use telemark_wire::flow::{extract, FlowKey};
 use telemark_wire::ipfix::{self, Message, SetKind, Template, TemplateRecord, Templates, Value};
@@ -53,8 +55,11 @@ impl Protocol {
 /// A flow as an exporter reported it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportedFlow {
-    /// The exporter (for sFlow, the agent address in the datagram).
+    /// The exporter: the address the datagram came from (for sFlow too; the agent address
+    /// inside an sFlow datagram is only a claim, kept in `agent`).
     pub exporter: IpAddr,
+    /// sFlow: the agent address the datagram claims (not checked: anyone may claim any).
+    pub agent: Option<IpAddr>,
     /// Observation domain (IPFIX), source id (v9), engine (v5), sub-agent (sFlow).
     pub domain: u32,
     /// The protocol.
@@ -107,13 +112,38 @@ pub enum Refusal {
     Version,
     /// A header, set or record that does not parse.
     Malformed,
-    /// Data held for a template that did not come before the bound was reached.
+    /// Data held for a template that did not come before a bound was reached (the held sets'
+    /// count per decoder, or their bytes across all of them).
     PendingDropped,
-    /// A new exporter or domain past [`MAX_DOMAINS`] (spoofed sources must not grow memory).
+    /// A new session's domain past [`MAX_DOMAINS`] while every one was in use this datagram
+    /// (spoofed sources must not grow memory); see also [`DecodeStats::domains_evicted`].
     TooManyDomains,
+    /// A template with more fields than [`Limits::max_template_fields`], or whose records
+    /// would take fewer bytes than [`Limits::min_record_len`]: its data is not read.
+    TemplateRefused,
+    /// A new template past [`Limits::max_templates_per_domain`] in its domain.
+    TooManyTemplates,
+    /// A new template past the templates' memory shared by all decoders
+    /// ([`Budget::new`]'s `template_fields`).
+    TemplateMemory,
+    /// The rest of a datagram whose records would take more than [`Limits::max_work`] field
+    /// reads.
+    WorkBudget,
 }
 
 impl Refusal {
+    /// Every reason, in metrics order.
+    pub const ALL: [Refusal; 8] = [
+        Refusal::Version,
+        Refusal::Malformed,
+        Refusal::PendingDropped,
+        Refusal::TooManyDomains,
+        Refusal::TemplateRefused,
+        Refusal::TooManyTemplates,
+        Refusal::TemplateMemory,
+        Refusal::WorkBudget,
+    ];
+
     /// Its label in metrics.
     pub fn name(self) -> &'static str {
         match self {
@@ -121,6 +151,10 @@ impl Refusal {
             Refusal::Malformed => "malformed",
             Refusal::PendingDropped => "pending_dropped",
             Refusal::TooManyDomains => "too_many_domains",
+            Refusal::TemplateRefused => "template_refused",
+            Refusal::TooManyTemplates => "too_many_templates",
+            Refusal::TemplateMemory => "template_memory",
+            Refusal::WorkBudget => "work_budget",
         }
     }
 }
@@ -136,10 +170,19 @@ pub struct DecodeStats {
     pub templates: u64,
     /// Data sets waiting for their template now.
     pub pending: u64,
+    /// Bytes of the data sets waiting now.
+    pub pending_bytes: u64,
     /// Data sets decoded late, when their template came.
     pub pending_decoded: u64,
     /// Records the exporters' sequence numbers say were sent and never arrived.
     pub sequence_lost: u64,
+    /// Sequence numbers that jumped further than [`Limits::max_sequence_gap`] (forwards, or
+    /// backwards beyond reordering): a restart or a forgery, not counted as lost.
+    pub sequence_resets: u64,
+    /// Field reads spent on data records (the work [`Limits::max_work`] bounds).
+    pub work: u64,
+    /// Sessions' state forgotten to make room for new ones ([`MAX_DOMAINS`]).
+    pub domains_evicted: u64,
     /// sFlow counter samples read.
     pub counter_samples: u64,
     /// Refusals by reason.
@@ -148,9 +191,17 @@ pub struct DecodeStats {
 
 /// A data set that came before its template.
 struct Pending {
+    key: DomainKey,
     template: u16,
     body: Vec<u8>,
     clock: Clock,
+}
+
+impl Pending {
+    /// What it costs the shared held-bytes budget.
+    fn cost(&self) -> usize {
+        self.body.len() + 64
+    }
 }
 
 /// What times in a message are relative to.
@@ -162,10 +213,16 @@ struct Clock {
     uptime_ms: Option<u64>,
 }
 
-/// One exporter's observation domain.
+/// One observation domain of one transport session: what its templates, options data and
+/// sequence numbers said.
 #[derive(Default)]
 struct Domain {
     templates: Templates,
+    /// Template id → what this decoder charged the shared budget for it (templates restored
+    /// at start were charged once, by whoever restored them, and are not here).
+    charged: HashMap<u16, usize>,
+    /// Template ids refused ([`Refusal::TemplateRefused`]): their data is dropped, not held.
+    refused: std::collections::HashSet<u16>,
     /// Sampler id → 1-in-N.
     samplers: HashMap<u64, u32>,
     /// A rate for flows that name no sampler.
@@ -176,21 +233,157 @@ struct Domain {
     last_sequence: Option<u32>,
     /// The exporter counts a message's own records in its sequence number (a quirk).
     counts_own_records: bool,
-    pending: VecDeque<Pending>,
     /// The exporter's boot time, ms since the epoch (IPFIX systemInitTimeMilliseconds).
     boot_ms: Option<u64>,
+    /// The decoder's datagram count when this domain was last used (least recently used
+    /// goes first).
+    used: u64,
 }
 
-/// The most (exporter, domain) pairs a decoder remembers; datagrams of new ones past it are
-/// refused.
+/// The most domains (of sessions) a decoder remembers; past it the least recently used one
+/// is forgotten (counted), so spoofed sources cannot grow memory and cannot lock real
+/// exporters out either.
 pub const MAX_DOMAINS: usize = 10_000;
 
-/// Decodes datagrams; remembers what each exporter's domain defined.
+/// A template id's refusals remembered per domain, at most.
+const MAX_REFUSED_IDS: usize = 256;
+
+/// Who sent a message and in which of its observation domains: the key of templates,
+/// options data and sequence numbers. RFC 7011 §10.3.6 and §8: a UDP transport session is
+/// the exporter's address and port (with the collector's), and templates and sequence
+/// numbers live per session and observation domain; two exporting processes on one host
+/// (two softflowd, or v9 and IPFIX) are two sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DomainKey {
+    /// The exporter's address and port (port 0 when the caller does not know it).
+    pub session: SocketAddr,
+    /// NetFlow v5, v9, IPFIX or sFlow: each numbers and defines its own.
+    pub protocol: Protocol,
+    /// Observation domain (IPFIX), source id (v9), engine (v5), sub-agent (sFlow).
+    pub domain: u32,
+    /// sFlow: the agent address the datagram claims (one sender may relay several agents).
+    pub agent: Option<IpAddr>,
+}
+
+/// What one decoder may spend; every limit has a counter (docs/flows.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Data sets held for templates not seen yet, in this decoder.
+    pub pending_sets: usize,
+    /// Fields a template may have (RFC 7011 allows 65,535; Open vSwitch sends 67).
+    pub max_template_fields: usize,
+    /// Bytes a template's record must take at least: a template of empty fields would make
+    /// every byte a record.
+    pub min_record_len: usize,
+    /// Templates one domain may define.
+    pub max_templates_per_domain: usize,
+    /// Field reads (records × fields) one datagram may cost, data held for it included.
+    pub max_work: u64,
+    /// A sequence number further ahead than this (records for IPFIX and v5, datagrams for
+    /// v9 and sFlow) is a reset, not loss.
+    pub max_sequence_gap: u32,
+}
+
+impl Limits {
+    /// Whether a template's shape is within the limits (fields, bytes per record).
+    pub fn admits(&self, t: &Template) -> bool {
+        t.fields.len() <= self.max_template_fields && t.min_record_len() >= self.min_record_len
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            pending_sets: 10_000,
+            max_template_fields: 512,
+            min_record_len: 4,
+            max_templates_per_domain: 1024,
+            max_work: 1 << 20,
+            max_sequence_gap: 1 << 20,
+        }
+    }
+}
+
+/// Memory shared by every decoder of a listener (UDP workers and TCP sessions): held data
+/// sets' bytes and templates' fields, each bounded across all of them.
+#[derive(Debug)]
+pub struct Budget {
+    held_bytes: AtomicUsize,
+    held_max: usize,
+    template_fields: AtomicUsize,
+    template_fields_max: usize,
+}
+
+impl Budget {
+    /// At most `held_max` bytes of data held for templates, and templates of at most
+    /// `template_fields_max` fields (each template counted as its fields plus 16), across
+    /// every decoder that shares it.
+    pub fn new(held_max: usize, template_fields_max: usize) -> Budget {
+        Budget {
+            held_bytes: AtomicUsize::new(0),
+            held_max,
+            template_fields: AtomicUsize::new(0),
+            template_fields_max,
+        }
+    }
+
+    /// Bytes held now.
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Template fields held now.
+    pub fn template_fields(&self) -> usize {
+        self.template_fields.load(Ordering::Relaxed)
+    }
+
+    fn take(counter: &AtomicUsize, max: usize, n: usize) -> bool {
+        counter
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                c.checked_add(n).filter(|&t| t <= max)
+            })
+            .is_ok()
+    }
+
+    /// Takes `n` template fields' worth if there is room.
+    pub fn take_template(&self, n: usize) -> bool {
+        Budget::take(&self.template_fields, self.template_fields_max, n)
+    }
+
+    fn give_template(&self, n: usize) {
+        self.template_fields.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    fn take_held(&self, n: usize) -> bool {
+        Budget::take(&self.held_bytes, self.held_max, n)
+    }
+
+    fn give_held(&self, n: usize) {
+        self.held_bytes.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+impl Default for Budget {
+    /// 64 MiB of held data; 4 Mi template fields (about 32 MiB).
+    fn default() -> Budget {
+        Budget::new(64 << 20, 4 << 20)
+    }
+}
+
+/// What a template costs the shared budget: its fields, plus 16 for the rest of it.
+pub fn template_cost(t: &Template) -> usize {
+    t.fields.len() + 16
+}
+
+/// Decodes datagrams; remembers what each session's domains defined.
 pub struct Decoder {
-    domains: HashMap<(IpAddr, u32), Domain>,
-    /// sFlow: the next datagram sequence per (agent, sub-agent).
-    sflow_next: HashMap<(IpAddr, u32), Option<u32>>,
-    pending_max: usize,
+    domains: HashMap<DomainKey, Domain>,
+    /// Data sets waiting for their templates, oldest first.
+    pending: VecDeque<Pending>,
+    limits: Limits,
+    budget: Arc<Budget>,
+    /// Field reads left for the datagram being decoded.
+    work_left: u64,
     /// Counters.
     pub stats: DecodeStats,
     /// What was learnt since [`Decoder::take_changes`] last took it.
@@ -202,10 +395,10 @@ pub struct Decoder {
 /// decodes without waiting for templates and options data to come again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Remembered {
-    /// A template record (definition or withdrawal) of an (exporter, domain).
-    Template((IpAddr, u32), TemplateRecord),
+    /// A template record (definition or withdrawal) of a session's domain.
+    Template(DomainKey, TemplateRecord),
     /// A sampler's rate (no sampler: the domain's own rate).
-    Sampler((IpAddr, u32), Option<u64>, u32),
+    Sampler(DomainKey, Option<u64>, u32),
 }
 
 /// IANA element ids the decoder reads (RFC 7012 names).
@@ -259,13 +452,21 @@ mod ie {
 }
 
 impl Decoder {
-    /// A decoder that holds at most `pending_max` data sets waiting for their templates,
-    /// across all exporters.
+    /// A decoder that holds at most `pending_max` data sets waiting for their templates, with
+    /// the other limits at their defaults and a budget of its own.
     pub fn new(pending_max: usize) -> Decoder {
+        let limits = Limits { pending_sets: pending_max, ..Limits::default() };
+        Decoder::with_limits(limits, Arc::new(Budget::default()))
+    }
+
+    /// A decoder with these limits, sharing `budget` with other decoders.
+    pub fn with_limits(limits: Limits, budget: Arc<Budget>) -> Decoder {
         Decoder {
             domains: HashMap::new(),
-            sflow_next: HashMap::new(),
-            pending_max,
+            pending: VecDeque::new(),
+            limits,
+            budget,
+            work_left: 0,
             stats: DecodeStats::default(),
             changes: Vec::new(),
         }
@@ -276,13 +477,33 @@ impl Decoder {
         std::mem::take(&mut self.changes)
     }
 
-    /// Takes back what an earlier run learnt.
+    /// Takes back what an earlier run learnt (templates within this decoder's limits, charged
+    /// to its budget).
     pub fn restore(&mut self, r: Remembered) {
         match r {
-            Remembered::Template(key, t) => self.domains.entry(key).or_default().templates.apply(t),
-            Remembered::Sampler(key, sampler, rate) => {
-                self.domains.entry(key).or_default().remember_rate(sampler, rate)
+            Remembered::Template(key, TemplateRecord::Define(t)) => {
+                if self.admit(key) {
+                    self.define(key, t);
+                }
             }
+            Remembered::Template(..) => {}
+            Remembered::Sampler(key, sampler, rate) => {
+                if self.admit(key) {
+                    self.domains.entry(key).or_default().remember_rate(sampler, rate)
+                }
+            }
+        }
+    }
+
+    /// Takes back a template an earlier run learnt, shared with other decoders and charged
+    /// to the budget once by the caller ([`Budget::take_template`]).
+    pub fn restore_shared(&mut self, key: DomainKey, t: Arc<Template>) {
+        if self.admit(key) {
+            let d = self.domains.entry(key).or_default();
+            if let Some(old) = d.charged.remove(&t.id) {
+                self.budget.give_template(old);
+            }
+            d.templates.insert(t);
         }
     }
 
@@ -290,37 +511,146 @@ impl Decoder {
         *self.stats.refused.entry(why).or_default() += 1;
     }
 
-    /// Decodes one datagram from `from` into `out`.
+    /// Decodes one datagram from `from` (its address only: every sender is one session)
+    /// into `out`.
     pub fn datagram(&mut self, from: IpAddr, buf: &[u8], out: &mut Vec<ExportedFlow>) {
+        self.receive(SocketAddr::new(from, 0), buf, out)
+    }
+
+    /// Decodes one datagram from the transport session whose far end is `from` into `out`.
+    pub fn receive(&mut self, from: SocketAddr, buf: &[u8], out: &mut Vec<ExportedFlow>) {
         self.stats.datagrams += 1;
+        self.work_left = self.limits.max_work;
         let before = out.len();
         match buf.get(..4) {
             Some([0, 5, ..]) => self.netflow5(from, buf, out),
             Some([0, 9, ..]) | Some([0, 10, ..]) => self.ipfix(from, buf, out),
-            Some([0, 0, 0, 5]) => self.sflow(buf, out),
+            Some([0, 0, 0, 5]) => self.sflow(from, buf, out),
             _ => self.refuse(Refusal::Version),
         }
         self.stats.flows += (out.len() - before) as u64;
     }
 
-    /// Whether `key`'s state may be kept: known already, or room for one more.
-    fn admit(&mut self, key: (IpAddr, u32)) -> bool {
-        if self.domains.contains_key(&key) || self.domains.len() < MAX_DOMAINS {
+    /// Makes room for `key`'s state: known already, or a new one (forgetting the least
+    /// recently used domain when [`MAX_DOMAINS`] are known). Marks it used.
+    fn admit(&mut self, key: DomainKey) -> bool {
+        let now = self.stats.datagrams;
+        if let Some(d) = self.domains.get_mut(&key) {
+            d.used = now;
             return true;
         }
-        self.refuse(Refusal::TooManyDomains);
-        false
+        if self.domains.len() >= MAX_DOMAINS {
+            let oldest = self.domains.iter().min_by_key(|(_, d)| d.used).map(|(k, d)| (*k, d.used));
+            match oldest {
+                // Everything was used by this very datagram: nothing to forget.
+                Some((_, used)) if used == now => {
+                    self.refuse(Refusal::TooManyDomains);
+                    return false;
+                }
+                Some((k, _)) => self.forget(k),
+                None => {}
+            }
+        }
+        self.domains.insert(key, Domain { used: now, ..Domain::default() });
+        true
     }
 
-    fn netflow5(&mut self, from: IpAddr, buf: &[u8], out: &mut Vec<ExportedFlow>) {
+    /// Forgets a domain: its templates' charges and its held data go.
+    fn forget(&mut self, key: DomainKey) {
+        if let Some(d) = self.domains.remove(&key) {
+            self.budget.give_template(d.charged.values().sum());
+        }
+        let (gone, kept): (Vec<Pending>, Vec<Pending>) =
+            self.pending.drain(..).partition(|p| p.key == key);
+        self.pending = kept.into();
+        for p in gone {
+            self.budget.give_held(p.cost());
+            self.stats.pending_bytes -= p.body.len() as u64;
+            self.drop_pending_counted();
+        }
+        self.stats.domains_evicted += 1;
+    }
+
+    /// Counts one held set dropped (its bytes already given back).
+    fn drop_pending_counted(&mut self) {
+        self.stats.pending = self.stats.pending.saturating_sub(1);
+        self.refuse(Refusal::PendingDropped);
+    }
+
+    /// Defines template `t` in `key`'s domain, within the limits (each refusal counted);
+    /// returns whether it was taken.
+    fn define(&mut self, key: DomainKey, t: Template) -> bool {
+        let Some(d) = self.domains.get_mut(&key) else { return false };
+        let id = t.id;
+        let refusal = if !self.limits.admits(&t) {
+            Some(Refusal::TemplateRefused)
+        } else if d.templates.get(id).is_none()
+            && d.templates.len() >= self.limits.max_templates_per_domain
+        {
+            Some(Refusal::TooManyTemplates)
+        } else {
+            None
+        };
+        let cost = template_cost(&t);
+        let refusal = refusal.or_else(|| {
+            let old = d.charged.get(&id).copied().unwrap_or(0);
+            if cost <= old || self.budget.take_template(cost - old) {
+                if cost < old {
+                    self.budget.give_template(old - cost);
+                }
+                None
+            } else {
+                Some(Refusal::TemplateMemory)
+            }
+        });
+        match refusal {
+            None => {
+                d.charged.insert(id, cost);
+                d.refused.remove(&id);
+                d.templates.insert(Arc::new(t));
+                true
+            }
+            Some(why) => {
+                // The template this one meant to replace no longer says how its data reads.
+                if let Some(old) = d.charged.remove(&id) {
+                    self.budget.give_template(old);
+                }
+                d.templates.apply(TemplateRecord::Withdraw(id));
+                if why == Refusal::TemplateRefused && d.refused.len() < MAX_REFUSED_IDS {
+                    d.refused.insert(id);
+                }
+                self.refuse(why);
+                false
+            }
+        }
+    }
+
+    /// Applies a withdrawal (RFC 7011 §8.1) in `key`'s domain, giving the charges back.
+    fn withdraw(&mut self, key: DomainKey, r: TemplateRecord) {
+        let Some(d) = self.domains.get_mut(&key) else { return };
+        for t in d.templates.apply_replacing(r) {
+            if let Some(c) = d.charged.remove(&t.id) {
+                self.budget.give_template(c);
+            }
+        }
+    }
+
+    fn netflow5(&mut self, session: SocketAddr, buf: &[u8], out: &mut Vec<ExportedFlow>) {
         let Ok((h, records)) = netflow5::parse(buf) else { return self.refuse(Refusal::Malformed) };
         let domain = (u32::from(h.engine_type) << 8) | u32::from(h.engine_id);
-        if !self.admit((from, domain)) {
+        let key = DomainKey { session, protocol: Protocol::NetflowV5, domain, agent: None };
+        if !self.admit(key) {
             return;
         }
-        let d = self.domains.entry((from, domain)).or_default();
-        self.stats.sequence_lost +=
-            gap(&mut d.next_sequence, h.flow_sequence, records.len() as u32);
+        let from = session.ip();
+        let d = self.domains.entry(key).or_default();
+        let g = gap(
+            &mut d.next_sequence,
+            h.flow_sequence,
+            records.len() as u32,
+            self.limits.max_sequence_gap,
+        );
+        self.stats.count_gap(g);
         let export_ms = u64::from(h.unix_secs) * 1000 + u64::from(h.unix_nsecs) / 1_000_000;
         // A flow's age against the header's 32-bit uptime (which wraps every 49.7 days, and
         // is behind the flow's times when softflowd reads a capture older than its start).
@@ -332,6 +662,7 @@ impl Decoder {
         for r in records {
             out.push(ExportedFlow {
                 exporter: from,
+                agent: None,
                 domain,
                 protocol: Protocol::NetflowV5,
                 key: FlowKey {
@@ -359,7 +690,7 @@ impl Decoder {
         }
     }
 
-    fn ipfix(&mut self, from: IpAddr, buf: &[u8], out: &mut Vec<ExportedFlow>) {
+    fn ipfix(&mut self, session: SocketAddr, buf: &[u8], out: &mut Vec<ExportedFlow>) {
         let Ok(m) = Message::parse(buf) else { return self.refuse(Refusal::Malformed) };
         let h = m.header;
         let protocol = match h.version {
@@ -370,7 +701,7 @@ impl Decoder {
             export_ms: u64::from(h.export_time) * 1000,
             uptime_ms: h.sys_uptime_ms.map(u64::from),
         };
-        let key = (from, h.domain);
+        let key = DomainKey { session, protocol, domain: h.domain, agent: None };
         if !self.admit(key) {
             return;
         }
@@ -388,29 +719,38 @@ impl Decoder {
                             malformed = true;
                             break;
                         };
-                        let id = match &r {
-                            TemplateRecord::Define(t) => Some(t.id),
-                            _ => None,
+                        let TemplateRecord::Define(t) = r else {
+                            self.changes.push(Remembered::Template(key, r.clone()));
+                            self.withdraw(key, r);
+                            continue;
                         };
-                        self.changes.push(Remembered::Template(key, r.clone()));
-                        self.domains.entry(key).or_default().templates.apply(r);
-                        if let Some(id) = id {
-                            self.stats.templates += 1;
+                        let id = t.id;
+                        // A template sent again as it was (UDP exporters repeat theirs,
+                        // RFC 7011 §8.4) changes nothing and is not kept again.
+                        let same =
+                            self.domains.get(&key).and_then(|d| d.templates.get(id)) == Some(&t);
+                        self.stats.templates += 1;
+                        if same {
                             self.decode_pending(key, id, protocol, out);
+                        } else if self.define(key, t.clone()) {
+                            self.changes.push(Remembered::Template(key, TemplateRecord::Define(t)));
+                            self.decode_pending(key, id, protocol, out);
+                        } else {
+                            self.drop_held_for(key, id);
                         }
                     }
                 }
                 SetKind::Data(id) => {
-                    let d = self.domains.entry(key).or_default();
-                    match d.templates.get(id).cloned() {
-                        Some(t) => {
-                            data_records += self.data_set(key, protocol, &t, set.body, clock, out);
-                        }
+                    let Some(d) = self.domains.get(&key) else { break };
+                    match d.templates.get_shared(id) {
+                        Some(t) => match self.data_set(key, protocol, &t, set.body, clock, out) {
+                            Some(n) => data_records += n,
+                            None => break,
+                        },
+                        // Its template was refused: there is nothing to wait for.
+                        None if d.refused.contains(&id) => self.refuse(Refusal::TemplateRefused),
                         None => {
-                            let body = set.body.to_vec();
-                            d.pending.push_back(Pending { template: id, body, clock });
-                            self.stats.pending += 1;
-                            self.bound_pending();
+                            self.hold(Pending { key, template: id, body: set.body.to_vec(), clock })
                         }
                     }
                 }
@@ -420,7 +760,8 @@ impl Decoder {
         if malformed {
             self.refuse(Refusal::Malformed);
         }
-        let d = self.domains.entry(key).or_default();
+        let max_gap = self.limits.max_sequence_gap;
+        let Some(d) = self.domains.get_mut(&key) else { return };
         // IPFIX numbers data records, v9 numbers packets.
         let sent = match protocol {
             Protocol::Ipfix => data_records,
@@ -436,61 +777,116 @@ impl Decoder {
                     && h.sequence.wrapping_sub(sent) == last =>
             {
                 d.counts_own_records = true;
+                // What was expected was read the other way: start again from this one.
+                d.next_sequence = None;
                 h.sequence
             }
             _ => h.sequence,
         };
         d.last_sequence = Some(seq);
         let seq = if d.counts_own_records { seq.wrapping_sub(sent) } else { seq };
-        self.stats.sequence_lost += gap(&mut d.next_sequence, seq, sent);
+        let g = gap(&mut d.next_sequence, seq, sent, max_gap);
+        self.stats.count_gap(g);
     }
 
-    /// Drops the oldest waiting data sets past the bound.
-    fn bound_pending(&mut self) {
-        while self.stats.pending as usize > self.pending_max {
-            let Some(d) = self.domains.values_mut().find(|d| !d.pending.is_empty()) else { break };
-            d.pending.pop_front();
-            self.stats.pending -= 1;
-            self.refuse(Refusal::PendingDropped);
+    /// Holds a data set until its template comes, within the held sets' count (this decoder)
+    /// and bytes (all decoders): the oldest of this decoder's go first; a set that still
+    /// does not fit is dropped. Each set dropped is counted.
+    fn hold(&mut self, p: Pending) {
+        let cost = p.cost();
+        while self.pending.len() >= self.limits.pending_sets.max(1) || !self.budget.take_held(cost)
+        {
+            let Some(old) = self.pending.pop_front() else {
+                self.refuse(Refusal::PendingDropped);
+                return;
+            };
+            self.budget.give_held(old.cost());
+            self.stats.pending_bytes -= old.body.len() as u64;
+            self.drop_pending_counted();
+            if self.limits.pending_sets == 0 {
+                self.refuse(Refusal::PendingDropped);
+                return;
+            }
+        }
+        self.stats.pending += 1;
+        self.stats.pending_bytes += p.body.len() as u64;
+        self.pending.push_back(p);
+    }
+
+    /// Drops the data held for template `id` of `key`'s domain (its template was refused).
+    fn drop_held_for(&mut self, key: DomainKey, id: u16) {
+        for p in self.take_held(key, id) {
+            self.budget.give_held(p.cost());
+            self.stats.pending_bytes -= p.body.len() as u64;
+            self.drop_pending_counted();
         }
     }
 
-    /// Decodes what waited for template `id` of domain `key`.
+    /// Takes the sets held for template `id` of `key`'s domain out of the queue (their
+    /// bytes still charged).
+    fn take_held(&mut self, key: DomainKey, id: u16) -> Vec<Pending> {
+        if !self.pending.iter().any(|p| p.key == key && p.template == id) {
+            return Vec::new();
+        }
+        let (ready, waiting): (Vec<Pending>, Vec<Pending>) =
+            self.pending.drain(..).partition(|p| p.key == key && p.template == id);
+        self.pending = waiting.into();
+        ready
+    }
+
+    /// Decodes what waited for template `id` of domain `key`, within the datagram's work.
     fn decode_pending(
         &mut self,
-        key: (IpAddr, u32),
+        key: DomainKey,
         id: u16,
         protocol: Protocol,
         out: &mut Vec<ExportedFlow>,
     ) {
-        let Some(d) = self.domains.get_mut(&key) else { return };
-        if !d.pending.iter().any(|p| p.template == id) {
+        let ready = self.take_held(key, id);
+        if ready.is_empty() {
             return;
         }
-        let Some(t) = d.templates.get(id).cloned() else { return };
-        let (ready, waiting): (Vec<Pending>, Vec<Pending>) =
-            d.pending.drain(..).partition(|p| p.template == id);
-        d.pending = waiting.into();
+        let t = self.domains.get(&key).and_then(|d| d.templates.get_shared(id));
         for p in ready {
-            self.stats.pending -= 1;
-            self.stats.pending_decoded += 1;
-            self.data_set(key, protocol, &t, &p.body, p.clock, out);
+            self.budget.give_held(p.cost());
+            self.stats.pending = self.stats.pending.saturating_sub(1);
+            self.stats.pending_bytes -= p.body.len() as u64;
+            match &t {
+                Some(t) if self.work_left > 0 => {
+                    self.stats.pending_decoded += 1;
+                    self.data_set(key, protocol, t, &p.body, p.clock, out);
+                }
+                _ => {
+                    self.stats.pending = self.stats.pending.saturating_add(1);
+                    self.drop_pending_counted();
+                }
+            }
         }
     }
 
-    /// Decodes one data set with its template; returns how many records it held.
+    /// Decodes one data set with its template; returns how many records it held, or `None`
+    /// when the datagram's work ran out (the rest of the datagram is not read).
     fn data_set(
         &mut self,
-        key: (IpAddr, u32),
+        key: DomainKey,
         protocol: Protocol,
         t: &Template,
         body: &[u8],
         clock: Clock,
         out: &mut Vec<ExportedFlow>,
-    ) -> u32 {
-        let (mut n, mut malformed) = (0, false);
-        let d = self.domains.entry(key).or_default();
+    ) -> Option<u32> {
+        let (mut n, mut malformed, mut spent) = (0, false, false);
+        // Each record costs a read of each of its fields (twice, in truth: once to measure
+        // it, once to read it).
+        let per_record = t.fields.len() as u64 + 1;
+        let Some(d) = self.domains.get_mut(&key) else { return Some(0) };
         for rec in ipfix::DataRecords::new(body, t) {
+            if self.work_left < per_record {
+                spent = true;
+                break;
+            }
+            self.work_left -= per_record;
+            self.stats.work += per_record;
             let Ok(rec) = rec else {
                 malformed = true;
                 break;
@@ -507,18 +903,34 @@ impl Decoder {
         if malformed {
             self.refuse(Refusal::Malformed);
         }
-        n
+        if spent {
+            self.work_left = 0;
+            self.refuse(Refusal::WorkBudget);
+            return None;
+        }
+        Some(n)
     }
 
-    fn sflow(&mut self, buf: &[u8], out: &mut Vec<ExportedFlow>) {
+    fn sflow(&mut self, session: SocketAddr, buf: &[u8], out: &mut Vec<ExportedFlow>) {
         let Ok(dg) = sflow::parse(buf) else { return self.refuse(Refusal::Malformed) };
-        let key = (dg.agent, dg.sub_agent);
-        if !self.sflow_next.contains_key(&key) && self.sflow_next.len() >= MAX_DOMAINS {
-            return self.refuse(Refusal::TooManyDomains);
+        // The agent address is what the datagram claims: the flows are the sender's, and the
+        // claim keys only the sequence numbers (one sender may relay several agents).
+        let key = DomainKey {
+            session,
+            protocol: Protocol::Sflow,
+            domain: dg.sub_agent,
+            agent: Some(dg.agent),
+        };
+        if !self.admit(key) {
+            return;
         }
         // sFlow numbers datagrams: the records of the ones that never came are lost.
-        let next = self.sflow_next.entry(key).or_default();
-        self.stats.sequence_lost += gap(next, dg.sequence, 1);
+        let max_gap = self.limits.max_sequence_gap;
+        if let Some(d) = self.domains.get_mut(&key) {
+            let g = gap(&mut d.next_sequence, dg.sequence, 1, max_gap);
+            self.stats.count_gap(g);
+        }
+        let from = session.ip();
         for s in &dg.samples {
             match s {
                 sflow::Sample::Flow(f) => {
@@ -528,12 +940,13 @@ impl Decoder {
                         sflow::Output::Multiple(_) => (0, false),
                     };
                     let at = (f.input, out_if, f.sampling_rate, dropped);
-                    if let Some(flow) = sflow_flow(&dg, at, &f.records) {
+                    if let Some(flow) = sflow_flow(from, &dg, at, &f.records) {
                         out.push(flow);
                     }
                 }
                 sflow::Sample::Discard(f) => {
-                    if let Some(flow) = sflow_flow(&dg, (f.input, f.output, 1, true), &f.records) {
+                    let at = (f.input, f.output, 1, true);
+                    if let Some(flow) = sflow_flow(from, &dg, at, &f.records) {
                         out.push(flow);
                     }
                 }
@@ -544,35 +957,73 @@ impl Decoder {
     }
 }
 
-/// Moves the expected sequence number on by `sent`; returns how many were skipped.
-fn gap(next: &mut Option<u32>, seq: u32, sent: u32) -> u64 {
-    let lost = match *next {
-        // Ahead by less than half the space: that many lost. Behind: reordered or restarted.
-        Some(want) => {
-            let d = seq.wrapping_sub(want);
-            if d < 1 << 31 {
-                u64::from(d)
-            } else {
-                0
-            }
+impl Drop for Decoder {
+    /// Gives back what it held of the shared budget (a TCP session's decoder ends with it).
+    fn drop(&mut self) {
+        let held: usize = self.pending.iter().map(Pending::cost).sum();
+        self.budget.give_held(held);
+        let fields: usize = self.domains.values().map(|d| d.charged.values().sum::<usize>()).sum();
+        self.budget.give_template(fields);
+    }
+}
+
+/// What a sequence number said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gap {
+    /// As expected, or this many skipped.
+    Lost(u64),
+    /// A little behind (reordered): nothing.
+    Behind,
+    /// Ahead by more than the bound, or far behind: a restart or a forgery.
+    Reset,
+}
+
+impl DecodeStats {
+    fn count_gap(&mut self, g: Gap) {
+        match g {
+            Gap::Lost(n) => self.sequence_lost += n,
+            Gap::Behind => {}
+            Gap::Reset => self.sequence_resets += 1,
         }
-        None => 0,
+    }
+}
+
+/// Moves the expected sequence number on by `sent`; says how many were skipped. A jump
+/// ahead of more than `max_gap` is not loss: the exporter restarted, or someone forged the
+/// number (these protocols carry no authentication), and the count starts again from it.
+/// A number a little behind (by less than `max_gap`) is a reordered datagram: it leaves the
+/// expectation where it was, so the next in order is not counted twice.
+fn gap(next: &mut Option<u32>, seq: u32, sent: u32, max_gap: u32) -> Gap {
+    let Some(want) = *next else {
+        *next = Some(seq.wrapping_add(sent));
+        return Gap::Lost(0);
     };
-    *next = Some(seq.wrapping_add(sent));
-    lost
+    let ahead = seq.wrapping_sub(want);
+    let behind = want.wrapping_sub(seq);
+    if ahead <= max_gap {
+        *next = Some(seq.wrapping_add(sent));
+        Gap::Lost(u64::from(ahead))
+    } else if behind <= max_gap {
+        Gap::Behind
+    } else {
+        *next = Some(seq.wrapping_add(sent));
+        Gap::Reset
+    }
 }
 
 /// A flow from an sFlow sample's records: the sampled header read by Telemark's packet
 /// parser, or the sampled IPv4/IPv6 record.
 /// `at`: input and output interfaces, sampling rate, whether the packet was dropped.
 fn sflow_flow(
+    from: IpAddr,
     dg: &sflow::Datagram,
     at: (u32, u32, u32, bool),
     records: &[sflow::FlowData],
 ) -> Option<ExportedFlow> {
     let (input, output, rate, dropped) = at;
     let mut f = ExportedFlow {
-        exporter: dg.agent,
+        exporter: from,
+        agent: Some(dg.agent),
         domain: dg.sub_agent,
         protocol: Protocol::Sflow,
         key: FlowKey::default(),
@@ -737,14 +1188,15 @@ impl Domain {
     /// A flow from a data record.
     fn flow_record(
         &self,
-        key: (IpAddr, u32),
+        key: DomainKey,
         protocol: Protocol,
         rec: &ipfix::DataRecord,
         clock: Clock,
     ) -> Option<ExportedFlow> {
         let mut f = ExportedFlow {
-            exporter: key.0,
-            domain: key.1,
+            exporter: key.session.ip(),
+            agent: None,
+            domain: key.domain,
             protocol,
             key: FlowKey::default(),
             in_if: 0,

@@ -444,7 +444,7 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 CREATE TABLE IF NOT EXISTS flow_state (
     exporter TEXT NOT NULL, domain INTEGER NOT NULL, kind TEXT NOT NULL, id INTEGER NOT NULL,
-    options INTEGER NOT NULL DEFAULT 0, value BLOB NOT NULL,
+    options INTEGER NOT NULL DEFAULT 0, value BLOB NOT NULL, seen_ns INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (exporter, domain, kind, id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS flow_hours (
@@ -458,6 +458,30 @@ CREATE TABLE IF NOT EXISTS flow_hours (
     PRIMARY KEY (hour, src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope)
 ) WITHOUT ROWID;
 ";
+
+/// The flow-state row key of a session's domain: its address and port, and the protocol's
+/// version above the domain's 32 bits. Only v9 and IPFIX have templates to keep.
+fn flow_state_key(k: &DomainKey) -> Option<(String, i64)> {
+    let version: i64 = match k.protocol {
+        Protocol::NetflowV9 => 9,
+        Protocol::Ipfix => 10,
+        _ => return None,
+    };
+    Some((k.session.to_string(), (version << 32) | i64::from(k.domain)))
+}
+
+/// Adds `seen_ns` to a `flow_state` table written before it existed.
+fn migrate_flow_state(db: &Connection) -> Result<(), StoreError> {
+    let has: bool = db.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info('flow_state') WHERE name = 'seen_ns'",
+        [],
+        |r| r.get::<_, i64>(0),
+    )? > 0;
+    if !has {
+        db.execute_batch("ALTER TABLE flow_state ADD COLUMN seen_ns INTEGER NOT NULL DEFAULT 0")?;
+    }
+    Ok(())
+}
 
 /// `flow_hours` sums each flow's batches per point and hour of `first_ns`: the flows list
 /// reads these few rows instead of every batch (one row stands for up to hours of batches).
@@ -537,6 +561,7 @@ impl Store {
         db.pragma_update(None, "synchronous", "FULL")?;
         db.busy_timeout(std::time::Duration::from_secs(5))?;
         db.execute_batch(SCHEMA)?;
+        migrate_flow_state(&db)?;
         // Databases written by an older collector get the columns added since, in the order
         // the schema has them (with their defaults for the rows already there).
         for (column, decl) in ADDED_COLUMNS {
@@ -694,21 +719,24 @@ impl Store {
     }
 
     /// Keeps what flow exporters' templates and options data taught the decoders
-    /// (docs/flows.md), in one transaction.
+    /// (docs/flows.md), in one transaction; each row remembers when it was last written.
     pub fn remember_flow_state(&mut self, changes: &[Remembered]) -> Result<(), StoreError> {
         if changes.is_empty() {
             return Ok(());
         }
         self.check_file()?;
+        let now = i(crate::now_ns());
         let tx = self.db.transaction()?;
         for c in changes {
             match c {
-                Remembered::Template((ip, domain), r) => {
-                    let (ip, domain) = (ip.to_string(), i64::from(*domain));
+                Remembered::Template(key, r) => {
+                    let Some((ip, domain)) = flow_state_key(key) else { continue };
                     match r {
                         TemplateRecord::Define(t) => tx.execute(
-                            "INSERT OR REPLACE INTO flow_state VALUES (?1, ?2, 'template', ?3, ?4, ?5)",
-                            params![ip, domain, t.id, t.options, t.to_bytes()],
+                            "INSERT OR REPLACE INTO flow_state \
+                             (exporter, domain, kind, id, options, value, seen_ns) \
+                             VALUES (?1, ?2, 'template', ?3, ?4, ?5, ?6)",
+                            params![ip, domain, t.id, t.options, t.to_bytes(), now],
                         )?,
                         TemplateRecord::Withdraw(id) => tx.execute(
                             "DELETE FROM flow_state WHERE exporter = ?1 AND domain = ?2 \
@@ -722,12 +750,15 @@ impl Store {
                         )?,
                     };
                 }
-                Remembered::Sampler((ip, domain), sampler, rate) => {
+                Remembered::Sampler(key, sampler, rate) => {
+                    let Some((ip, domain)) = flow_state_key(key) else { continue };
                     // No sampler (the domain's rate) is id -1; ids are kept bit for bit.
                     let id = sampler.map_or(-1, |s| s as i64);
                     tx.execute(
-                        "INSERT OR REPLACE INTO flow_state VALUES (?1, ?2, 'sampler', ?3, 0, ?4)",
-                        params![ip.to_string(), i64::from(*domain), id, rate],
+                        "INSERT OR REPLACE INTO flow_state \
+                         (exporter, domain, kind, id, options, value, seen_ns) \
+                         VALUES (?1, ?2, 'sampler', ?3, 0, ?4, ?5)",
+                        params![ip, domain, id, rate, now],
                     )?;
                 }
             }
@@ -736,11 +767,15 @@ impl Store {
         Ok(())
     }
 
-    /// What [`Store::remember_flow_state`] kept, to give a decoder back at start; rows that
-    /// do not read are skipped.
-    pub fn flow_state(&self) -> Result<Vec<Remembered>, StoreError> {
-        let mut q = self.db.prepare("SELECT exporter, domain, kind, id, value FROM flow_state")?;
-        let rows = q.query_map([], |r| {
+    /// What [`Store::remember_flow_state`] kept, newest first, at most `limit` rows, to give
+    /// decoders back at start; rows that do not read (or were written by a collector that
+    /// keyed templates by address alone) are skipped.
+    pub fn flow_state(&self, limit: usize) -> Result<Vec<Remembered>, StoreError> {
+        let mut q = self.db.prepare(
+            "SELECT exporter, domain, kind, id, value FROM flow_state \
+             ORDER BY seen_ns DESC LIMIT ?1",
+        )?;
+        let rows = q.query_map([i64::try_from(limit).unwrap_or(i64::MAX)], |r| {
             Ok((
                 r.get::<_, String>(0)?,
                 r.get::<_, i64>(1)?,
@@ -751,9 +786,15 @@ impl Store {
         })?;
         let mut out = Vec::new();
         for row in rows {
-            let (ip, domain, kind, id, value) = row?;
-            let (Ok(ip), Ok(domain)) = (ip.parse(), u32::try_from(domain)) else { continue };
-            let key = (ip, domain);
+            let (session, domain, kind, id, value) = row?;
+            let Ok(session) = session.parse::<std::net::SocketAddr>() else { continue };
+            let protocol = match domain >> 32 {
+                9 => Protocol::NetflowV9,
+                10 => Protocol::Ipfix,
+                _ => continue,
+            };
+            let domain = (domain & 0xffff_ffff) as u32;
+            let key = DomainKey { session, protocol, domain, agent: None };
             match (kind.as_str(), value) {
                 ("template", rusqlite::types::Value::Blob(b)) => {
                     if let Some(t) = Template::from_bytes(&b) {
@@ -769,6 +810,27 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    /// Deletes the flow state not written since `before_ns` (0: none by age), rows of the
+    /// old address-only keying, and the oldest rows past `max_bytes` of values; returns how
+    /// many rows went.
+    pub fn prune_flow_state(&mut self, before_ns: u64, max_bytes: u64) -> Result<u64, StoreError> {
+        let mut n = self.db.execute(
+            "DELETE FROM flow_state WHERE seen_ns < ?1 OR domain < 4294967296",
+            [i(before_ns)],
+        )?;
+        n += self.db.execute(
+            "DELETE FROM flow_state WHERE (exporter, domain, kind, id) IN (
+                SELECT exporter, domain, kind, id FROM (
+                    SELECT exporter, domain, kind, id, SUM(length(value)) OVER (
+                        ORDER BY seen_ns DESC, exporter, domain, kind, id
+                        ROWS UNBOUNDED PRECEDING) AS total
+                    FROM flow_state)
+                WHERE total > ?1)",
+            [i(max_bytes)],
+        )?;
+        Ok(n as u64)
     }
 
     /// Stores records read from Kafka, each numbered in `agent`'s run `boot` (not in order,

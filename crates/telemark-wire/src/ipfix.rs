@@ -19,6 +19,7 @@
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 /// The IPFIX version number.
 pub const IPFIX_VERSION: u16 = 10;
@@ -592,9 +593,12 @@ pub fn value<'a>(f: &FieldSpec, bytes: &'a [u8]) -> Value<'a> {
 
 /// The templates of one exporter's observation domain (RFC 7011 §8): defined, redefined and
 /// withdrawn in wire order.
+///
+/// Templates are shared (`Arc`): the templates a restarted collector restores are held once,
+/// however many decoders start from them.
 #[derive(Debug, Clone, Default)]
 pub struct Templates {
-    by_id: HashMap<u16, Template>,
+    by_id: HashMap<u16, Arc<Template>>,
 }
 
 impl Templates {
@@ -605,22 +609,35 @@ impl Templates {
 
     /// Applies one template record.
     pub fn apply(&mut self, r: TemplateRecord) {
+        self.apply_replacing(r);
+    }
+
+    /// Applies one template record; returns the templates it replaced or withdrew.
+    pub fn apply_replacing(&mut self, r: TemplateRecord) -> Vec<Arc<Template>> {
         match r {
-            TemplateRecord::Define(t) => {
-                self.by_id.insert(t.id, t);
-            }
-            TemplateRecord::Withdraw(id) => {
-                self.by_id.remove(&id);
-            }
+            TemplateRecord::Define(t) => self.insert(Arc::new(t)).into_iter().collect(),
+            TemplateRecord::Withdraw(id) => self.by_id.remove(&id).into_iter().collect(),
             TemplateRecord::WithdrawAll { options } => {
-                self.by_id.retain(|_, t| t.options != options)
+                let gone: Vec<u16> =
+                    self.by_id.values().filter(|t| t.options == options).map(|t| t.id).collect();
+                gone.iter().filter_map(|id| self.by_id.remove(id)).collect()
             }
         }
     }
 
+    /// Defines (or redefines) a template held elsewhere too; returns the one it replaced.
+    pub fn insert(&mut self, t: Arc<Template>) -> Option<Arc<Template>> {
+        self.by_id.insert(t.id, t)
+    }
+
     /// The template with this id.
     pub fn get(&self, id: u16) -> Option<&Template> {
-        self.by_id.get(&id)
+        self.by_id.get(&id).map(|t| &**t)
+    }
+
+    /// The template with this id, shared.
+    pub fn get_shared(&self, id: u16) -> Option<Arc<Template>> {
+        self.by_id.get(&id).cloned()
     }
 
     /// How many.
@@ -635,7 +652,7 @@ impl Templates {
 
     /// Every template.
     pub fn iter(&self) -> impl Iterator<Item = &Template> {
-        self.by_id.values()
+        self.by_id.values().map(|t| &**t)
     }
 }
 

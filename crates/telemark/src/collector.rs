@@ -87,6 +87,39 @@ pub struct Args {
     /// (0: half of --workers, at least 1); one more is answered 503.
     #[arg(long, default_value_t = 0)]
     pub query_readers: usize,
+    /// Bytes of data sets held for templates not seen yet, across all flow sockets and
+    /// IPFIX-over-TCP sessions (the oldest of a decoder go first; docs/flows.md).
+    #[arg(long, default_value_t = 64 << 20)]
+    pub flows_held_bytes: usize,
+    /// Template fields kept across all flow decoders (each template counts its fields + 16;
+    /// about 8 bytes each); new templates past it are refused and counted.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub flows_template_fields: usize,
+    /// Templates one exporter's observation domain may define.
+    #[arg(long, default_value_t = 1024)]
+    pub flows_templates_per_domain: usize,
+    /// Fields one template may have; larger ones are refused and counted.
+    #[arg(long, default_value_t = 512)]
+    pub flows_max_template_fields: usize,
+    /// Bytes a template's data record must take at least; shorter ones are refused.
+    #[arg(long, default_value_t = 4)]
+    pub flows_min_record_len: usize,
+    /// Field reads (records x fields) one datagram may cost; the rest of it is refused.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub flows_max_work: u64,
+    /// A sequence number further ahead than this is a reset (counted), not loss.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub flows_max_sequence_gap: u32,
+    /// IPFIX-over-TCP sessions one exporter address may hold at once.
+    #[arg(long, default_value_t = 16)]
+    pub flows_tcp_per_source: usize,
+    /// Time a new IPFIX-over-TCP session has to send its first whole message.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub flows_tcp_first_message: Duration,
+    /// Exporter addresses given their own label on per-exporter flow metrics (the first
+    /// seen); the others are counted as exporter="other".
+    #[arg(long, default_value_t = 32)]
+    pub flows_exporter_labels: usize,
 }
 
 /// A duration such as `30s`, `15m`, `48h`, `7d` (seconds without a unit; 0 allowed).
@@ -134,6 +167,20 @@ pub fn run(a: Args) -> Result<()> {
             allow: a.flows_allow,
             workers: usize::from(a.flows_workers),
             rcvbuf: a.flows_rcvbuf,
+            limits: telemark_collector::flows::Limits {
+                pending_sets: defaults.flows.limits.pending_sets,
+                max_template_fields: a.flows_max_template_fields,
+                min_record_len: a.flows_min_record_len,
+                max_templates_per_domain: a.flows_templates_per_domain,
+                max_work: a.flows_max_work,
+                max_sequence_gap: a.flows_max_sequence_gap,
+            },
+            held_max_bytes: a.flows_held_bytes,
+            template_fields_max: a.flows_template_fields,
+            tcp_per_source: a.flows_tcp_per_source,
+            tcp_first_message: a.flows_tcp_first_message.max(Duration::from_millis(100)),
+            exporter_labels: a.flows_exporter_labels,
+            state_retention: a.retention,
             ..defaults.flows.clone()
         },
         ..defaults
