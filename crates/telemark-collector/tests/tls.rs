@@ -121,3 +121,45 @@ fn bad_certificate_files_say_which_and_why() {
     assert!(tls::server_config(&cert, &other_key).is_err());
     assert!(tls::client_config(&empty).is_err());
 }
+
+/// An expired certificate was served without a word (issue 31, item 8). Now its validity is
+/// read at start: expired, not yet valid or expiring within 14 days is logged, and its notAfter
+/// is in /metrics (`telemark_collector_tls_cert_expiry_seconds`), so an alert can fire before
+/// clients start refusing it. The dates are rcgen's, set here.
+#[test]
+fn an_expired_certificate_is_told_and_its_expiry_is_a_metric() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = KeyPair::generate().unwrap();
+    let mut p = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    p.not_after = rcgen::date_time_ymd(2021, 1, 1);
+    let cert = p.self_signed(&key).unwrap();
+    let (cert_path, key_path) = (dir.path().join("old.pem"), dir.path().join("old-key.pem"));
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    // 2021-01-01T00:00:00Z.
+    let not_after = 1_609_459_200;
+    assert_eq!(tls::validity(cert.der()).unwrap(), (1_577_836_800, not_after));
+    let now = (telemark_collector::now_ns() / 1_000_000_000) as i64;
+    let w = tls::validity_warning(1_577_836_800, not_after, now).unwrap();
+    assert!(w.contains("expired"), "{w}");
+    assert!(tls::validity_warning(now - 10, now + 5 * 86_400, now).unwrap().contains("in 5 day"));
+    assert!(tls::validity_warning(now + 60, now + 400 * 86_400, now)
+        .unwrap()
+        .contains("not valid"));
+    assert_eq!(tls::validity_warning(now - 10, now + 90 * 86_400, now), None);
+    // Still served (the operator may be replacing it), with its expiry in /metrics.
+    let cfg = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        db: dir.path().join("t.db"),
+        tls: Some(tls::server_config(&cert_path, &key_path).unwrap()),
+        ..Config::default()
+    };
+    let c = Collector::start(&cfg).unwrap();
+    let page = c.api.handle(&telemark_collector::api::Request::get("/metrics"), now as u64);
+    let page = String::from_utf8(page.body).unwrap();
+    assert!(
+        page.contains(&format!("telemark_collector_tls_cert_expiry_seconds {not_after}\n")),
+        "{page}"
+    );
+}

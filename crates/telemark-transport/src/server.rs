@@ -134,6 +134,8 @@ struct Histogram {
 pub struct ServerStats {
     connections: AtomicU64,
     open: AtomicU64,
+    /// When the served TLS certificate stops being valid (Unix seconds; 0: no TLS).
+    cert_expiry: std::sync::atomic::AtomicI64,
     refused: Mutex<BTreeMap<&'static str, u64>>,
     latency: Mutex<BTreeMap<&'static str, Histogram>>,
 }
@@ -173,6 +175,14 @@ impl ServerStats {
             self.connections.load(Ordering::Relaxed),
             self.open.load(Ordering::Relaxed)
         );
+        if let Some(t) = Some(self.cert_expiry.load(Ordering::Relaxed)).filter(|&t| t != 0) {
+            let _ = writeln!(
+                o,
+                "# HELP {prefix}_tls_cert_expiry_seconds When the served TLS certificate stops \
+                 being valid (notAfter, Unix time).\n# TYPE {prefix}_tls_cert_expiry_seconds \
+                 gauge\n{prefix}_tls_cert_expiry_seconds {t}"
+            );
+        }
         let _ = writeln!(
             o,
             "# HELP {prefix}_http_refused_total Requests and connections the transport refused \
@@ -214,6 +224,8 @@ impl Server {
         stats: Arc<ServerStats>,
     ) -> Result<Server, ServerError> {
         raise_fd_limit();
+        let expiry = cfg.tls.as_ref().and_then(crate::tls::cert_expiry).unwrap_or(0);
+        stats.cert_expiry.store(expiry, Ordering::Relaxed);
         let listen = cfg.listen;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
