@@ -28,6 +28,7 @@ const ROUTES: &[&str] = &[
     "/api/v1/ingest",
     "/api/v1/flows",
     "/api/v1/flows/top",
+    "/api/v1/flows/records",
     "/api/v1/loss",
     "/api/v1/localise",
     "/api/v1/link",
@@ -144,6 +145,7 @@ impl Api {
             ("GET", "/api/v1/agents", _) => self.agents(now),
             ("GET", "/api/v1/flows", _) => self.flows(query, now),
             ("GET", "/api/v1/flows/top", _) => self.top_talkers(query, now),
+            ("GET", "/api/v1/flows/records", _) => self.flow_records(query, now),
             ("GET", "/api/v1/loss", _) => self.loss(query),
             ("GET", "/api/v1/localise", _) => self.localise(query),
             ("GET", "/api/v1/link", _) => self.link(query),
@@ -621,6 +623,119 @@ impl Api {
         }
     }
 
+    /// `GET /api/v1/flows/records`: the `flow` records stored (exporters' flows and agents'
+    /// heavy hitters) that end in a window (the last hour unless asked), oldest first, a page
+    /// at a time, filtered by exporter, interface, point, direction and any of the flow key's
+    /// fields; with what all of them (not only the page) add up to, each flow counted once
+    /// per observation point (docs/flows.md, "Flow records").
+    fn flow_records(&self, query: &str, now: u64) -> Response {
+        const HOUR_NS: u64 = 3600 * 1_000_000_000;
+        let takes = [
+            "from",
+            "to",
+            "since_ns",
+            "exporter",
+            "interface",
+            "point",
+            "direction",
+            "src",
+            "dst",
+            "sport",
+            "dport",
+            "proto",
+            "limit",
+            "cursor",
+            "ints",
+        ];
+        let q = match Query::parse(query, &takes) {
+            Ok(q) => q,
+            Err(e) => return self.bad_query(e),
+        };
+        let parsed = (|| {
+            let w = q.window(now.saturating_sub(HOUR_NS))?;
+            let limit = match q.u64_or("limit", 100)? {
+                l @ 1..=1000 => l,
+                l => return Err(format!("limit {l} (1 to 1000)")),
+            };
+            let offset = match q.get("cursor") {
+                None => 0,
+                Some(c) => c.parse::<u64>().map_err(|_| format!("bad cursor {c:?}"))?,
+            };
+            let addr = |k: &str| -> Result<Option<String>, String> {
+                q.get(k)
+                    .map(|v| {
+                        v.parse::<std::net::IpAddr>()
+                            .map(|a| a.to_string())
+                            .map_err(|_| format!("bad {k}: {v:?}"))
+                    })
+                    .transpose()
+            };
+            let direction = match q.get("direction") {
+                None => None,
+                Some(d @ ("ingress" | "egress" | "unknown")) => Some(d),
+                Some(d) => return Err(format!("direction {d:?}: ingress, egress or unknown")),
+            };
+            let filter = crate::store::RecordFilter {
+                exporter: q.get("exporter"),
+                interface: q.get("interface"),
+                point: q.get("point"),
+                src: addr("src")?,
+                dst: addr("dst")?,
+                sport: q.num::<u16>("sport")?.map(i64::from),
+                dport: q.num::<u16>("dport")?.map(i64::from),
+                proto: match q.get("proto") {
+                    None => None,
+                    Some(p) => Some(
+                        telemark_core::watch::parse_proto(p).map(i64::from).map_err(|e| e.0)?,
+                    ),
+                },
+                direction,
+            };
+            Ok((w, limit, offset, filter))
+        })();
+        let (w, limit, offset, filter) = match parsed {
+            Ok(x) => x,
+            Err(e) => return self.bad_query(e),
+        };
+        // One more than asked, to know whether a next page exists.
+        let read = self.read(|st| {
+            Ok((st.flow_records(w, &filter, offset, limit + 1)?, st.flow_totals(w, &filter)?))
+        });
+        match read {
+            Ok((mut records, totals)) => {
+                let more = records.len() as u64 > limit;
+                records.truncate(limit as usize);
+                let next = more.then(|| offset + limit);
+                let mut r = q.json(
+                    200,
+                    &json!({
+                        "from_ns": w.from_ns,
+                        "to_ns": w.to_ns,
+                        "totals": totals,
+                        "records": records,
+                        "next_cursor": next,
+                    }),
+                );
+                if let Some(next) = next {
+                    // RFC 8288: the next page, with the window pinned so pages do not shift.
+                    let mut link = format!(
+                        "/api/v1/flows/records?from={}&to={}&limit={limit}&cursor={next}",
+                        w.from_ns,
+                        w.to_ns.min(now + 1),
+                    );
+                    for (k, v) in &q.0 {
+                        if !["from", "to", "since_ns", "limit", "cursor"].contains(&k.as_str()) {
+                            link.push_str(&format!("&{k}={}", encode(v)));
+                        }
+                    }
+                    r.headers.push(("Link", format!("<{link}>; rel=\"next\"")));
+                }
+                r
+            }
+            Err(e) => self.db_error(e),
+        }
+    }
+
     fn link(&self, query: &str) -> Response {
         let takes =
             [FLOW_KEYS, &["up", "down", "from", "to", "since_ns", "skew_ns", "ints"]].concat();
@@ -849,6 +964,18 @@ fn place(s: &crate::path::Segment) -> String {
         (_, Some(u)) => format!("on the path from {} to {to}", u.replacen('/', " ", 1)),
         (_, None) => format!("upstream of {to}"),
     }
+}
+
+/// Percent-encoding of one query component (RFC 3986: all but the unreserved characters).
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// Percent-decoding of one query component (`+` is a space).

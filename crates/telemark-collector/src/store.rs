@@ -1361,19 +1361,18 @@ impl Store {
             TopBy::Bytes => "bytes DESC, packets DESC",
             TopBy::Packets => "packets DESC, bytes DESC",
         };
+        // Each flow counted once per observation point ([`counted_once`]).
         let sql = format!(
-            "SELECT json_extract(json, '$.flow.src'), json_extract(json, '$.flow.dst'),
-                    json_extract(json, '$.flow.sport'), json_extract(json, '$.flow.dport'),
-                    json_extract(json, '$.flow.proto'),
-                    usum(json_extract(json, '$.packets')) AS packets,
-                    usum(json_extract(json, '$.bytes')) AS bytes, COUNT(*),
-                    MIN(json_extract(json, '$.exact')),
-                    TOTAL(json_extract(json, '$.error_bound') * json_extract(json, '$.error_bound'))
-             FROM other WHERE kind = 'flow' AND time_ns >= :from AND time_ns < :to
-               AND (:exporter IS NULL OR agent = :exporter)
-               AND (:interface IS NULL OR json_extract(json, '$.port') = :interface)
-               AND (:point IS NULL OR json_extract(json, '$.point') = :point)
-             GROUP BY 1, 2, 3, 4, 5 ORDER BY {order} LIMIT :limit"
+            "{}
+             SELECT src, dst, sport, dport, proto, usum(packets) AS packets,
+                    usum(bytes) AS bytes, SUM(records), MIN(exact), TOTAL(var)
+             FROM kept GROUP BY 1, 2, 3, 4, 5 ORDER BY {order} LIMIT :limit",
+            counted_once(
+                "time_ns >= :from AND time_ns < :to
+                 AND (:exporter IS NULL OR agent = :exporter)
+                 AND (:interface IS NULL OR json_extract(json, '$.port') = :interface)
+                 AND (:point IS NULL OR json_extract(json, '$.point') = :point)"
+            )
         );
         self.query(
             &sql,
@@ -1404,6 +1403,60 @@ impl Store {
                 })
             },
         )
+    }
+
+    /// The `flow` records that match `filter` and end in window `w`, oldest first (then in
+    /// the order stored), `limit` of them after skipping `offset`.
+    pub fn flow_records(
+        &self,
+        w: Window,
+        filter: &RecordFilter<'_>,
+        offset: u64,
+        limit: u64,
+    ) -> Result<Vec<FlowRecord>, StoreError> {
+        let sql = format!(
+            "SELECT json FROM other WHERE kind = 'flow' AND {RECORDS_MATCH}
+             ORDER BY time_ns, agent, boot, seq LIMIT :limit OFFSET :offset"
+        );
+        let (from, to, limit, offset) = (i(w.from_ns), i(w.to_ns), i(limit), i(offset));
+        let mut args = filter.args(&from, &to);
+        args.push((":limit", &limit));
+        args.push((":offset", &offset));
+        let rows = self.query(&sql, &args, |r| r.get::<_, String>(0))?;
+        // Stored only after it parsed as a record: a row that does not is skipped.
+        Ok(rows
+            .iter()
+            .filter_map(|j| match serde_json::from_str::<Record>(j) {
+                Ok(Record::Flow(f)) => Some(f),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// What the `flow` records that match `filter` in window `w` add up to, each flow counted
+    /// once per observation point ([`counted_once`]).
+    pub fn flow_totals(
+        &self,
+        w: Window,
+        filter: &RecordFilter<'_>,
+    ) -> Result<FlowTotals, StoreError> {
+        let sql = format!(
+            "{}
+             SELECT (SELECT COALESCE(SUM(records), 0) FROM per), COALESCE(SUM(records), 0),
+                    COALESCE(usum(packets), 0), COALESCE(usum(bytes), 0)
+             FROM kept",
+            counted_once(RECORDS_MATCH)
+        );
+        let (from, to) = (i(w.from_ns), i(w.to_ns));
+        let t = self.query(&sql, &filter.args(&from, &to), |r| {
+            Ok(FlowTotals {
+                records: u(r.get(0)?),
+                counted: u(r.get(1)?),
+                packets: u(r.get(2)?),
+                bytes: u(r.get(3)?),
+            })
+        })?;
+        Ok(t.into_iter().next().unwrap_or_default())
     }
 
     /// Frames `agent`'s own receive rings dropped since `since_ns`, from its health records.
@@ -1633,6 +1686,106 @@ pub struct TopFilter<'a> {
     pub interface: Option<&'a str>,
     /// The record's point: `ipfix`, `netflow9`, `netflow5`, `sflow`, or an agent's point.
     pub point: Option<&'a str>,
+}
+
+/// Which `flow` records [`Store::flow_records`] lists (`None`: any).
+#[derive(Debug, Clone, Default)]
+pub struct RecordFilter<'a> {
+    /// The record's agent: an exporter's address, or an agent's name.
+    pub exporter: Option<&'a str>,
+    /// The record's port: an exporter's input interface index, or an agent's port.
+    pub interface: Option<&'a str>,
+    /// The record's point: `ipfix`, `netflow9`, `netflow5`, `sflow`, or an agent's point.
+    pub point: Option<&'a str>,
+    /// Source address (as records write it).
+    pub src: Option<String>,
+    /// Destination address.
+    pub dst: Option<String>,
+    /// Source port.
+    pub sport: Option<i64>,
+    /// Destination port (ICMP: type × 256 + code).
+    pub dport: Option<i64>,
+    /// IP protocol.
+    pub proto: Option<i64>,
+    /// `ingress`, `egress` or `unknown` (the exporter did not say).
+    pub direction: Option<&'a str>,
+}
+
+impl RecordFilter<'_> {
+    /// The named parameters of [`RECORDS_MATCH`], the window's ends `from` and `to`.
+    fn args<'s>(&'s self, from: &'s i64, to: &'s i64) -> Vec<(&'static str, &'s dyn ToSql)> {
+        vec![
+            (":from", from),
+            (":to", to),
+            (":exporter", &self.exporter),
+            (":interface", &self.interface),
+            (":point", &self.point),
+            (":src", &self.src),
+            (":dst", &self.dst),
+            (":sport", &self.sport),
+            (":dport", &self.dport),
+            (":proto", &self.proto),
+            (":direction", &self.direction),
+        ]
+    }
+}
+
+/// What [`Store::flow_totals`] adds up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct FlowTotals {
+    /// Records that match.
+    pub records: u64,
+    /// Of them, the ones counted (a flow's egress records are not where the same point
+    /// reported it at ingress too).
+    pub counted: u64,
+    /// Packets (estimated where sampled).
+    pub packets: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// The condition on `other`'s `flow` rows that [`RecordFilter`] sets.
+const RECORDS_MATCH: &str = "time_ns >= :from AND time_ns < :to
+    AND (:exporter IS NULL OR agent = :exporter)
+    AND (:interface IS NULL OR json_extract(json, '$.port') = :interface)
+    AND (:point IS NULL OR json_extract(json, '$.point') = :point)
+    AND (:src IS NULL OR json_extract(json, '$.flow.src') = :src)
+    AND (:dst IS NULL OR json_extract(json, '$.flow.dst') = :dst)
+    AND (:sport IS NULL OR json_extract(json, '$.flow.sport') = :sport)
+    AND (:dport IS NULL OR json_extract(json, '$.flow.dport') = :dport)
+    AND (:proto IS NULL OR json_extract(json, '$.flow.proto') = :proto)
+    AND (:direction IS NULL OR COALESCE(json_extract(json, '$.direction'), 'unknown') = :direction)";
+
+/// The `flow` rows matching `cond`, as two tables for a query to read: `per` sums them per
+/// (agent, port, flow key, egress or not), and `kept` holds the sums that count. A flow an
+/// exporter reported at both ingress and egress of one observation point (Open vSwitch's IPFIX
+/// with its default sampling: every packet once each way, with the same ingress interface) is
+/// counted once, at ingress: a point's egress records count only where it reported the flow
+/// nowhere else (an exporter that samples at egress alone). Records without a direction count
+/// as ingress does.
+fn counted_once(cond: &str) -> String {
+    format!(
+        "WITH per AS (
+           SELECT agent, json_extract(json, '$.port') AS port,
+                  json_extract(json, '$.flow.src') AS src, json_extract(json, '$.flow.dst') AS dst,
+                  json_extract(json, '$.flow.sport') AS sport,
+                  json_extract(json, '$.flow.dport') AS dport,
+                  json_extract(json, '$.flow.proto') AS proto,
+                  json_extract(json, '$.direction') IS 'egress' AS egress,
+                  usum(json_extract(json, '$.packets')) AS packets,
+                  usum(json_extract(json, '$.bytes')) AS bytes, COUNT(*) AS records,
+                  MIN(json_extract(json, '$.exact')) AS exact,
+                  TOTAL(json_extract(json, '$.error_bound') * json_extract(json, '$.error_bound'))
+                    AS var
+           FROM other WHERE kind = 'flow' AND {cond}
+           GROUP BY 1, 2, 3, 4, 5, 6, 7, 8),
+         kept AS (
+           SELECT * FROM (
+             SELECT *, MIN(egress) OVER (PARTITION BY agent, port, src, dst, sport, dport, proto)
+               AS only_egress
+             FROM per)
+           WHERE egress = only_egress)"
+    )
 }
 
 /// One flow of the top talkers.
