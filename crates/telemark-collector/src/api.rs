@@ -560,11 +560,13 @@ impl Api {
     }
 
     /// INT events, newest first: of the last hour unless `from`/`to` say otherwise, of one
-    /// `detector` or one flow (all five flow keys) if given, at most `limit` (default 1000).
+    /// `detector`, one `agent` (the name an int-collector or agent stores them under) or one
+    /// flow (all five flow keys) if given, at most `limit` (default 1000).
     fn events(&self, query: &str, now: u64) -> Response {
         const HOUR_NS: u64 = 3600 * 1_000_000_000;
         const MAX_LIMIT: u64 = 10_000;
-        let takes = [FLOW_KEYS, &["from", "to", "since_ns", "detector", "limit", "ints"]].concat();
+        let takes =
+            [FLOW_KEYS, &["from", "to", "since_ns", "detector", "agent", "limit", "ints"]].concat();
         let parsed = Query::parse(query, &takes).and_then(|q| {
             // Any flow key asks for one flow, and then all five are needed (never ignored).
             let one_flow = FLOW_KEYS.iter().any(|k| q.get(k).is_some());
@@ -579,7 +581,7 @@ impl Api {
             Ok(x) => x,
             Err(e) => return self.bad_query(e),
         };
-        match self.read(|st| st.events(w, q.get("detector"), flow.as_ref(), limit)) {
+        match self.read(|st| st.events(w, q.get("detector"), q.get("agent"), flow.as_ref(), limit)) {
             Ok(ev) => q.json(200, &json!({ "events": ev })),
             Err(e) => self.db_error(e),
         }

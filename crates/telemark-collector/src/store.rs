@@ -1309,6 +1309,7 @@ impl Store {
         &self,
         w: Window,
         detector: Option<&str>,
+        agent: Option<&str>,
         flow: Option<&Flow>,
         limit: u64,
     ) -> Result<Vec<EventRecord>, StoreError> {
@@ -1319,6 +1320,7 @@ impl Store {
         let rows = self.query(
             "SELECT json FROM other WHERE kind = 'event' AND time_ns >= :from AND time_ns < :to
                AND (:det IS NULL OR json_extract(json, '$.detector') = :det)
+               AND (:agent IS NULL OR agent = :agent)
                AND (:src IS NULL OR (json_extract(json, '$.flow.src') = :src
                     AND json_extract(json, '$.flow.dst') = :dst
                     AND json_extract(json, '$.flow.sport') = :sport
@@ -1329,6 +1331,7 @@ impl Store {
                 (":from", &i(w.from_ns)),
                 (":to", &i(w.to_ns)),
                 (":det", &detector),
+                (":agent", &agent),
                 (":src", &src),
                 (":dst", &dst),
                 (":sport", &ports.map(|p| p.0)),

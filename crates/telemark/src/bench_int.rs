@@ -50,6 +50,26 @@ pub struct Args {
     /// for each); reports the sink sends and the collector's capacity per threshold.
     #[arg(long, value_name = "TRACE")]
     pub prefilter: Vec<std::path::PathBuf>,
+    /// With --prefilter: a DSCP that marks INT in the traces (repeatable, decimal or 0x..;
+    /// default 0x17, the spec's example value).
+    #[arg(long = "int-dscp", value_name = "DSCP", value_parser = parse_dscp)]
+    pub int_dscp: Vec<u8>,
+    /// With --prefilter: a UDP destination port that marks INT (INT v2.1 §5.7.2, NPT 1;
+    /// repeatable). Given alone, no DSCP is tried.
+    #[arg(long = "int-port", value_name = "PORT")]
+    pub int_port: Vec<u16>,
+    /// With --prefilter: the EWMA detector's alpha (0 < alpha <= 1).
+    #[arg(long, default_value_t = 0.25)]
+    pub alpha: f64,
+}
+
+/// A DSCP, decimal or hexadecimal (`0x17`), 0 to 63.
+fn parse_dscp(s: &str) -> Result<u8, String> {
+    let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u8::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    v.ok().filter(|d| *d <= 0x3f).ok_or(format!("{s:?}: a DSCP is 0 to 63 (or 0x00 to 0x3f)"))
 }
 
 /// Instruction bits in the order items are added: hop latency first (what the detectors
@@ -218,13 +238,27 @@ fn prefilter(a: &Args) -> Result<()> {
          (unfiltered: {:.2} M/s measured here, 3.43 in the paper)",
         monitor / 1e6
     );
+    if !(a.alpha > 0.0 && a.alpha <= 1.0) {
+        bail!("--alpha {}: more than 0, at most 1", a.alpha);
+    }
+    // Every configured way INT may be signalled: each DSCP, each UDP port.
+    let mut signals: Vec<Signal> =
+        a.int_dscp.iter().map(|d| Signal { dscp: Some(*d), udp_port: None }).collect();
+    signals.extend(a.int_port.iter().map(|p| Signal { dscp: None, udp_port: Some(*p) }));
+    if signals.is_empty() {
+        signals.push(Signal::default());
+    }
     let mut csv = String::from("trace,detector,threshold_us,reports_per_packet,capacity_mpps\n");
     for path in &a.prefilter {
         let mut r = CaptureReader::open(path)?;
         let mut paths = Vec::new();
         let mut hops = [Hop::default(); 1];
         while let Some(p) = r.next_packet() {
-            let Ok(Some(f)) = find(&p.data, &Signal::default(), Mode::Tolerant) else { continue };
+            let Some(f) =
+                signals.iter().find_map(|s| find(&p.data, s, Mode::Tolerant).ok().flatten())
+            else {
+                continue;
+            };
             if f.int.read_hops(&mut hops) == 1 {
                 paths.push((f.flow, hops[0]));
             }
@@ -234,7 +268,8 @@ fn prefilter(a: &Args) -> Result<()> {
         }
         let name = path.file_stem().map_or("?".into(), |s| s.to_string_lossy().into_owned());
         println!("\n{name} ({} packets)", paths.len());
-        println!("{:>14} {:>22} {:>22}", "threshold", "per-hop / per-flow", "EWMA (alpha 0.25)");
+        let ewma = format!("EWMA (alpha {})", a.alpha);
+        println!("{:>14} {:>22} {:>22}", "threshold", "per-hop / per-flow", ewma);
         for t in THRESHOLDS_US {
             let mut cells = Vec::new();
             for detector in ["per_hop", "ewma"] {
@@ -246,7 +281,7 @@ fn prefilter(a: &Args) -> Result<()> {
                         detector,
                         Some("hop_latency"),
                         Some(&format!("{t}us")),
-                        Some(0.25),
+                        Some(a.alpha),
                         None,
                     )
                     .map_err(anyhow::Error::msg)?;

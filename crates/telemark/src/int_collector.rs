@@ -389,8 +389,8 @@ pub fn run(a: Args) -> Result<()> {
     tracing::info!(
         "telemark int-collector {}: reports on udp {bound}{} from {} ({} worker(s), {:?} mode, {} rule(s)), events to {}",
         cfg.name,
-        if cfg.allow.is_empty() { "anywhere (loopback)".to_string() } else { format!("{} prefix(es)", cfg.allow.len()) },
         cfg.xdp.as_ref().map_or(String::new(), |(i, m)| format!(" and AF_XDP on {i} ({m:?})")),
+        if cfg.allow.is_empty() { "anywhere (loopback)".to_string() } else { format!("{} prefix(es)", cfg.allow.len()) },
         cfg.workers,
         cfg.mode,
         cfg.rules.len(),

@@ -276,7 +276,16 @@ fn over_af_xdp_lost_reports_match_nftables() {
     let mport = tcp_port();
     let url = format!("http://{}", c.addr);
     let metrics_at = format!("127.0.0.1:{mport}");
-    let args = ["--listen", "10.235.0.1:32766", "--xdp", &host, "--collector", &url];
+    let args = [
+        "--listen",
+        "10.235.0.1:32766",
+        "--allow",
+        "10.235.0.2",
+        "--xdp",
+        &host,
+        "--collector",
+        &url,
+    ];
     let (_p, murl) = int_collector(&[&args[..], &["--metrics", &metrics_at]].concat(), mport);
     let tx = in_netns(Some(&ns), || UdpSocket::bind("10.235.0.2:0")).unwrap();
     // The first number a collector sees starts its window: nothing before it can count as
@@ -349,4 +358,117 @@ fn over_af_xdp_lost_reports_match_nftables() {
         let v: serde_json::Value = ureq::get(&events_url).call().unwrap().into_json().unwrap();
         v["events"].as_array().is_some_and(|e| !e.is_empty())
     });
+}
+
+/// The forgeries of issue 31 item 7, each against what the test sent: reports from a sender
+/// outside `--allow` (4,238 of them were stored as events), one datagram whose sequence number
+/// jumps 2,096,125 ahead (it was counted as that many lost), and 4,200 made-up node IDs
+/// filling the 4,096-entry node table (a real node then had no metrics).
+#[test]
+fn forged_reports_are_refused_and_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = collector(dir.path());
+    let port = free_port();
+    let mport = tcp_port();
+    let url = format!("http://{}", c.addr);
+    let (listen, metrics_at) = (format!("127.0.0.1:{port}"), format!("127.0.0.1:{mport}"));
+    let args = [
+        "--listen",
+        &listen,
+        "--allow",
+        "127.0.0.1/32",
+        "--collector",
+        &url,
+        "--metrics",
+        &metrics_at,
+    ];
+    let (_p, murl) = int_collector(&args, mport);
+    let real = UdpSocket::bind("127.0.0.1:0").unwrap();
+    // 127.0.0.2 is loopback too, but not allowed.
+    let forger = UdpSocket::bind("127.0.0.2:0").unwrap();
+    let node = |m: &BTreeMap<String, u64>, family: &str, n: u32| -> Option<u64> {
+        m.get(&format!("{family}{{collector=\"int-collector\",node=\"{n}\",hw_id=\"0\"}}")).copied()
+    };
+    // The real node 7: 100 reports, each an event (no rule: its switch filtered).
+    for seq in 0..100 {
+        real.send_to(&report(7, seq, 1_000, 7002), &listen).unwrap();
+    }
+    // 4,238 forged reports of node 7 from an address not allowed.
+    const FORGED: u64 = 4_238;
+    for i in 0..FORGED {
+        forger.send_to(&report(7, 5_000 + i as u32, 9_999, 6666), &listen).unwrap();
+        if i % 500 == 0 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    wait_for("forged datagrams counted", || {
+        let m = metrics(&murl);
+        sum(&m, "telemark_int_datagrams_total") >= 100 + FORGED
+    });
+    let m = metrics(&murl);
+    assert_eq!(
+        m["telemark_int_refused_total{collector=\"int-collector\",reason=\"not_allowed\"}"],
+        FORGED
+    );
+    assert_eq!(node(&m, "telemark_int_node_datagrams_total", 7), Some(100));
+    let events_url = format!("http://{}/api/v1/events?limit=10000", c.addr);
+    let mut got = Vec::new();
+    wait_for("events stored", || {
+        let v: serde_json::Value = ureq::get(&events_url).call().unwrap().into_json().unwrap();
+        got = v["events"].as_array().unwrap().clone();
+        got.len() >= 100
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let v: serde_json::Value = ureq::get(&events_url).call().unwrap().into_json().unwrap();
+    let got = v["events"].as_array().unwrap();
+    assert_eq!(got.len(), 100, "only the allowed sender's reports are events");
+    assert!(got.iter().all(|e| e["flow"]["dport"] == 7002));
+    // The events of one int-collector (or agent), by name.
+    let count = |agent: &str| {
+        let u = format!("http://{}/api/v1/events?limit=10000&agent={agent}", c.addr);
+        let v: serde_json::Value = ureq::get(&u).call().unwrap().into_json().unwrap();
+        v["events"].as_array().unwrap().len()
+    };
+    assert_eq!((count("int-collector"), count("someone-else")), (100, 0));
+
+    // From an allowed address, one datagram 2,096,125 numbers ahead: a jump, not loss.
+    real.send_to(&report(7, 99 + 2_096_126, 1_000, 7002), &listen).unwrap();
+    real.send_to(&report(7, 99 + 2_096_127, 1_000, 7002), &listen).unwrap();
+    wait_for("the jump", || {
+        node(&metrics(&murl), "telemark_int_node_datagrams_total", 7) == Some(102)
+    });
+    let m = metrics(&murl);
+    assert_eq!(node(&m, "telemark_int_reports_lost_total", 7), Some(0));
+    assert_eq!(node(&m, "telemark_int_reports_missing", 7), Some(0));
+    assert_eq!(node(&m, "telemark_int_sequence_jumps_total", 7), Some(1));
+
+    // 4,200 made-up node IDs from the allowed address: 4,095 fit beside node 7, the other
+    // 105 are refused and counted; node 7 keeps its window and counters.
+    for n in 0..4_200u32 {
+        real.send_to(&report(1_000_000 + n, 0, 1, 7002), &listen).unwrap();
+        if n % 500 == 0 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    real.send_to(&report(7, 99 + 2_096_128, 1_000, 7002), &listen).unwrap();
+    wait_for("node 7 after the flood", || {
+        node(&metrics(&murl), "telemark_int_node_datagrams_total", 7) == Some(103)
+    });
+    let m = metrics(&murl);
+    assert_eq!(sum(&m, "telemark_int_nodes{"), 4_096);
+    assert_eq!(sum(&m, "telemark_int_nodes_refused_total"), 4_200 - 4_095);
+    assert_eq!(sum(&m, "telemark_int_nodes_evicted_total"), 0, "nobody idle for 10 minutes");
+    assert_eq!(sum(&m, "telemark_int_socket_drops_total"), 0);
+}
+
+/// A non-loopback listener without an allow-list does not start.
+#[test]
+fn a_public_listener_needs_an_allow_list() {
+    let out = Command::new(env!("CARGO_BIN_EXE_telemark"))
+        .args(["int-collector", "--listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--allow"), "{err}");
 }

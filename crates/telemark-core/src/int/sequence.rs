@@ -184,8 +184,10 @@ impl NodeSeq {
         }
     }
 
-    /// Starts the window again at `seq` (received), keeping the counters.
+    /// Starts the window again at `seq` (received), keeping the counters. What the old
+    /// window still missed can no longer be told from later numbers: it is lost.
     fn restart_at(&mut self, seq: u32) {
+        self.lost += self.missing();
         let fresh = NodeSeq::new(seq);
         (self.base, self.seen, self.top, self.behind_run) = (fresh.base, fresh.seen, fresh.top, 0);
         self.received += 1;
@@ -378,6 +380,9 @@ mod tests {
         let s = run([0, 2_096_126, 2_096_127], 22);
         let n = node(&s);
         assert_eq!((n.lost, n.missing(), n.jumps, n.received), (0, 0, 1, 3), "{n:?}");
+        // What the window missed before the jump is lost.
+        let s = run([0, 2, 2_096_126], 22);
+        assert_eq!((node(&s).lost, node(&s).missing(), node(&s).jumps), (1, 0, 1));
         // An outage inside the limit is still loss.
         let s = run([0, 60_001], 22);
         assert_eq!(node(&s).lost + node(&s).missing(), 60_000);
