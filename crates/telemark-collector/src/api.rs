@@ -51,6 +51,59 @@ pub use telemark_transport::http::{Request, Response};
 /// Largest number of records in one ingest request.
 pub const MAX_RECORDS: usize = 10_000;
 
+/// Most JSON values (numbers, strings, arrays, objects, keys) in one ingest request: 100 per
+/// record of the largest request.
+pub const MAX_VALUES: u64 = 100 * MAX_RECORDS as u64;
+
+/// Most JSON values of ingest requests being parsed at once (some 60 bytes each in memory).
+const PARSING_MAX_VALUES: u64 = 2 * MAX_VALUES;
+
+/// JSON values of ingest requests being parsed now.
+static PARSING: Mutex<u64> = Mutex::new(0);
+
+/// A request's share of [`PARSING_MAX_VALUES`], given back on drop.
+struct Parsing(u64);
+
+impl Parsing {
+    fn take(values: u64) -> Option<Parsing> {
+        let mut p = PARSING.lock().unwrap_or_else(|e| e.into_inner());
+        (*p + values <= PARSING_MAX_VALUES).then(|| {
+            *p += values;
+            Parsing(values)
+        })
+    }
+}
+
+impl Drop for Parsing {
+    fn drop(&mut self) {
+        let mut p = PARSING.lock().unwrap_or_else(|e| e.into_inner());
+        *p = p.saturating_sub(self.0);
+    }
+}
+
+/// How many JSON values `b` holds, counted without parsing it: one, plus one for every `,`,
+/// `:`, `[` and `{` outside strings (an upper bound for valid JSON).
+fn json_values(b: &[u8]) -> u64 {
+    let (mut n, mut in_str, mut esc) = (1u64, false, false);
+    for &c in b {
+        if in_str {
+            match (esc, c) {
+                (true, _) => esc = false,
+                (false, b'\\') => esc = true,
+                (false, b'"') => in_str = false,
+                _ => {}
+            }
+        } else {
+            match c {
+                b'"' => in_str = true,
+                b',' | b':' | b'[' | b'{' => n += 1,
+                _ => {}
+            }
+        }
+    }
+    n
+}
+
 /// A static document, with the page's content security policy.
 fn document(content_type: &'static str, body: &str) -> Response {
     let mut r = Response::text(content_type, body.to_string());
@@ -320,6 +373,23 @@ impl Api {
     }
 
     fn ingest(&self, body: &[u8], who: &Identity, now: u64) -> Response {
+        // What parsing will cost, counted first: a body of many tiny values (`[0,0,…]`) grows
+        // some 16-fold as JSON values; at most MAX_VALUES of them per request and
+        // PARSING_MAX_VALUES in all requests being parsed at once.
+        let values = json_values(body);
+        if values > MAX_VALUES {
+            self.metrics.count_error("too_many_values");
+            return Response::error(
+                413,
+                format!("{values} JSON values in one request; at most {MAX_VALUES}"),
+            );
+        }
+        let Some(_parsing) = Parsing::take(values) else {
+            self.metrics.count_error("parse_budget");
+            let mut r = Response::error(503, "too many records being parsed; retry");
+            r.headers.push(("Retry-After", "1".into()));
+            return r;
+        };
         let req: Ingest = match self.body(body, "ingest request") {
             Ok(r) => r,
             Err(resp) => return resp,
@@ -581,7 +651,8 @@ impl Api {
             Ok(x) => x,
             Err(e) => return self.bad_query(e),
         };
-        match self.read(|st| st.events(w, q.get("detector"), q.get("agent"), flow.as_ref(), limit)) {
+        match self.read(|st| st.events(w, q.get("detector"), q.get("agent"), flow.as_ref(), limit))
+        {
             Ok(ev) => q.json(200, &json!({ "events": ev })),
             Err(e) => self.db_error(e),
         }
@@ -687,9 +758,9 @@ impl Api {
                 dport: q.num::<u16>("dport")?.map(i64::from),
                 proto: match q.get("proto") {
                     None => None,
-                    Some(p) => Some(
-                        telemark_core::watch::parse_proto(p).map(i64::from).map_err(|e| e.0)?,
-                    ),
+                    Some(p) => {
+                        Some(telemark_core::watch::parse_proto(p).map(i64::from).map_err(|e| e.0)?)
+                    }
                 },
                 direction,
             };
