@@ -189,6 +189,9 @@ pub struct Store {
     deadline: Arc<AtomicU64>,
 }
 
+/// Longest a request waits for a free reader connection before it is answered 503.
+pub const READER_WAIT: Duration = Duration::from_millis(100);
+
 /// How long one request may read, unless configured (`--query-budget`).
 pub const DEFAULT_QUERY_BUDGET: Duration = Duration::from_secs(10);
 
@@ -258,10 +261,10 @@ impl Aggregate<Option<i128>, Option<i64>> for USum {
 /// Read-only connections to the database, for queries: a request reads on one of its own, so
 /// no query waits for the writer nor holds it (SQLite's WAL: readers and the writer do not
 /// block each other, <https://sqlite.org/wal.html>). At most as many requests read at once as
-/// there are connections; one more is refused ([`StoreError::Busy`]) rather than made to
-/// wait, so that queries never take every request thread from the writers. An in-memory
-/// database (tests) has no second connection: its requests read on the writer's, under the
-/// same budget.
+/// there are connections; one more waits at most [`READER_WAIT`], then is refused
+/// ([`StoreError::Busy`]), so that queries never hold every request thread from the writers.
+/// An in-memory database (tests) has no second connection: its requests read on the writer's,
+/// under the same budget.
 pub struct Readers {
     conns: Vec<Mutex<Store>>,
     /// Longest one request may read.
@@ -283,14 +286,27 @@ impl Readers {
         let guard = if self.conns.is_empty() {
             writer.lock().unwrap_or_else(|p| p.into_inner())
         } else {
-            let free = self.conns.iter().find_map(|c| match c.try_lock() {
-                Ok(g) => Some(g),
-                // A panic in another request left no transaction open on a read-only
-                // connection.
-                Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-                Err(TryLockError::WouldBlock) => None,
-            });
-            free.ok_or(StoreError::Busy { readers: self.conns.len() })?
+            let free = || {
+                self.conns.iter().find_map(|c| match c.try_lock() {
+                    Ok(g) => Some(g),
+                    // A panic in another request left no transaction open on a read-only
+                    // connection.
+                    Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                    Err(TryLockError::WouldBlock) => None,
+                })
+            };
+            // A short wait, for the page's few queries at once; bounded, so a flood of
+            // queries holds request threads for at most this long each.
+            let until = Instant::now() + READER_WAIT;
+            loop {
+                match free() {
+                    Some(g) => break g,
+                    None if Instant::now() >= until => {
+                        return Err(StoreError::Busy { readers: self.conns.len() })
+                    }
+                    None => std::thread::sleep(Duration::from_millis(2)),
+                }
+            }
         };
         guard.deadline.store(mono_ns().saturating_add(budget), Ordering::Relaxed);
         Ok(Reader(guard))
@@ -1465,7 +1481,7 @@ impl Store {
     /// Frames `agent`'s own receive rings dropped since `since_ns`, from its health records.
     pub fn ring_drops(&self, agent: &str, since_ns: u64) -> Result<u64, StoreError> {
         let n: i64 = self.db.query_row(
-            "SELECT COALESCE(SUM(json_extract(json, '$.rx_ring_drops')), 0) FROM other
+            "SELECT COALESCE(usum(json_extract(json, '$.rx_ring_drops')), 0) FROM other
              WHERE agent = ?1 AND kind = 'health' AND time_ns >= ?2",
             params![agent, i(since_ns)],
             |r| r.get(0),
