@@ -366,6 +366,14 @@ impl IntSection {
             Some("off") => ReportMode::Off,
             Some(o) => return Err(invalid(format!("int.report {o:?}: events, all or off"))),
         };
+        if report == ReportMode::All && self.report_to.is_none() {
+            // Said and not done would be worse than refused: every report would go nowhere.
+            return Err(invalid(
+                "int.report = \"all\" sends a Telemetry Report for every INT packet, but there \
+                 is no int.report_to address to send them to (add report_to = \"host:32766\", \
+                 or drop report)",
+            ));
+        }
         let report = if self.report_to.is_none() { ReportMode::Off } else { report };
         let flows = self.flows.unwrap_or(65_536);
         if !(1..=1 << 20).contains(&flows) {
@@ -1024,6 +1032,7 @@ mod tests {
             ("[int]\nnode_id = 1\nsignal_dscp = 64\n", "DSCP is 0 to 63"),
             ("[int]\nnode_id = 1\nmtu = 100\n", "int.mtu"),
             ("[int]\nnode_id = 1\nreport = \"some\"\n", "events, all or off"),
+            ("[int]\nnode_id = 1\nreport = \"all\"\n", "no int.report_to"),
             ("[int]\nnode_id = 1\n[[int.rule]]\nrole = \"relay\"\n", "unknown variant"),
             (
                 "[int]\nnode_id = 1\n[[int.rule]]\nrole = \"source\"\ninstructions = [\"colour\"]\n",

@@ -23,10 +23,19 @@ pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
 }
 
 /// Parses a size in bytes: a number with a unit `B`, `KB`, `MB` or `GB` (powers of 1000;
-/// bytes when there is none), e.g. `150KB`. Times are not sizes: `10ms` is refused.
+/// bytes when there is none), or `KiB`, `MiB`, `GiB` (powers of 1024), e.g. `150KB`.
+/// Times are not sizes: `10ms` is refused.
 pub fn parse_size_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let units: [(&str, f64); 4] = [("KB", 1e3), ("MB", 1e6), ("GB", 1e9), ("B", 1.0)];
+    let units: [(&str, f64); 7] = [
+        ("KiB", 1024.0),
+        ("MiB", 1048576.0),
+        ("GiB", 1073741824.0),
+        ("KB", 1e3),
+        ("MB", 1e6),
+        ("GB", 1e9),
+        ("B", 1.0),
+    ];
     let (num, mult) = units
         .iter()
         .find_map(|(u, m)| t.strip_suffix(u).map(|n| (n.trim(), *m)))
@@ -61,7 +70,9 @@ mod tests {
         {
             assert_eq!(parse_size_bytes(s), Ok(b), "{s}");
         }
-        for bad in ["", "10ms", "-1KB", "KB", "1e30GB"] {
+        assert_eq!(parse_size_bytes("150KiB"), Ok(153_600));
+        assert_eq!(parse_size_bytes("150KB"), Ok(150_000));
+        for bad in ["", "10ms", "-1KB", "KB", "1e30GB", "KiB"] {
             assert!(parse_size_bytes(bad).is_err(), "{bad}");
         }
     }

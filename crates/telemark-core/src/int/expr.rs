@@ -311,15 +311,25 @@ fn split_word<'a>(s: &'a str, word: &str) -> impl Iterator<Item = &'a str> {
 }
 
 /// Parses a threshold: an integer, a time (`ns`, `us`, `ms`, `s`; in nanoseconds) or a size
-/// (`B`, `KB`, `MB`; in bytes). Negative values are allowed for `delta` comparisons.
+/// (`B`, `KB`, `MB` in powers of 1000, `KiB`, `MiB` in powers of 1024; in bytes). Negative
+/// values are allowed for `delta` comparisons.
 pub fn parse_quantity(s: &str) -> Result<i64, String> {
     let s = s.trim();
     let (neg, body) = match s.strip_prefix('-') {
         Some(b) => (true, b.trim()),
         None => (false, s),
     };
-    let units: [(&str, f64); 7] =
-        [("ns", 1.0), ("us", 1e3), ("ms", 1e6), ("KB", 1e3), ("MB", 1e6), ("s", 1e9), ("B", 1.0)];
+    let units: [(&str, f64); 9] = [
+        ("ns", 1.0),
+        ("us", 1e3),
+        ("ms", 1e6),
+        ("KiB", 1024.0),
+        ("MiB", 1048576.0),
+        ("KB", 1e3),
+        ("MB", 1e6),
+        ("s", 1e9),
+        ("B", 1.0),
+    ];
     let (num, mult) = units
         .iter()
         .find_map(|(u, m)| body.strip_suffix(u).map(|n| (n.trim(), *m)))
@@ -405,5 +415,6 @@ mod tests {
         }
         assert_eq!(parse_quantity("1.5us"), Ok(1500));
         assert_eq!(parse_quantity("-2KB"), Ok(-2000));
+        assert_eq!(parse_quantity("64KiB"), Ok(65_536));
     }
 }
