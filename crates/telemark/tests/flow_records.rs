@@ -66,10 +66,8 @@ fn key_of(r: &serde_json::Value) -> Key {
 
 /// IPv4 header checksum / ICMP checksum (RFC 1071).
 fn checksum(b: &[u8]) -> u16 {
-    let mut sum: u32 = b
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
+    let mut sum: u32 =
+        b.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]))).sum();
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }
@@ -177,9 +175,13 @@ fn tshark_truth(pcap: &Path) -> BTreeMap<Key, (u64, u64, u64, u64, u64)> {
         let proto = n(2);
         let (sport, dport) = if proto == 1 { (0, n(5) * 256 + n(6)) } else { (n(3), n(4)) };
         let t = (c[7].parse::<f64>().unwrap() * 1e9).round() as u64;
-        let e = m
-            .entry((c[0].to_string(), c[1].to_string(), sport, dport, proto))
-            .or_insert((0, u64::MAX, 0, 0, 0));
+        let e = m.entry((c[0].to_string(), c[1].to_string(), sport, dport, proto)).or_insert((
+            0,
+            u64::MAX,
+            0,
+            0,
+            0,
+        ));
         e.0 += 1;
         e.1 = e.1.min(t);
         e.2 = e.2.max(t);
@@ -313,8 +315,11 @@ impl Drop for Ovs {
     }
 }
 
+/// Datagrams kept: (the port they came to, bytes).
+type Kept = Arc<Mutex<Vec<(u16, Vec<u8>)>>>;
+
 /// A UDP relay on a free port: keeps each datagram (for tshark) and passes it on to `to`.
-fn relay(to: u16, kept: &Arc<Mutex<Vec<(u16, Vec<u8>)>>>, stop: &Arc<AtomicBool>) -> u16 {
+fn relay(to: u16, kept: &Kept, stop: &Arc<AtomicBool>) -> u16 {
     let s = UdpSocket::bind("127.0.0.1:0").unwrap();
     s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
     let port = s.local_addr().unwrap().port();
@@ -415,7 +420,9 @@ fn ovs_ipfix_both_directions(tag: &str, rate: u64) {
         }
     }
     let top = get(&format!("{base}/api/v1/flows/top?since_ns=0&by=packets&limit=10"));
-    println!("1:{rate} sent {sent:?}\nOvS's datagrams (tshark), per (port, direction): {ovs_said:?}");
+    println!(
+        "1:{rate} sent {sent:?}\nOvS's datagrams (tshark), per (port, direction): {ovs_said:?}"
+    );
     for (&sp, &truth) in &sent {
         let t = totals(sp);
         let packets = t["packets"].as_u64().unwrap();
