@@ -193,7 +193,7 @@ pub fn counts(r: &Record) -> Result<(), String> {
     }
     match all.iter().find(|(_, v)| *v > MAX_COUNT) {
         Some((what, v)) => {
-            Err(format!("{what} {v} is more than a count may be ({MAX_COUNT}, 2^53 - 1)"))
+            Err(format!("{what} {v} is more than one record can carry ({MAX_COUNT}, 2^53 - 1)"))
         }
         None => Ok(()),
     }
@@ -271,7 +271,7 @@ mod tests {
             (json!({"point": "<script>"}), "point"),
             (json!({"first_ns": NOW, "last_ns": NOW - 1}), "before it begins"),
             (json!({"lost": 101, "observed": 0}), "more than the 100 expected"),
-            (json!({"lost": u64::MAX}), "more than a count may be"),
+            (json!({"lost": u64::MAX}), "more than one record can carry"),
             (json!({"first_ns": 0, "last_ns": 1}), "400 days"),
             (json!({"first_ns": NOW, "last_ns": 7_258_118_400_000_000_000u64}), "a day ahead"),
             (json!({"color": 2}), "color"),
