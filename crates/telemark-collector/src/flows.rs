@@ -298,7 +298,7 @@ impl Default for Limits {
             max_template_fields: 512,
             min_record_len: 4,
             max_templates_per_domain: 1024,
-            max_work: 1 << 20,
+            max_work: 1 << 18,
             max_sequence_gap: 1 << 20,
         }
     }
@@ -991,8 +991,9 @@ impl DecodeStats {
 /// Moves the expected sequence number on by `sent`; says how many were skipped. A jump
 /// ahead of more than `max_gap` is not loss: the exporter restarted, or someone forged the
 /// number (these protocols carry no authentication), and the count starts again from it.
-/// A number a little behind (by less than `max_gap`) is a reordered datagram: it leaves the
-/// expectation where it was, so the next in order is not counted twice.
+/// A number a little behind (by at most `max_gap`) is a reordered datagram, or an exporter
+/// that counts fewer records than it sends (softflowd leaves options records out): nothing is
+/// lost, and the count goes on from it.
 fn gap(next: &mut Option<u32>, seq: u32, sent: u32, max_gap: u32) -> Gap {
     let Some(want) = *next else {
         *next = Some(seq.wrapping_add(sent));
@@ -1004,6 +1005,7 @@ fn gap(next: &mut Option<u32>, seq: u32, sent: u32, max_gap: u32) -> Gap {
         *next = Some(seq.wrapping_add(sent));
         Gap::Lost(u64::from(ahead))
     } else if behind <= max_gap {
+        *next = Some(seq.wrapping_add(sent));
         Gap::Behind
     } else {
         *next = Some(seq.wrapping_add(sent));

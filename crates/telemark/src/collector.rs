@@ -105,7 +105,7 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     pub flows_min_record_len: usize,
     /// Field reads (records x fields) one datagram may cost; the rest of it is refused.
-    #[arg(long, default_value_t = 1 << 20)]
+    #[arg(long, default_value_t = 1 << 18)]
     pub flows_max_work: u64,
     /// A sequence number further ahead than this is a reset (counted), not loss.
     #[arg(long, default_value_t = 1 << 20)]
