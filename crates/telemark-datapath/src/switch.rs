@@ -651,11 +651,14 @@ fn burst<C, S, T, D>(
                 } else {
                     let s = learn(&core.cfg, &mut core.fib, &mut core.stats, &parsed.key, m.hash);
                     if let (Some(t), Some(s)) = (loss.as_deref_mut(), s) {
-                        let refused_before = t.admitted(m.hash);
-                        // Selected flows, and flows the full table refused before, join
-                        // mid-flow: the batch open now lacks the packets not counted.
-                        if refused_before || core.selection.is_some() {
-                            if let Some((_, _, hot)) = core.fib.entry_mut(s) {
+                        let joins = t.admitted(m.hash, now);
+                        // Flows admitted after a refusal (or while the table refuses flows)
+                        // and selected flows join mid-flow: the batch open now may lack
+                        // packets not counted.
+                        if let Some((_, _, hot)) = core.fib.entry_mut(s) {
+                            if joins {
+                                t.join(hot, s, &parsed.key, sink);
+                            } else if core.selection.is_some() {
                                 t.arm(hot, s);
                             }
                         }
@@ -698,7 +701,7 @@ fn burst<C, S, T, D>(
                 None => {
                     // Not in the table (full, or not selected): forwarded, but not measured.
                     let why = if unselected { Refusal::NotSelected } else { Refusal::Full };
-                    t.refuse(why, &parsed.key, m.hash, sink);
+                    t.refuse(why, (&parsed.key, m.hash, now), sink);
                 }
             }
         }

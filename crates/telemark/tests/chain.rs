@@ -936,3 +936,128 @@ fn int_source_transit_sink_detect_what_a_reference_evaluation_of_their_metadata_
     assert!(received.len() as u64 > s3_int.roles.stripped, "plain packets after the change");
     assert_eq!(s3_int.event_drops + s3_int.report_errors, 0);
 }
+
+/// Issue 31, item 14: more flows than the tables hold. 2,400 UDP flows with Zipf sizes (2,000
+/// packets down to 1), each spread over its own stretch of 6 s, through the chain's three
+/// switches with their default 1,024-flow tables: flows are refused, idle out, and new ones
+/// are admitted part-way through their batches. Six of the largest flows, first in, lose 2 %
+/// on link 1 (nftables drops them and counts the rest). Not one packet of the other flows is
+/// reported lost; the six flows' loss is found on link 1 within 3 % of what nftables dropped.
+#[test]
+fn a_full_table_admitting_flows_part_way_reports_no_false_loss() {
+    let lossy: Vec<u16> = (0..6u16).map(|i| 10_000 + 400 * i).collect();
+    let chain = Chain::up("z", &lossy);
+    chain.run(&["loss", "1", PERMILLE, &ports(&lossy)]);
+    let prefix = chain.prefix.clone();
+    let dir = tempfile::tempdir().unwrap();
+    // Every batch, so the collector can line the switches up (as above).
+    let (c, agents) = start(&chain, dir.path(), "batch = 100", "report_all = true");
+    // The schedule: (time in µs, flow), flow i of size ~2000/(i mod 400 + 1), deterministic.
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % 1_000_000
+    };
+    let mut sched: Vec<(u64, u16)> = Vec::new();
+    for i in 0..2400u64 {
+        let size = (2000 / (i % 400 + 1)).max(1) * (500 + next() % 1000) / 1000;
+        // Up to 4 s in; the six lossy flows first, so every table holds them from the start.
+        let start = if i % 400 == 0 { 0 } else { next() * 4 };
+        let span = 500_000 + next() * 2 % (6_000_000 - start - 500_000).max(1);
+        for n in 0..size.max(1) {
+            sched.push((start + span * n / size.max(1), i as u16));
+        }
+    }
+    sched.sort_unstable();
+    let frames: Vec<Vec<u8>> = (0..2400u16)
+        .map(|i| {
+            let k = FlowKey { sport: 10_000 + i, ..key(0) };
+            let mut f = telemark_datapath::gen::build_frame(&k, 18, 0, 64);
+            f[0..6].copy_from_slice(&[2, 0, 0, 0, 1, 0xfe]);
+            f[6..12].copy_from_slice(&[2, 0, 0, 0, 1, 1]);
+            f
+        })
+        .collect();
+    let (_rx, mut tx) = telemark_datapath::afpacket::open(
+        "a0",
+        Some(&format!("{prefix}a")),
+        telemark_datapath::afpacket::RingConfig::default(),
+    )
+    .unwrap();
+    let t0 = std::time::Instant::now();
+    let mut sent = 0u64;
+    for (at, f) in &sched {
+        while (t0.elapsed().as_micros() as u64) < *at {
+            tx.kick();
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        while !tx.tx(&frames[usize::from(*f)]) {
+            tx.kick();
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        sent += 1;
+    }
+    tx.kick();
+    // Past the idle timeout, so every flow's last batch is closed and reported.
+    std::thread::sleep(Duration::from_secs(3));
+    let stats: BTreeMap<&str, AgentStats> =
+        agents.into_iter().map(|(n, a)| (n, a.stop())).collect();
+    let truth: serde_json::Value = serde_json::from_str(&chain.run(&["truth"])).unwrap();
+    drop(chain);
+    let t = &truth["all"];
+    let own: u64 = stats.values().map(|s| s.path.rx_ring_drops + s.path.tx_drops).sum();
+    println!("sent {sent} packets of 2,400 flows; links {t}; switches' own drops {own}");
+    let dropped: u64 = lossy.iter().map(|p| u(&truth[p.to_string()]["drop1"])).sum();
+    assert_eq!(u(&t["in1"]) - u(&t["out1"]), dropped, "link 1 dropped other packets");
+    assert_eq!(u(&t["in2"]), u(&t["out2"]));
+    assert!(u(&t["in1"]) + own >= sent, "{} of {sent} reached link 1", t["in1"]);
+    let flows = get(&c, "/api/v1/flows?limit=10000");
+    let flows = flows.as_array().unwrap();
+    let is_lossy = |f: &serde_json::Value| lossy.iter().any(|p| f["flow"]["sport"] == *p);
+    let lost: u64 = flows.iter().filter(|f| !is_lossy(f)).map(|f| u(&f["lost"])).sum();
+    let uncertain: u64 = flows.iter().map(|f| f["uncertain"].as_u64().unwrap_or(0)).sum();
+    println!(
+        "{} flows stored; lost {lost} outside the lossy flows, uncertain {uncertain}",
+        flows.len()
+    );
+    for f in flows.iter().filter(|f| !is_lossy(f) && u(&f["lost"]) > 0) {
+        let k = &f["flow"];
+        let q = format!(
+            "src={}&dst={}&sport={}&dport=7000&proto=17",
+            k["src"].as_str().unwrap(),
+            k["dst"].as_str().unwrap(),
+            k["sport"]
+        );
+        println!("false loss: {f}\n  {}", get(&c, &format!("/api/v1/localise?{q}")));
+    }
+    assert!(lost <= own, "{lost} packets reported lost, none dropped");
+    // The lossy flows: link 1's loss found at s2's ingress, within 3 % of nftables' drops.
+    let mut found = 0;
+    for &sport in &lossy {
+        let k = FlowKey { sport, ..key(0) };
+        let q = format!("src={}&dst={}&sport={sport}&dport=7000&proto=17", k.src, k.dst);
+        let loc = get(&c, &format!("/api/v1/localise?{q}"));
+        for s in loc["segments"].as_array().unwrap() {
+            let at = (s["agent"].as_str().unwrap(), s["point"].as_str().unwrap());
+            if at == ("s2", "ingress") {
+                println!("flow {sport}: dropped {}, {s}", truth[sport.to_string()]["drop1"]);
+                found += u(&s["lost"]);
+            } else {
+                assert_eq!(u(&s["lost"]), 0, "flow {sport}: loss at {at:?}: {s}");
+            }
+        }
+    }
+    println!("lossy flows: nftables dropped {dropped} on link 1, found lost {found}");
+    assert!(dropped > 100, "only {dropped} dropped");
+    assert!(
+        found <= dropped && found.abs_diff(dropped) * 100 <= dropped * 3,
+        "{found} of {dropped}"
+    );
+    // The tables were oversubscribed: refusals counted where an operator sees them.
+    let health = get(&c, "/api/v1/health");
+    let s1 = health.as_array().unwrap().iter().find(|h| h["agent"] == "s1").unwrap();
+    let p = s1["points"].as_array().unwrap().iter().find(|p| p["point"] == "ingress").unwrap();
+    assert!(u(&p["packets_refused"]) > 0, "no refusals: {p}");
+}

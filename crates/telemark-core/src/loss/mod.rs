@@ -97,44 +97,49 @@ impl EventSink for Vec<BatchEvent> {
 }
 
 /// Tells the aggregator, about once per flow, that a point refused the flow, and tells the point
-/// when it admits a flow it refused before. Remembers the last refused flows in a direct-mapped
-/// set, so a refused flow's every packet does not become an event, and so a flow admitted after
-/// a refusal (an idle flow left and made room) is known to join mid-flow: the batch open at
-/// its admission lacks the packets refused, and the point starts it armed (see
-/// `Detector::armed`) instead of reporting a partial batch as if it were whole. A flow whose
-/// entry a later refusal overwrote is not known here; the aggregator's rule for batches that
-/// began before the point saw them (`Span::Fresh` in the aggregator) covers it.
+/// when a flow it admits may join mid-flow. Remembers the last refused flows in a direct-mapped
+/// set, so a refused flow's every packet does not become an event, and the last time the table
+/// had no room. A flow admitted after a refusal (an idle flow left and made room) lacks, in the
+/// batch open at its admission, the packets refused: the point starts it armed (see
+/// `Detector::armed`) instead of reporting a partial batch as if it were whole. So does every
+/// flow admitted while the table is refusing flows (one refused within the idle timeout): the
+/// set may have forgotten the flow's refusal (another refused flow took its place), and under
+/// that pressure a whole first batch cannot be told from a partial one. (The aggregator's rule
+/// for batches that began before the point saw them covers what is left: lost events.)
 #[derive(Clone)]
 pub(crate) struct RefusedSet {
     tags: Box<[u32; REFUSED_SLOTS]>,
+    /// When the table last had no room for a flow.
+    last_full_ns: Option<u64>,
+    /// How long after that admissions still join mid-flow (the idle timeout).
+    window_ns: u64,
 }
 
-/// Flows a point remembers having refused (16 KiB of tags): a table that refuses more flows
-/// than this between admissions forgets some, counted on by the aggregator's rule.
+/// Flows a point remembers having refused (16 KiB of tags).
 const REFUSED_SLOTS: usize = 4096;
 
-impl Default for RefusedSet {
-    fn default() -> Self {
-        RefusedSet { tags: Box::new([0; REFUSED_SLOTS]) }
-    }
-}
-
 impl RefusedSet {
+    /// A set for a table whose flows idle out after `idle_ns`.
+    pub(crate) fn new(idle_ns: u64) -> Self {
+        RefusedSet { tags: Box::new([0; REFUSED_SLOTS]), last_full_ns: None, window_ns: idle_ns }
+    }
+
     fn slot(&mut self, hash: u64) -> (Option<&mut u32>, u32) {
         let tag = ((hash >> 32) as u32) | 1;
         (self.tags.get_mut((hash as usize >> 8) % REFUSED_SLOTS), tag)
     }
 
-    /// Forgets that flow `hash` was refused, as it is admitted now (its next refusal, after an
-    /// eviction, is news to the aggregator again); returns whether it had been refused, so
-    /// that it joins mid-flow.
-    pub(crate) fn admitted(&mut self, hash: u64) -> bool {
+    /// Forgets that flow `hash` was refused, as it is admitted at `now` (its next refusal,
+    /// after an eviction, is news to the aggregator again); returns whether it joins
+    /// mid-flow: it was refused before, or the table is refusing flows.
+    pub(crate) fn admitted(&mut self, hash: u64, now: u64) -> bool {
+        let pressed = self.last_full_ns.is_some_and(|t| now.saturating_sub(t) <= self.window_ns);
         match self.slot(hash) {
             (Some(t), tag) if *t == tag => {
                 *t = 0;
                 true
             }
-            _ => false,
+            _ => pressed,
         }
     }
 
@@ -172,11 +177,13 @@ impl RefusedSet {
     pub(crate) fn refuse<S: EventSink>(
         &mut self,
         why: Refusal,
-        key: &FlowKey,
-        hash: u64,
+        (key, hash, now): (&FlowKey, u64, u64),
         points: &mut [(u8, &mut PointStats)],
         sink: &mut S,
     ) {
+        if why == Refusal::Full {
+            self.last_full_ns = Some(now);
+        }
         let first = self.first(hash);
         for (point, st) in points.iter_mut() {
             why.count(st);

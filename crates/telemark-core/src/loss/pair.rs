@@ -192,7 +192,7 @@ impl<C: Counter> PairTable<C> {
             params: [Params::new(cfg, points.0), Params::new(cfg, points.1)],
             counted: cfg.period_ns.is_none() && (2..C::MAX).contains(&cfg.close_at()),
             idle_ns: cfg.idle_ns,
-            refused: RefusedSet::default(),
+            refused: RefusedSet::new(cfg.idle_ns),
             stats: [PointStats::default(); 2],
             counters: core::marker::PhantomData,
         }
@@ -354,21 +354,26 @@ impl<C: Counter> PairTable<C> {
         ))
     }
 
-    /// The switch admitted flow `hash` (learned it): a later refusal of it is reported again.
-    /// Returns whether the switch had refused the flow before, so that it joins mid-flow
-    /// ([`Self::arm`] it).
-    pub fn admitted(&mut self, hash: u64) -> bool {
-        self.refused.admitted(hash)
+    /// The switch admitted flow `hash` (learned it) at `now`: a later refusal of it is reported
+    /// again. Returns whether the flow joins mid-flow ([`Self::arm`] it): the switch refused it
+    /// before, or its table is refusing flows.
+    pub fn admitted(&mut self, hash: u64, now: u64) -> bool {
+        self.refused.admitted(hash, now)
     }
 
     /// A packet of a flow the switch does not measure (its table is full, or selection left
     /// the flow out): counted at both points, and reported (about once per flow) so nobody
     /// mistakes its absence for loss.
     #[cold]
-    pub fn refuse<S: EventSink>(&mut self, why: Refusal, key: &FlowKey, hash: u64, sink: &mut S) {
+    pub fn refuse<S: EventSink>(
+        &mut self,
+        why: Refusal,
+        (key, hash, now): (&FlowKey, u64, u64),
+        sink: &mut S,
+    ) {
         let [i, e] = &mut self.stats;
         let mut pts = [(self.params[0].point, i), (self.params[1].point, e)];
-        self.refused.refuse(why, key, hash, &mut pts, sink);
+        self.refused.refuse(why, (key, hash, now), &mut pts, sink);
     }
 
     /// Starts watching the flow just installed in slot `slot` mid-flow: armed at both points
@@ -379,6 +384,22 @@ impl<C: Counter> PairTable<C> {
             let mut h = hot.point(at);
             fast::arm(&mut h);
             hot.set_point(at, &h);
+        }
+    }
+
+    /// Starts watching, armed, flow `key` just installed in slot `slot` after a refusal or while
+    /// the table refuses flows ([`Self::admitted`]): until its first whole batch neither point
+    /// measures it, and the aggregator hears so as for a refusal.
+    pub fn join<S: EventSink>(
+        &mut self,
+        hot: &mut PairState<C>,
+        slot: usize,
+        key: &FlowKey,
+        sink: &mut S,
+    ) {
+        self.arm(hot, slot);
+        for p in &self.params {
+            sink.emit(BatchEvent::refused(key, p.point));
         }
     }
 

@@ -5,7 +5,7 @@
 use super::detector::{Params, Tail};
 use super::fast::{self, FastState, SlowState};
 use super::slots::{self, find_or_admit, Counter, Lookup, Slot};
-use super::{EventSink, LossConfig, Refusal, RefusedSet, Selection};
+use super::{BatchEvent, EventSink, LossConfig, Refusal, RefusedSet, Selection};
 use telemark_wire::FlowKey;
 
 /// One flow at one point: exactly one cache line (64 B) for every counter width.
@@ -70,7 +70,7 @@ impl<C: Counter> ColorTable<C> {
             bucket_mask: n / 2 - 1,
             params: Params::new(cfg, point),
             idle_ns: cfg.idle_ns,
-            refused: RefusedSet::default(),
+            refused: RefusedSet::new(cfg.idle_ns),
             selection: None,
             stats: PointStats::default(),
         }
@@ -142,7 +142,7 @@ impl<C: Counter> ColorTable<C> {
         sink: &mut S,
     ) -> bool {
         if hit.is_none() && self.selection.as_ref().is_some_and(|s| !s.contains(key)) {
-            self.refuse(Refusal::NotSelected, key, hash, sink);
+            self.refuse(Refusal::NotSelected, (key, hash, now), sink);
             return false;
         }
         let lookup = match hit {
@@ -152,17 +152,17 @@ impl<C: Counter> ColorTable<C> {
         let i = match lookup {
             Lookup::Hit(i) => i,
             Lookup::New(i) => {
-                self.admit(i, key, hash);
+                self.admit(i, key, hash, now, sink);
                 i
             }
             Lookup::Evict(i) => {
                 self.retire(i, Tail::End, sink);
                 self.stats.evicted += 1;
-                self.admit(i, key, hash);
+                self.admit(i, key, hash, now, sink);
                 i
             }
             Lookup::Full => {
-                self.refuse(Refusal::Full, key, hash, sink);
+                self.refuse(Refusal::Full, (key, hash, now), sink);
                 return false;
             }
         };
@@ -171,20 +171,25 @@ impl<C: Counter> ColorTable<C> {
         true
     }
 
-    fn refuse<S: EventSink>(&mut self, why: Refusal, key: &FlowKey, hash: u64, sink: &mut S) {
+    fn refuse<S: EventSink>(&mut self, why: Refusal, flow: (&FlowKey, u64, u64), sink: &mut S) {
         let mut pts = [(self.params.point, &mut self.stats)];
-        self.refused.refuse(why, key, hash, &mut pts, sink);
+        self.refused.refuse(why, flow, &mut pts, sink);
     }
 
-    fn admit(&mut self, i: usize, key: &FlowKey, hash: u64) {
-        let refused_before = self.refused.admitted(hash);
+    fn admit<S: EventSink>(&mut self, i: usize, key: &FlowKey, hash: u64, now: u64, sink: &mut S) {
+        let joins = self.refused.admitted(hash, now);
         if let (Some(e), Some(k)) = (self.slots.get_mut(i), self.keys.get_mut(i)) {
             *e = Entry { tag: slots::tag_of(hash), ..Entry::default() };
-            if self.selection.is_some() || refused_before {
-                // Selected flows, and flows this table refused before, join mid-flow.
+            if self.selection.is_some() || joins {
+                // Selected flows, and flows admitted after a refusal, join mid-flow.
                 fast::arm(&mut e.hot);
             }
             *k = *key;
+        }
+        if joins {
+            // Not measured here until its first whole batch: what upstream saw of it before
+            // is not this point's to report, as for a refused flow.
+            sink.emit(BatchEvent::refused(key, self.params.point));
         }
     }
 
