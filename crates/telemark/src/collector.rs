@@ -181,7 +181,6 @@ pub fn run(a: Args) -> Result<()> {
             tcp_first_message: a.flows_tcp_first_message.max(Duration::from_millis(100)),
             exporter_labels: a.flows_exporter_labels,
             state_retention: a.retention,
-            ..defaults.flows.clone()
         },
         ..defaults
     };
