@@ -38,7 +38,9 @@ use std::time::{Duration, Instant};
 use telemark_core::flow_hash;
 use telemark_core::int::Detectors;
 use telemark_core::loss::{color_of, Aggregator, AnyColorTable, BatchEvent, PointSpec, PointStats};
-use telemark_core::records::{CostRecord, FlowRecord, HealthRecord, PointHealth, Record};
+use telemark_core::records::{
+    CostRecord, FlowRecord, HealthRecord, HhWindowHealth, PointHealth, Record,
+};
 use telemark_core::spsc::{self, Consumer};
 use telemark_datapath::afpacket::{self, RingConfig, RxRing};
 use telemark_datapath::events::RingSink;
@@ -450,6 +452,7 @@ impl Agent {
             cons,
             int_events: int_cons,
             hh_windows,
+            hh_health: Vec::new(),
             last_export_dropped: 0,
             loss_tx,
         };
@@ -887,6 +890,8 @@ struct Slow {
     int_events: Consumer<RuledEvent>,
     /// Heavy-hitter windows (with `[heavy_hitters]`).
     hh_windows: Option<Consumer<PortWindow>>,
+    /// Heavy-hitter windows closed since the last health record.
+    hh_health: Vec<HhWindowHealth>,
     /// Export drops reported in the last health record.
     last_export_dropped: u64,
     /// Where loss records go as IPFIX too (`[ipfix] loss`).
@@ -1049,16 +1054,29 @@ impl Slow {
         n
     }
 
-    /// Heavy flows of the windows the fast path closed, as `flow` records; how many.
+    /// Heavy flows of the windows the fast path closed, as `flow` records; how many. Every
+    /// window, heavy flows or not, goes into the next health record.
     fn drain_heavy_hitters(&mut self, out: &mut Out) -> u64 {
         let Some(cons) = &self.hh_windows else { return 0 };
         let mut n = 0;
         while let Some(w) = cons.pop() {
             let port = self.port_names().get(usize::from(w.port)).cloned().unwrap_or_default();
             for f in &w.hh.flows {
-                let r = FlowRecord::heavy(&self.cfg.agent, &port, w.start_ns, w.end_ns, f);
+                let r = FlowRecord::heavy(&self.cfg.agent, &port, (w.start_ns, w.end_ns), &w.hh, f);
                 emit(out, Record::Flow(r));
                 n += 1;
+            }
+            // Bounded: a health record leaves every summary interval (windows are ≥ 100 ms).
+            if self.hh_health.len() < 4096 {
+                self.hh_health.push(HhWindowHealth {
+                    port,
+                    window_start_ns: w.start_ns,
+                    window_end_ns: w.end_ns,
+                    packets: w.hh.packets,
+                    threshold_packets: w.hh.threshold_packets,
+                    heavy_flows: w.hh.flows.len() as u64,
+                    complete: w.hh.complete,
+                });
             }
         }
         n
@@ -1136,6 +1154,7 @@ impl Slow {
             events_lost: snap.event_drops.saturating_sub(last.event_drops),
             export_dropped: export_dropped.saturating_sub(self.last_export_dropped),
             points,
+            hh_windows: std::mem::take(&mut self.hh_health),
         }));
         v
     }

@@ -82,9 +82,12 @@ impl Drop for Parsing {
 }
 
 /// How many JSON values `b` holds, counted without parsing it: one, plus one for every `,`,
-/// `:`, `[` and `{` outside strings (an upper bound for valid JSON).
+/// `:`, `[` and `{` outside strings (an upper bound for valid JSON). Counting stops where
+/// arrays and objects nest deeper than the parser goes (serde_json's 128 levels): the parser
+/// refuses such a body there, as malformed, before it has built anything much.
 fn json_values(b: &[u8]) -> u64 {
-    let (mut n, mut in_str, mut esc) = (1u64, false, false);
+    const PARSER_DEPTH: u32 = 128;
+    let (mut n, mut in_str, mut esc, mut depth) = (1u64, false, false, 0u32);
     for &c in b {
         if in_str {
             match (esc, c) {
@@ -96,7 +99,15 @@ fn json_values(b: &[u8]) -> u64 {
         } else {
             match c {
                 b'"' => in_str = true,
-                b',' | b':' | b'[' | b'{' => n += 1,
+                b',' | b':' => n += 1,
+                b'[' | b'{' => {
+                    n += 1;
+                    depth += 1;
+                    if depth > PARSER_DEPTH {
+                        break;
+                    }
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
                 _ => {}
             }
         }
@@ -1075,4 +1086,32 @@ fn decode(s: &str) -> Result<String, String> {
         }
     }
     String::from_utf8(out).map_err(|_| format!("query is not UTF-8: {s:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_values;
+
+    /// The count bounds what serde_json builds for valid JSON, and stops where nesting goes
+    /// past the parser's depth (serde_json refuses the body there: 400, not 413).
+    #[test]
+    fn json_values_bound_the_parse_and_stop_at_the_parser_depth() {
+        for body in [&b"[0,0,{\"a\":[1,\"x,y\"]}]"[..], b"{}", b"0"] {
+            let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+            let mut built = 0u64;
+            let mut stack = vec![&v];
+            while let Some(x) = stack.pop() {
+                built += 1;
+                match x {
+                    serde_json::Value::Array(a) => stack.extend(a),
+                    serde_json::Value::Object(o) => stack.extend(o.values()),
+                    _ => {}
+                }
+            }
+            assert!(json_values(body) >= built, "{}", String::from_utf8_lossy(body));
+        }
+        let deep = vec![b'['; 8 << 20];
+        assert!(json_values(&deep) <= 130);
+        assert!(serde_json::from_slice::<serde_json::Value>(&deep).is_err());
+    }
 }

@@ -1084,5 +1084,6 @@ fn record(agent: &str, f: &ExportedFlow, now: u64) -> FlowRecord {
             sampling_rate: Some(f.sampling_rate.max(1)),
             exporter_times: Some(exporter_times),
         },
+        heavy: Default::default(),
     }
 }

@@ -1555,6 +1555,7 @@ mod tests {
             truth_packets: None,
             truth_bytes: None,
             exported: Default::default(),
+            heavy: Default::default(),
         })
     }
 

@@ -36,6 +36,12 @@ pub fn record(r: &Record, now: u64) -> Result<(), String> {
         }
         Record::Health(h) => {
             time_range(h.interval_start_ns, h.interval_end_ns, now)?;
+            if h.hh_windows.len() > 4096 {
+                return Err("more than 4,096 heavy-hitter windows in one health record".into());
+            }
+            h.hh_windows
+                .iter()
+                .try_for_each(|w| time_range(w.window_start_ns, w.window_end_ns, now))?;
             h.points.iter().try_for_each(|p| name("point", &p.point))
         }
         Record::Cost(c) => name("stage", &c.stage),
@@ -163,6 +169,11 @@ pub fn counts(r: &Record) -> Result<(), String> {
             ("error_bound", f.error_bound),
             ("truth_packets", f.truth_packets.unwrap_or(0)),
             ("truth_bytes", f.truth_bytes.unwrap_or(0)),
+            ("estimate", f.heavy.estimate.unwrap_or(0)),
+            ("estimate_bytes", f.heavy.estimate_bytes.unwrap_or(0)),
+            ("window_packets", f.heavy.window_packets.unwrap_or(0)),
+            ("threshold_packets", f.heavy.threshold_packets.unwrap_or(0)),
+            ("window_flows", f.heavy.window_flows.unwrap_or(0)),
         ]),
         Record::Health(h) => {
             all.extend([
@@ -180,6 +191,13 @@ pub fn counts(r: &Record) -> Result<(), String> {
                     ("packets_unselected", p.packets_unselected),
                     ("flows", p.flows),
                     ("capacity", p.capacity),
+                ]);
+            }
+            for w in &h.hh_windows {
+                all.extend([
+                    ("hh_windows.packets", w.packets),
+                    ("hh_windows.threshold_packets", w.threshold_packets),
+                    ("hh_windows.heavy_flows", w.heavy_flows),
                 ]);
             }
         }

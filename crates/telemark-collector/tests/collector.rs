@@ -595,6 +595,7 @@ fn flow_record(sport: u16, packets: u64) -> serde_json::Value {
         truth_packets: None,
         truth_bytes: None,
         exported: Default::default(),
+        heavy: Default::default(),
     }))
     .unwrap()
 }

@@ -46,6 +46,7 @@ fn fill(db: &Path) {
                 truth_packets: None,
                 truth_bytes: None,
                 exported: Default::default(),
+                heavy: Default::default(),
             };
             (n, Record::Flow(r))
         })

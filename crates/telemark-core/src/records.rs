@@ -261,6 +261,38 @@ pub struct FlowRecord {
     /// fields existed.
     #[serde(flatten)]
     pub exported: FlowExport,
+    /// What the heavy-hitter pipeline knew of the flow and of its window besides the counts
+    /// (agents' and replay's heavy flows); empty in exporters' records.
+    #[serde(flatten)]
+    pub heavy: HeavyContext,
+}
+
+/// A heavy flow's best estimate and its window (SFCMon; docs/sketches.md): enough to
+/// recompute the threshold and to tell whether every heavy flow of the window arrived.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeavyContext {
+    /// Best estimate of the flow's packets in the window: those counted since admission
+    /// (`packets`) plus its source's Count-Min count when it was admitted, at most
+    /// `packets + error_bound`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<u64>,
+    /// Estimated bytes: `bytes` scaled by `estimate / packets`, the packets missed before
+    /// admission taken at the flow's mean size (an estimate, not a bound).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate_bytes: Option<u64>,
+    /// Packets the port received in the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_packets: Option<u64>,
+    /// The window's bar in packets: a flow is heavy when its source reaches it (the
+    /// configured threshold × `window_packets`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold_packets: Option<u64>,
+    /// Heavy flows the window listed (this record is one of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_flows: Option<u64>,
+    /// Whether the window's list is complete (the IBLT listed every admitted flow).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub complete: Option<bool>,
 }
 
 /// Where an exporter observed a flow: IPFIX / NetFlow v9 flowDirection (IE 61, RFC 5102).
@@ -311,15 +343,22 @@ pub struct FlowExport {
 }
 
 impl FlowRecord {
-    /// A heavy flow the SFCMon pipeline listed for the window `start_ns..end_ns` at `agent`'s
+    /// A heavy flow the SFCMon pipeline listed in window `w` (`start_ns..end_ns`) at `agent`'s
     /// `port` (point `ingress`), without the truth.
     pub fn heavy(
         agent: &str,
         port: &str,
-        start_ns: u64,
-        end_ns: u64,
+        (start_ns, end_ns): (u64, u64),
+        w: &crate::sketch::sfcmon::HhWindow,
         f: &crate::sketch::sfcmon::HeavyFlow,
     ) -> FlowRecord {
+        let estimate = f.estimate.clamp(f.packets, f.packets.saturating_add(f.error_bound));
+        let estimate_bytes = match f.packets {
+            0 => f.bytes,
+            n => (u128::from(f.bytes) * u128::from(estimate) / u128::from(n))
+                .try_into()
+                .unwrap_or(u64::MAX),
+        };
         FlowRecord {
             agent: agent.into(),
             port: port.into(),
@@ -334,6 +373,14 @@ impl FlowRecord {
             truth_packets: None,
             truth_bytes: None,
             exported: FlowExport::default(),
+            heavy: HeavyContext {
+                estimate: Some(estimate),
+                estimate_bytes: Some(estimate_bytes),
+                window_packets: Some(w.packets),
+                threshold_packets: Some(w.threshold_packets),
+                window_flows: Some(w.flows.len() as u64),
+                complete: Some(w.complete),
+            },
         }
     }
 }
@@ -440,6 +487,30 @@ pub struct HealthRecord {
     pub export_dropped: u64,
     /// Each observation point's table.
     pub points: Vec<PointHealth>,
+    /// The heavy-hitter windows closed in the interval, one per port and window, those with
+    /// no heavy flow too (with `[heavy_hitters]`): an empty window is told from a lost one.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hh_windows: Vec<HhWindowHealth>,
+}
+
+/// One heavy-hitter window of one port (see [`HealthRecord::hh_windows`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HhWindowHealth {
+    /// Input port.
+    pub port: String,
+    /// Start of the window.
+    pub window_start_ns: u64,
+    /// End of the window.
+    pub window_end_ns: u64,
+    /// Packets the port received in it.
+    pub packets: u64,
+    /// Its bar in packets (threshold × packets).
+    pub threshold_packets: u64,
+    /// Heavy flows it listed (each a `flow` record).
+    pub heavy_flows: u64,
+    /// Whether the list is complete.
+    pub complete: bool,
 }
 
 /// One observation point's table over an interval (see [`HealthRecord`]).

@@ -158,7 +158,7 @@ fn flow_records(a: &Args, r: &Replay) -> Vec<Record> {
             v.push(Record::Flow(FlowRecord {
                 truth_packets: truth.map(|t| t.0),
                 truth_bytes: truth.map(|t| t.1),
-                ..FlowRecord::heavy(&a.agent, "in", w.start_ns, w.end_ns, f)
+                ..FlowRecord::heavy(&a.agent, "in", (w.start_ns, w.end_ns), &w.hh, f)
             }));
         }
     }

@@ -25,7 +25,7 @@ use telemark_agent::{Agent, FileConfig};
 use telemark_wire::FlowKey;
 
 mod common;
-use common::{collector, tshark_fields, write_udp_pcap, Proc};
+use common::{collector, tshark_fields, write_udp_pcap, Ovs, Proc};
 
 const SPORTS: [u16; 4] = [5001, 5002, 5003, 5004];
 const PPS: u64 = 800;
@@ -511,7 +511,9 @@ fn heavy_hitters_on_the_switch_name_the_heavy_flow_with_a_bound_that_holds_the_t
 
     let q = "SELECT json_extract(json, '$.flow.src'), json_extract(json, '$.flow.sport'), \
              json_extract(json, '$.packets'), json_extract(json, '$.bytes'), \
-             json_extract(json, '$.error_bound'), json_extract(json, '$.port') \
+             json_extract(json, '$.error_bound'), json_extract(json, '$.port'), \
+             json_extract(json, '$.estimate'), json_extract(json, '$.window_packets'), \
+             json_extract(json, '$.threshold_packets'), json_extract(json, '$.window_flows') \
              FROM other WHERE kind = 'flow' AND json_extract(json, '$.point') = 'ingress'";
     let until = Instant::now() + Duration::from_secs(10);
     let rows = loop {
@@ -538,6 +540,35 @@ fn heavy_hitters_on_the_switch_name_the_heavy_flow_with_a_bound_that_holds_the_t
     assert!(heavy_sent - packets <= 1000, "reported {packets} for {heavy_sent}");
     // 200 bytes of payload in UDP, IPv4 and Ethernet headers: 242 bytes a frame.
     assert_eq!(bytes, packets * 242);
+    // The estimate (counted plus the source's Count-Min count at admission) lies inside the
+    // bound and is no further from what was sent than the count since admission.
+    let (estimate, window, bar, listed) = (n(6), n(7), n(8), n(9));
+    println!("estimate {estimate}, window {window} packets, bar {bar}, {listed} listed");
+    assert!(packets <= estimate && estimate <= packets + bound, "estimate {estimate}");
+    assert!(estimate.abs_diff(heavy_sent) <= packets.abs_diff(heavy_sent), "estimate {estimate}");
+    // The window: every packet the port received, the bar at 1 % of it, one flow listed.
+    assert_eq!(window, heavy_sent + light_sent);
+    assert_eq!(bar, window.div_ceil(100));
+    assert_eq!(listed, 1);
+    // Each window is in the health records, the other port's (no heavy flow) too.
+    let out = Command::new("sqlite3")
+        .arg(&db)
+        .arg("SELECT json FROM other WHERE kind = 'health'")
+        .output()
+        .unwrap();
+    let windows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .flat_map(|h| h["hh_windows"].as_array().cloned().unwrap_or_default())
+        .collect();
+    println!("windows in health records: {windows:?}");
+    let at = |port: &str| windows.iter().find(|w| w["port"] == port).cloned().unwrap();
+    assert_eq!(windows.len(), 2, "{windows:?}");
+    assert_eq!(
+        (at("sa")["packets"].as_u64(), at("sa")["heavy_flows"].as_u64()),
+        (Some(window), Some(1))
+    );
+    assert_eq!(at("sb")["heavy_flows"].as_u64(), Some(0));
     let hh = stats.path.hh.unwrap();
     assert_eq!((hh.windows, hh.flows, hh.drops), (2, 1, 0));
     assert!(hh.busy_ns > 0, "the stage's time was not measured");
@@ -604,34 +635,6 @@ fn the_cost_study_runs_on_both_switches_and_counts_what_each_exported() {
     }
     let md = std::fs::read_to_string(dir.path().join("cost-study.md")).unwrap();
     assert!(md.contains("## Headline") && md.contains("vs OvS sFlow 1:64"), "{md}");
-}
-
-const OVS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testbed/ovs.sh");
-
-/// An Open vSwitch bridge (userspace datapath, testbed/ovs.sh) between two namespaces.
-struct Ovs {
-    prefix: String,
-}
-
-impl Ovs {
-    fn run(&self, args: &[&str]) {
-        let out = Command::new("timeout")
-            .args(["60", "bash", OVS, &self.prefix])
-            .args(args)
-            .env("OVS_DATAPATH", "dummy")
-            .output()
-            .expect("bash runs");
-        assert!(out.status.success(), "ovs.sh {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-}
-
-impl Drop for Ovs {
-    fn drop(&mut self) {
-        let _ = Command::new("timeout")
-            .args(["60", "bash", OVS, &self.prefix, "down"])
-            .env("OVS_DATAPATH", "dummy")
-            .output();
-    }
 }
 
 /// Open vSwitch (needs Debian's openvswitch-switch) exports its own sFlow and IPFIX, both

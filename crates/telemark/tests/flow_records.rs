@@ -20,7 +20,7 @@ use telemark_agent::traffic::{self, FlowSpec};
 use telemark_wire::FlowKey;
 
 mod common;
-use common::{collector, tshark_fields, write_udp_pcap};
+use common::{collector, tshark_fields, write_udp_pcap, Ovs};
 
 fn now_ns() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64
@@ -286,34 +286,6 @@ fn softflowd_v5_v9_and_ipfix_give_one_flow_one_key_and_the_exporters_times() {
 
 // ---------------------------------------------------------------------------------------------
 // Open vSwitch: IPFIX at ingress and egress.
-
-const OVS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testbed/ovs.sh");
-
-/// An Open vSwitch bridge (userspace datapath, testbed/ovs.sh) between two namespaces.
-struct Ovs {
-    prefix: String,
-}
-
-impl Ovs {
-    fn run(&self, args: &[&str]) {
-        let out = Command::new("timeout")
-            .args(["60", "bash", OVS, &self.prefix])
-            .args(args)
-            .env("OVS_DATAPATH", "dummy")
-            .output()
-            .expect("bash runs");
-        assert!(out.status.success(), "ovs.sh {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-}
-
-impl Drop for Ovs {
-    fn drop(&mut self) {
-        let _ = Command::new("timeout")
-            .args(["60", "bash", OVS, &self.prefix, "down"])
-            .env("OVS_DATAPATH", "dummy")
-            .output();
-    }
-}
 
 /// Datagrams kept: (the port they came to, bytes).
 type Kept = Arc<Mutex<Vec<(u16, Vec<u8>)>>>;

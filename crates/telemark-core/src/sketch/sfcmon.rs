@@ -151,6 +151,9 @@ pub struct HeavyFlow {
 pub struct HhWindow {
     /// Packets seen in the window.
     pub packets: u64,
+    /// The window's bar in packets: a flow is heavy when its source's estimate reaches it
+    /// (`threshold × packets`, rounded up).
+    pub threshold_packets: u64,
     /// Heavy flows, most packets first.
     pub flows: Vec<HeavyFlow>,
     /// Heavy sources (FlowID1 encodings) with their estimates.
@@ -294,6 +297,7 @@ impl Sfcmon {
         sources.dedup_by(|a, b| a.0 == b.0);
         let w = HhWindow {
             packets: n,
+            threshold_packets: final_bar.ceil() as u64,
             flows,
             sources,
             complete: listing.complete,

@@ -116,3 +116,33 @@ pub fn tshark_fields(pcap: &Path, decode: &[String], filter: &str, fields: &[&st
     assert!(out.status.success(), "tshark: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+const OVS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testbed/ovs.sh");
+
+/// An Open vSwitch bridge (userspace datapath, testbed/ovs.sh) between two namespaces.
+pub struct Ovs {
+    /// The names' prefix (`ovs.sh PREFIX …`).
+    pub prefix: String,
+}
+
+impl Ovs {
+    /// Runs `ovs.sh PREFIX ARGS…` (OVS_DATAPATH=dummy), asserting it succeeded.
+    pub fn run(&self, args: &[&str]) {
+        let out = Command::new("timeout")
+            .args(["60", "bash", OVS, &self.prefix])
+            .args(args)
+            .env("OVS_DATAPATH", "dummy")
+            .output()
+            .expect("bash runs");
+        assert!(out.status.success(), "ovs.sh {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+impl Drop for Ovs {
+    fn drop(&mut self) {
+        let _ = Command::new("timeout")
+            .args(["60", "bash", OVS, &self.prefix, "down"])
+            .env("OVS_DATAPATH", "dummy")
+            .output();
+    }
+}
