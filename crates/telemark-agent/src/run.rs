@@ -901,10 +901,12 @@ struct Slow {
 impl Slow {
     fn run(mut self, fast_done: &AtomicBool, shared: &Shared) {
         let boot = now_ns();
-        let kafka = self.cfg.kafka.as_ref().map(|k| telemark_kafka::Producer::new(k, true));
+        let kafka = self.cfg.kafka.as_ref().map(|k| {
+            telemark_kafka::Producer::new(k, true).map(|p| (p, k.buffer_records as usize))
+        });
         let mut out = match (&self.cfg.collector, kafka) {
-            (_, Some(Ok(producer))) => {
-                Out::Kafka(Box::new(KafkaOut::new(producer, &self.cfg.agent, boot)))
+            (_, Some(Ok((producer, bound)))) => {
+                Out::Kafka(Box::new(KafkaOut::new(producer, &self.cfg.agent, boot, bound)))
             }
             (_, Some(Err(e))) => {
                 tracing::error!("kafka: {e}; records are discarded");
@@ -1013,9 +1015,8 @@ impl Slow {
         let snap = shared.path.lock().map(|s| s.clone()).unwrap_or_default();
         self.report_interval(&mut out, &snap, &last_path, interval_start, now);
         if let Out::Kafka(k) = &mut out {
-            k.producer.flush(Duration::from_secs(5));
-            k.poll();
-            let pending = k.producer.in_flight();
+            k.finish(Duration::from_secs(5));
+            let pending = k.pending();
             if pending > 0 {
                 tracing::warn!(pending, "records not acknowledged by Kafka at exit");
             }
@@ -1202,7 +1203,7 @@ impl Slow {
                 Out::Kafka(k) => {
                     g.exported = k.acked;
                     g.export_drops = k.lost();
-                    g.export_pending = k.producer.in_flight() as u64;
+                    g.export_pending = k.pending() as u64;
                     g.export_failures = k.failed;
                 }
                 _ => {}

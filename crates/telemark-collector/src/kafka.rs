@@ -257,10 +257,16 @@ pub fn publish(
     stop: Arc<AtomicBool>,
 ) -> Result<JoinHandle<()>, String> {
     let producer = Producer::new(&cfg, true)?;
+    let probe = producer.topic_probe(goflow2_topic.as_deref())?;
     let mut outbox = Outbox::open(&db).map_err(|e| format!("outbox: {e}"))?;
     stats.publishing.store(true, Ordering::Relaxed);
     let cap = cfg.buffer_records as usize;
     Ok(std::thread::spawn(move || {
+        // The outbox holds records until their topics are ready (TopicProbe says why).
+        if !probe.wait(&stop) {
+            return;
+        }
+        drop(probe);
         // The last row handed to the producer; rows after it are read next.
         let mut sent_up_to = 0i64;
         let mut in_flight = BTreeSet::new();

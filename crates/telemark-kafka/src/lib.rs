@@ -13,4 +13,4 @@ pub mod producer;
 pub use config::KafkaConfig;
 pub use consumer::{Batch, Consumer};
 pub use message::{Kind, Message, Origin};
-pub use producer::{Delivery, Producer, SendError};
+pub use producer::{Delivery, Producer, SendError, TopicProbe};

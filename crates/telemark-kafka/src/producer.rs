@@ -7,10 +7,14 @@ use crate::message::{Kind, Message};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer as _, ProducerContext};
+use rdkafka::producer::{
+    BaseProducer, BaseRecord, DefaultProducerContext, DeliveryResult, Producer as _,
+    ProducerContext,
+};
 use rdkafka::ClientContext;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// One record's fate.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +62,7 @@ impl ProducerContext for Reports {
 /// A producer for one configuration.
 pub struct Producer {
     inner: BaseProducer<Reports>,
+    config: ClientConfig,
     topics: Vec<(Kind, String)>,
 }
 
@@ -80,7 +85,19 @@ impl Producer {
             .create_with_context(Reports { done: Mutex::new(Vec::new()) })
             .map_err(|e| format!("kafka producer: {e}"))?;
         let topics = Kind::ALL.iter().map(|&k| (k, k.topic(&cfg.topic_prefix))).collect();
-        Ok(Producer { inner, topics })
+        Ok(Producer { inner, config: c, topics })
+    }
+
+    /// A probe of this producer's topics (every kind's, and `extra`), on a client of its own
+    /// so that another thread can wait on it.
+    pub fn topic_probe(&self, extra: Option<&str>) -> Result<TopicProbe, String> {
+        let client = self
+            .config
+            .create::<BaseProducer<DefaultProducerContext>>()
+            .map_err(|e| format!("kafka metadata client: {e}"))?;
+        let mut topics: Vec<String> = self.topics.iter().map(|(_, t)| t.clone()).collect();
+        topics.extend(extra.map(str::to_string));
+        Ok(TopicProbe { client, topics })
     }
 
     fn topic(&self, kind: Kind) -> &str {
@@ -124,5 +141,73 @@ impl Producer {
     /// Waits up to `timeout` for everything queued to be delivered or failed.
     pub fn flush(&self, timeout: Duration) {
         let _ = self.inner.flush(timeout);
+    }
+}
+
+/// Whether the brokers have a producer's topics ready: each exists and every partition of it
+/// has a leader. Records are sent only once they are: a topic the first record creates
+/// (`auto.create.topics.enable`) is written while its partitions come up, and there an
+/// acknowledged first batch was seen missing from the log (Kafka 4.3, librdkafka 2.12, a
+/// loaded machine). Asking for a topic's metadata is what has the brokers create it.
+pub struct TopicProbe {
+    client: BaseProducer<DefaultProducerContext>,
+    topics: Vec<String>,
+}
+
+impl TopicProbe {
+    /// The topics not ready yet, each with why; asks the brokers, up to `timeout` a topic.
+    pub fn not_ready(&self, timeout: Duration) -> Vec<String> {
+        let mut missing = Vec::new();
+        for topic in &self.topics {
+            let why = match self.client.client().fetch_metadata(Some(topic), timeout) {
+                Err(e) => Some(format!("{topic} ({e})")),
+                Ok(m) => match m.topics().iter().find(|t| t.name() == topic) {
+                    None => Some(format!("{topic} (not in the brokers' answer)")),
+                    Some(t) => match t.error() {
+                        Some(e) => Some(format!("{topic} ({})", RDKafkaErrorCode::from(e))),
+                        None if t.partitions().is_empty() => {
+                            Some(format!("{topic} (no partition)"))
+                        }
+                        None if t
+                            .partitions()
+                            .iter()
+                            .any(|p| p.leader() < 0 || p.error().is_some()) =>
+                        {
+                            Some(format!("{topic} (a partition without a leader)"))
+                        }
+                        None => None,
+                    },
+                },
+            };
+            missing.extend(why);
+        }
+        missing
+    }
+
+    /// Asks until every topic is ready (true) or `stop` is set (false). Says once, after
+    /// 10 s, which topics it still waits for: with `auto.create.topics.enable=false` on the
+    /// brokers, the operator creates them.
+    pub fn wait(&self, stop: &AtomicBool) -> bool {
+        let start = Instant::now();
+        let mut said = false;
+        while !stop.load(Ordering::Relaxed) {
+            let missing = self.not_ready(Duration::from_secs(2));
+            if missing.is_empty() {
+                if said {
+                    tracing::info!("kafka: every topic is ready; publishing");
+                }
+                return true;
+            }
+            if !said && start.elapsed() > Duration::from_secs(10) {
+                tracing::warn!(
+                    "kafka: records wait for topics the brokers do not have ready (create \
+                     them if the brokers do not create topics): {}",
+                    missing.join(", ")
+                );
+                said = true;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        false
     }
 }

@@ -147,12 +147,25 @@ enum Encoding {
 /// takes them (a real agent drops what does not fit; here the sender waits instead).
 fn agent(cfg: &KafkaConfig, recs: &[Record], encoding: Encoding) -> Result<f64> {
     let producer = Producer::new(cfg, true).map_err(anyhow::Error::msg)?;
-    let mut out = KafkaOut::new(producer, "bench-agent", now_ns());
+    // The topics ready before the clock starts.
+    let probe = producer.topic_probe(None).map_err(anyhow::Error::msg)?;
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let missing = probe.not_ready(Duration::from_secs(2));
+        if missing.is_empty() {
+            break;
+        }
+        if Instant::now() > until {
+            bail!("topics not ready within 60 s: {}", missing.join(", "));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let room = cfg.buffer_records as usize;
+    let mut out = KafkaOut::new(producer, "bench-agent", now_ns(), room);
     let started = Instant::now();
     let mut seq = 0u64;
     for r in recs {
-        while out.producer.in_flight() >= room {
+        while out.pending() >= room {
             out.poll();
             std::thread::sleep(Duration::from_micros(200));
         }
@@ -180,9 +193,9 @@ fn agent(cfg: &KafkaConfig, recs: &[Record], encoding: Encoding) -> Result<f64> 
         }
     }
     let until = Instant::now() + Duration::from_secs(120);
-    while out.producer.in_flight() > 0 {
+    while out.pending() > 0 {
         if Instant::now() > until {
-            bail!("not acknowledged within 2 minutes: {}", out.producer.in_flight());
+            bail!("not acknowledged within 2 minutes: {}", out.pending());
         }
         out.poll();
         std::thread::sleep(Duration::from_millis(1));

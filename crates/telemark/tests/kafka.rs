@@ -699,9 +699,12 @@ fn an_agent_publishes_directly_every_record_once() {
         }
     }
     seqs.sort_unstable();
+    health.sort_by_key(|(s, _)| *s);
+    if let Some((_, last)) = health.last() {
+        println!("last health record: {last}");
+    }
     assert!(seqs.len() > 10, "only {} records on Kafka", seqs.len());
     assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>(), "every number once, no gap");
-    health.sort_by_key(|(s, _)| *s);
     let last = &health.last().expect("health records").1;
     assert_eq!(last["export_dropped"], 0, "{last}");
 }
@@ -724,8 +727,14 @@ fn spawn_agent(cfg: &Path) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(agent.stderr.take().unwrap()).lines();
-    std::thread::spawn(move || lines.by_ref().for_each(drop));
+    let lines = BufReader::new(agent.stderr.take().unwrap()).lines();
+    // Its warnings are shown with a failing test's output.
+    std::thread::spawn(move || {
+        lines
+            .map_while(Result::ok)
+            .filter(|l| !l.contains("INFO"))
+            .for_each(|l| println!("agent: {l}"))
+    });
     agent
 }
 

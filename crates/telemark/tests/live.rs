@@ -148,11 +148,14 @@ fn the_int_demo_shows_latency_and_queue_events_next_to_the_queue() {
     assert!(worst_delay > 50_000_000, "the queue filled: {worst_delay} ns");
     assert!(on.iter().map(|s| u(&s["drops"])).sum::<u64>() > 0, "and dropped");
     let latency = on.iter().map(|s| u(&s["latency_max_ns"])).max().unwrap();
-    // The frame waits for the backlog ahead of it, plus its own time on the 10 Mbit/s link,
-    // the switches' own hops and the fast path's 1 ms polling.
+    // The frame waits for the backlog ahead of it, plus its own time on the 10 Mbit/s link
+    // and what the path adds without a queue: the switches' hops and wakeups, as large as
+    // the calm seconds' largest event on this machine at this moment (up to 8 ms on a loaded
+    // CI machine, when the queue's 80 ms came out as 94 ms).
+    let calm = secs[..2].iter().map(|s| u(&s["latency_max_ns"])).max().unwrap();
     assert!(
-        latency >= worst_delay * 95 / 100 && latency <= worst_delay + 10_000_000,
-        "largest latency event {latency} ns, queue delay {worst_delay} ns"
+        latency >= worst_delay * 95 / 100 && latency <= worst_delay + calm + 10_000_000,
+        "largest latency event {latency} ns, queue delay {worst_delay} ns, calm {calm} ns"
     );
     let occupancy = on.iter().map(|s| u(&s["queue_max_bytes"])).max().unwrap();
     assert!(occupancy > 50_000 && occupancy <= 100_000, "queue events up to {occupancy} B");
