@@ -1,8 +1,10 @@
 //! `telemark int-collector`: the INT report collector (docs/int.md). Telemetry Reports in over
 //! UDP (one worker per core on a shared port, batches per system call), events out to the
 //! collector's store over the agents' acknowledged transport, behind a bounded queue whose
-//! drops are counted; Prometheus `/metrics` of everything it saw.
+//! drops are counted; Prometheus `/metrics` of everything it saw, and on the same listener
+//! the control API that replaces the detector rules at run time (`int_control.rs`).
 
+use crate::int_control::{Control, DetectList, Refused, Rules};
 use anyhow::{bail, Context, Result};
 use clap::Args as ClapArgs;
 use serde::Deserialize;
@@ -70,6 +72,12 @@ pub struct Args {
     /// (default 10m).
     #[arg(long, value_parser = crate::opts::parse_duration_ns)]
     pub node_idle: Option<u64>,
+    /// A file holding the token a controller sends to read and replace the detector rules
+    /// (`GET`/`PUT /api/v1/detectors` on the metrics listener, which must be loopback);
+    /// `metrics.control_token_file` in the config file. Absent: the rules change only by a
+    /// restart.
+    #[arg(long, value_name = "FILE")]
+    pub control_token_file: Option<PathBuf>,
 }
 
 /// The config file.
@@ -119,6 +127,8 @@ struct ExportSection {
 struct MetricsSection {
     listen: SocketAddr,
     token_file: Option<PathBuf>,
+    /// The control API's token (`PUT /api/v1/detectors`); absent: no control API.
+    control_token_file: Option<PathBuf>,
 }
 
 /// Everything resolved.
@@ -133,11 +143,13 @@ struct Config {
     xdp: Option<(String, XdpMode)>,
     allow: Vec<Prefix>,
     limits: SeqLimits,
-    rules: Vec<DetectRule>,
+    rules: Rules,
     collector: Option<String>,
     token: Option<String>,
     tls: Option<Arc<rustls::ClientConfig>>,
     metrics: Option<(SocketAddr, Option<String>)>,
+    /// The token a controller sends to change the detector rules; `None`: no control API.
+    control_token: Option<String>,
 }
 
 fn read_token(p: &Path) -> Result<String> {
@@ -154,10 +166,8 @@ fn resolve(a: Args) -> Result<Config> {
         }
         None => FileConfig::default(),
     };
-    let mut rules = Vec::new();
-    for (n, d) in file.detect.iter().enumerate() {
-        rules.push(d.rule().map_err(|e| anyhow::anyhow!("[[detect]] rule {}: {e}", n + 1))?);
-    }
+    // Checked by the code that checks the control API's bodies.
+    let rules = DetectList { detect: file.detect }.validate().map_err(anyhow::Error::msg)?;
     let mode = match (a.strict, file.mode.as_deref()) {
         (true, _) | (_, Some("strict")) => Mode::Strict,
         (_, None | Some("tolerant")) => Mode::Tolerant,
@@ -170,6 +180,8 @@ fn resolve(a: Args) -> Result<Config> {
         Some(ca) => Some(telemark_transport::tls::client_config(ca)?),
         None => None,
     };
+    let control_file =
+        a.control_token_file.or(file.metrics.as_ref().and_then(|m| m.control_token_file.clone()));
     let metrics = match (a.metrics, file.metrics) {
         (Some(l), m) => {
             Some((l, m.and_then(|m| m.token_file).map(|p| read_token(&p)).transpose()?))
@@ -181,6 +193,23 @@ fn resolve(a: Args) -> Result<Config> {
         if !addr.ip().is_loopback() {
             bail!("/metrics on {addr} needs a token_file in [metrics] (only loopback is open)");
         }
+    }
+    let control_token = control_file.as_deref().map(read_token).transpose()?;
+    if control_token.as_deref() == Some("") {
+        bail!("control_token_file: the file is empty");
+    }
+    match (&control_token, &metrics) {
+        (Some(_), None) => bail!(
+            "control_token_file: the control API is served on the metrics listener; set \
+             --metrics or [metrics] listen"
+        ),
+        // The listener has no TLS: a token that changes the detectors stays on this host, as
+        // the agent's control token does.
+        (Some(_), Some((addr, _))) if !addr.ip().is_loopback() => bail!(
+            "metrics listen {addr}: the control API (control_token_file) is served on loopback \
+             only; its token would cross the network in clear text"
+        ),
+        _ => {}
     }
     let xdp_mode = match file.xdp_mode.as_deref() {
         None | Some("generic") => XdpMode::Generic,
@@ -239,6 +268,7 @@ fn resolve(a: Args) -> Result<Config> {
         token,
         tls,
         metrics,
+        control_token,
     })
 }
 
@@ -272,8 +302,10 @@ pub(crate) fn offline(
         max_nodes: None,
         max_seq_gap: None,
         node_idle: None,
+        control_token_file: None,
     })?;
-    Ok(Offline { rules: c.rules, mode: c.mode, flows: c.flows, allow: c.allow, limits: c.limits })
+    let rules = c.rules.rules.to_vec();
+    Ok(Offline { rules, mode: c.mode, flows: c.flows, allow: c.allow, limits: c.limits })
 }
 
 /// Whether a datagram from `src` is read (for replay).
@@ -357,15 +389,16 @@ pub fn run(a: Args) -> Result<()> {
     let mut consumers = Vec::new();
     let mut threads = Vec::new();
     let n_sources = sources.len();
+    let control = Arc::new(Control::new(&cfg.rules, n_sources, cfg.flows));
     for (w, rx) in sources.into_iter().enumerate() {
-        let (tx, rx_events) = spsc::channel::<Event>(cfg.queue.div_ceil(n_sources).max(64));
+        let (tx, rx_events) = spsc::channel::<Item>(cfg.queue.div_ceil(n_sources).max(64));
         consumers.push(rx_events);
-        let detectors = Detectors::new(cfg.rules.clone(), cfg.flows);
+        let detectors = Detectors::new(cfg.rules.rules.to_vec(), cfg.flows);
         let (stop, shared, mode) = (stop.clone(), shared.clone(), cfg.mode);
-        let allow = cfg.allow.clone();
+        let (allow, control) = (cfg.allow.clone(), control.clone());
         threads.push(std::thread::Builder::new().name(format!("int-rx-{w}")).spawn(move || {
             let c = Collector::new(detectors, mode).with_shared_sequences();
-            worker(w, rx, c, tx, &allow, &stop, &shared)
+            worker(w, rx, c, tx, &allow, &stop, &shared, &control)
         })?);
     }
     let server = match &cfg.metrics {
@@ -375,11 +408,16 @@ pub fn run(a: Args) -> Result<()> {
                 name: cfg.name.clone(),
                 shared: shared.clone(),
                 token: token.clone(),
+                control_token: cfg.control_token.clone(),
+                control: control.clone(),
+                transport: transport.clone(),
             });
+            // Bodies only for the control API, and small: 64 KiB holds hundreds of rules.
+            let max_body = if cfg.control_token.is_some() { 64 * 1024 } else { 0 };
             let scfg = ServerConfig {
                 listen: *listen,
                 tls: None,
-                limits: Limits { max_body: 0, max_connections: 64, ..Limits::default() },
+                limits: Limits { max_body, max_connections: 64, ..Limits::default() },
                 workers: 1,
             };
             Some(Server::start(scfg, handler, transport)?)
@@ -393,7 +431,7 @@ pub fn run(a: Args) -> Result<()> {
         if cfg.allow.is_empty() { "anywhere (loopback)".to_string() } else { format!("{} prefix(es)", cfg.allow.len()) },
         cfg.workers,
         cfg.mode,
-        cfg.rules.len(),
+        cfg.rules.rules.len(),
         cfg.collector.as_deref().unwrap_or("nowhere (no collector)")
     );
     export(&cfg, &consumers, &stop, &shared);
@@ -457,18 +495,46 @@ impl Source {
     }
 }
 
+/// What a worker hands the exporter, in order: events, and the rules the events after it
+/// fired under (so a record names the rule its event fired under, whenever it is exported).
+// Events by value, as before: the ring's slots are event-sized anyway, and a box would
+// allocate for every event on the receive path.
+#[allow(clippy::large_enum_variant)]
+enum Item {
+    Event(Event),
+    Rules(Arc<Vec<DetectRule>>),
+}
+
+/// Rules the exporter is to be told of before the next event, if the ring had no room yet.
+type Marker = Option<Arc<Vec<DetectRule>>>;
+
+/// Hands `e` to the exporter, after the new rules in `marker` if there are any; whether it
+/// went (a full ring drops it).
+fn send(tx: &spsc::Producer<Item>, marker: &mut Marker, e: Event) -> bool {
+    if let Some(r) = marker.take() {
+        if let Err(Item::Rules(r)) = tx.push(Item::Rules(r)) {
+            *marker = Some(r);
+            return false;
+        }
+    }
+    tx.push(Item::Event(e)).is_ok()
+}
+
+#[allow(clippy::too_many_arguments)]
 fn worker(
     w: usize,
     mut rx: Source,
     mut c: Collector,
-    tx: spsc::Producer<Event>,
+    tx: spsc::Producer<Item>,
     allow: &[Prefix],
     stop: &AtomicBool,
     shared: &Shared,
+    control: &Control,
 ) {
     let mut truncated = 0u64;
     let mut ring_dropped = 0u64;
     let mut last_publish = Instant::now();
+    let mut marker: Marker = None;
     while !stop.load(Ordering::Relaxed) {
         let now = telemark_transport::now_ns();
         let r = rx.batch(|d, cut, src| {
@@ -479,7 +545,7 @@ fn worker(
             }
             truncated += u64::from(cut);
             c.datagram(d, now, |e| {
-                if tx.push(e).is_err() {
+                if !send(&tx, &mut marker, e) {
                     ring_dropped += 1;
                 }
             });
@@ -499,6 +565,17 @@ fn worker(
         }
         if last_publish.elapsed() >= Duration::from_millis(100) || stop.load(Ordering::Relaxed) {
             last_publish = Instant::now();
+            // New rules from the control API, their table built already: every flow's
+            // detector state starts again.
+            if let Some((rules, table)) = control.take(w) {
+                *c.detectors_mut() = table;
+                marker = Some(rules);
+            }
+            if let Some(r) = marker.take() {
+                if let Err(Item::Rules(r)) = tx.push(Item::Rules(r)) {
+                    marker = Some(r);
+                }
+            }
             shared.ring_dropped.fetch_add(std::mem::take(&mut ring_dropped), Ordering::Relaxed);
             let t = c.detectors().counts();
             let stats = WorkerStats {
@@ -534,7 +611,7 @@ fn to_v4(ip: IpAddr) -> IpAddr {
 
 /// Drains the workers' rings into the exporter, flushing every 200 ms, until stopped; then
 /// flushes what is left for up to 5 s.
-fn export(cfg: &Config, rings: &[spsc::Consumer<Event>], stop: &AtomicBool, shared: &Shared) {
+fn export(cfg: &Config, rings: &[spsc::Consumer<Item>], stop: &AtomicBool, shared: &Shared) {
     let boot = telemark_transport::now_ns();
     let mut ex = cfg.collector.as_ref().map(|url| {
         let e = Exporter::new(url, &cfg.name, boot, cfg.queue).with_token(cfg.token.as_deref());
@@ -545,15 +622,21 @@ fn export(cfg: &Config, rings: &[spsc::Consumer<Event>], stop: &AtomicBool, shar
     });
     let mut last_flush = Instant::now();
     let mut warned = false;
+    // Per ring, the rules its events fired under.
+    let mut rules = vec![cfg.rules.rules.clone(); rings.len()];
+    let mut take = |ex: &mut Option<Exporter>, i: usize, item: Item| match item {
+        Item::Rules(r) => rules[i] = r,
+        Item::Event(e) => {
+            if let Some(ex) = ex.as_mut() {
+                ex.push(Record::Event(e.record(&cfg.name, &rules[i])));
+            }
+        }
+    };
     loop {
         let stopping = stop.load(Ordering::Relaxed);
         let mut got = 0;
-        for r in rings {
-            got += r.drain(|e| {
-                if let Some(ex) = ex.as_mut() {
-                    ex.push(Record::Event(e.record(&cfg.name, &cfg.rules)));
-                }
-            });
+        for (i, r) in rings.iter().enumerate() {
+            got += r.drain(|item| take(&mut ex, i, item));
         }
         if let Some(ex) = ex.as_mut() {
             if last_flush.elapsed() >= Duration::from_millis(200) || stopping {
@@ -580,12 +663,8 @@ fn export(cfg: &Config, rings: &[spsc::Consumer<Event>], stop: &AtomicBool, shar
         }
     }
     // Last words: what the rings still hold, then a few tries to deliver it.
-    for r in rings {
-        r.drain(|e| {
-            if let Some(ex) = ex.as_mut() {
-                ex.push(Record::Event(e.record(&cfg.name, &cfg.rules)));
-            }
-        });
+    for (i, r) in rings.iter().enumerate() {
+        r.drain(|item| take(&mut ex, i, item));
     }
     if let Some(ex) = ex.as_mut() {
         let until = Instant::now() + Duration::from_secs(5);
@@ -600,38 +679,91 @@ fn export(cfg: &Config, rings: &[spsc::Consumer<Event>], stop: &AtomicBool, shar
     }
 }
 
-/// `/metrics`.
+/// The listener: `/metrics`, and the control API (`/api/v1/detectors`) when a control token
+/// is configured.
 struct Metrics {
     name: String,
     shared: Arc<Shared>,
+    /// The token scrapers must send, when set.
     token: Option<String>,
+    /// The token a controller must send; `None`: no control API.
+    control_token: Option<String>,
+    control: Arc<Control>,
+    transport: Arc<ServerStats>,
 }
+
+/// The control API's one path.
+const DETECTORS: &str = "/api/v1/detectors";
 
 impl Handler for Metrics {
     fn handle(&self, req: &Request<'_>, _now: u64) -> Response {
-        let allowed = match (&self.token, req.token) {
-            (None, _) => true,
-            (Some(t), Some(g)) => telemark_transport::http::token_eq(t, g),
-            (Some(_), None) => false,
-        };
+        if let Err(r) = self.access(req.method, req.path(), req.token) {
+            return r;
+        }
         match (req.method, req.path()) {
-            (_, "/metrics") if !allowed => Response::unauthenticated(),
             ("GET", "/metrics") => Response::text("text/plain; version=0.0.4", self.render()),
-            (_, "/metrics") => Response::error(405, "only GET is allowed on /metrics"),
-            (_, p) => Response::error(404, format!("no such endpoint: {p} (this serves /metrics)")),
+            ("GET", DETECTORS) => Response::json(200, &self.control.in_force()),
+            ("PUT", DETECTORS) => match self.control.put(req.body) {
+                Ok(rules) => Response::json(200, &rules),
+                Err(e) => Response::error(400, e),
+            },
+            _ => Response::error(405, "GET /metrics, GET or PUT /api/v1/detectors"),
         }
     }
 
+    fn admit(&self, method: &str, path: &str, token: Option<&str>) -> Option<Response> {
+        let refused = self.access(method, path, token).err()?;
+        if method == "PUT" && path == DETECTORS && refused.status == 401 {
+            self.control.refuse(Refused::Unauthenticated);
+        }
+        Some(refused)
+    }
+
     fn route(&self, path: &str) -> &'static str {
-        if path == "/metrics" {
-            "/metrics"
-        } else {
-            "other"
+        match path {
+            "/metrics" => "/metrics",
+            DETECTORS => DETECTORS,
+            _ => "other",
         }
     }
 }
 
 impl Metrics {
+    /// Whether a request may be made, from its method, path and token alone: the listener's
+    /// access rules, all here, as the agent's. The server asks this before it reads a body
+    /// (so nobody without the control token can hold the listener's body budget), and
+    /// [`Handler::handle`] asks again.
+    fn access(&self, method: &str, path: &str, token: Option<&str>) -> Result<(), Response> {
+        let valid = |want: &str| token.is_some_and(|t| telemark_transport::http::token_eq(want, t));
+        match (method, path) {
+            (_, "/metrics") if !self.token.as_deref().is_none_or(valid) => {
+                Err(Response::unauthenticated())
+            }
+            ("GET", "/metrics") => Ok(()),
+            (_, "/metrics") => Err(Response::error(405, "only GET is allowed on /metrics")),
+            (_, DETECTORS) => {
+                let Some(want) = &self.control_token else {
+                    return Err(Response::error(
+                        404,
+                        "the control API is off: set metrics.control_token_file \
+                         (--control-token-file)",
+                    ));
+                };
+                if !valid(want) {
+                    return Err(Response::unauthenticated());
+                }
+                match method {
+                    "GET" | "PUT" => Ok(()),
+                    _ => Err(Response::error(405, "GET or PUT /api/v1/detectors")),
+                }
+            }
+            (_, p) => Err(Response::error(
+                404,
+                format!("no such endpoint: {p} (this serves /metrics and {DETECTORS})"),
+            )),
+        }
+    }
+
     fn render(&self) -> String {
         let ws = self.shared.workers.lock().map(|w| w.clone()).unwrap_or_default();
         let mut o = String::new();
@@ -812,6 +944,26 @@ impl Metrics {
             "Events waiting for the collector.",
             one(s.export_pending.load(Ordering::Relaxed)),
         );
+        let ctl = &self.control;
+        family(
+            "telemark_int_detector_rules",
+            "gauge",
+            "Detector rules in force.",
+            one(ctl.rule_count() as u64),
+        );
+        family(
+            "telemark_int_detector_changes_total",
+            "counter",
+            "Times the control API replaced the detector rules (every flow's state started again).",
+            one(ctl.changes()),
+        );
+        family(
+            "telemark_int_detector_changes_refused_total",
+            "counter",
+            "PUT /api/v1/detectors refused, by reason: no or a wrong control token, or a body that does not check (nothing changed).",
+            Refused::ALL.iter().map(|r| (format!(",reason=\"{}\"", r.name()), ctl.refused(*r))).collect(),
+        );
+        self.transport.render("telemark_int", &mut o);
         o
     }
 }

@@ -18,6 +18,7 @@ mod export;
 mod gen;
 mod input;
 mod int_collector;
+mod int_control;
 mod int_replay;
 mod opts;
 mod replay;

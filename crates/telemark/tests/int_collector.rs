@@ -4,6 +4,7 @@
 //! (needs root and nftables; CI has both).
 
 use std::collections::BTreeMap;
+use std::io::{Read, Write};
 use std::net::UdpSocket;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -471,4 +472,270 @@ fn a_public_listener_needs_an_allow_list() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--allow"), "{err}");
+}
+
+/// A request to the control API with an optional bearer token and body: its status and body.
+fn call(method: &str, url: &str, token: Option<&str>, body: Option<&str>) -> (u16, String) {
+    let mut r = ureq::request(method, url);
+    if let Some(t) = token {
+        r = r.set("Authorization", &format!("Bearer {t}"));
+    }
+    let res = match body {
+        Some(b) => r.set("Content-Type", "application/json").send_string(b),
+        None => r.call(),
+    };
+    match res {
+        Ok(resp) => (resp.status(), resp.into_string().unwrap()),
+        Err(ureq::Error::Status(code, resp)) => (code, resp.into_string().unwrap_or_default()),
+        Err(e) => panic!("{method} {url}: {e}"),
+    }
+}
+
+/// The per-hop detector of one switch as the INT paper defines it (§III-C): the stored value
+/// starts at zero; a value fires when it moved more than `threshold` from the stored one,
+/// which it then replaces. The values that fire, in order.
+fn per_hop(state: &mut u64, threshold: u64, values: &[u64]) -> Vec<u64> {
+    let mut fired = Vec::new();
+    for &v in values {
+        if v.abs_diff(*state) > threshold {
+            *state = v;
+            fired.push(v);
+        }
+    }
+    fired
+}
+
+/// `n` hop latencies from `start`, wandering over `spread` ns by `step`.
+fn wander(start: u64, n: u64, spread: u64, step: u64) -> Vec<u64> {
+    (0..n).map(|i| start + (i * step) % spread + i).collect()
+}
+
+/// Every event the collector stored: (time, detector's threshold, value).
+fn stored(c: &Collector) -> Vec<(u64, u64, u64)> {
+    let url = format!("http://{}/api/v1/events?limit=10000", c.addr);
+    let v: serde_json::Value = ureq::get(&url).call().unwrap().into_json().unwrap();
+    v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            assert_eq!((&e["detector"], &e["metric"]), (&"per_hop".into(), &"hop_latency".into()));
+            assert_eq!((&e["switch_id"], &e["flow"]["dport"]), (&5.into(), &7001.into()));
+            let n = |k: &str| e[k].as_u64().unwrap();
+            (n("time_ns"), n("threshold"), n("value"))
+        })
+        .collect()
+}
+
+/// Waits until the collector stored `n` events, then a moment more for any extra.
+fn stored_n(c: &Collector, n: usize) -> Vec<(u64, u64, u64)> {
+    wait_for(&format!("{n} events stored"), || stored(c).len() >= n);
+    std::thread::sleep(Duration::from_millis(500));
+    stored(c)
+}
+
+fn sorted(mut v: Vec<u64>) -> Vec<u64> {
+    v.sort_unstable();
+    v
+}
+
+/// Issue 31 item 12: the detectors of a running int-collector change through `PUT
+/// /api/v1/detectors`. Requests without the control token, or with a wrong one, and bodies
+/// that do not check are refused and change nothing: the rules shown and the events raised
+/// stay the file's, each flow keeping its state. A lower threshold then raises, from the
+/// first report after the answer, the events the reports' values give under it, with each
+/// flow's state starting again, where the old rule would raise none.
+#[test]
+fn detector_rules_change_at_run_time_through_the_control_api() {
+    const CONTROL: &str = "5c0ffee5c0ffee5c0ffee5c0ffee5c0f";
+    const OLD: u64 = 50_000;
+    const NEW: u64 = 5_000;
+    let dir = tempfile::tempdir().unwrap();
+    let c = collector(dir.path());
+    let port = free_port();
+    let mport = tcp_port();
+    let token_file = dir.path().join("control.token");
+    std::fs::write(&token_file, format!("{CONTROL}\n")).unwrap();
+    let config = dir.path().join("int.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:{port}\"\nworkers = 2\n\
+             [export]\ncollector = \"http://{}\"\n\
+             [metrics]\nlisten = \"127.0.0.1:{mport}\"\ncontrol_token_file = {:?}\n\
+             [[detect]]\nflows = \"dport=7001\"\ndetector = \"per_hop\"\n\
+             metric = \"hop_latency\"\nthreshold = \"50us\"\n",
+            c.addr,
+            token_file.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let (_p, murl) = int_collector(&["--config", config.to_str().unwrap()], mport);
+    let api = format!("http://127.0.0.1:{mport}/api/v1/detectors");
+    let file_rules = serde_json::json!({"detect": [{"flows": "dport=7001", "detector": "per_hop",
+        "metric": "hop_latency", "threshold": "50us"}]});
+    let rules_shown = || {
+        let (status, body) = call("GET", &api, Some(CONTROL), None);
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    assert_eq!(rules_shown(), file_rules);
+    let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let to = format!("127.0.0.1:{port}");
+    let mut seq = 0u32;
+    let mut send = |values: &[u64]| {
+        for &v in values {
+            tx.send_to(&report(5, seq, v, 7001), &to).unwrap();
+            seq += 1;
+        }
+    };
+
+    // Phase A, the file's rule.
+    let mut state = 0u64;
+    let a = wander(100_000, 80, 150_000, 7919);
+    let mut want_old = per_hop(&mut state, OLD, &a);
+    send(&a);
+    assert_eq!(
+        sorted(stored_n(&c, want_old.len()).iter().map(|e| e.2).collect()),
+        sorted(want_old.clone())
+    );
+
+    // Refused: no token, a wrong one (401); bodies that do not check (400, naming the
+    // problem); a body over the bound (413).
+    let lower = r#"{"detect": [{"flows": "dport=7001", "detector": "per_hop", "metric": "hop_latency", "threshold": "5us"}]}"#;
+    assert_eq!(call("PUT", &api, None, Some(lower)).0, 401);
+    assert_eq!(call("PUT", &api, Some("5c0ffee5c0ffee5c0ffee5c0ffee5c0e"), Some(lower)).0, 401);
+    assert_eq!(call("GET", &api, Some("wrong"), None).0, 401);
+    for (body, names) in [
+        (r#"{"detect": [{"flows": "dport=7001", "detector": "per_hop""#, "EOF"),
+        (
+            r#"{"detect": [{"detector": "per_hop", "metric": "hop_latncy", "threshold": "5us"}]}"#,
+            "hop_latncy",
+        ),
+        // The first rule alone would lower the threshold: the second's fault refuses both.
+        (
+            r#"{"detect": [{"flows": "dport=7001", "detector": "per_hop", "metric": "hop_latency", "threshold": "5us"},
+                        {"detector": "per_hop", "metric": "hop_latency"}]}"#,
+            "rule 2: detector per_hop needs a threshold",
+        ),
+        (
+            r#"{"detect": [{"detector": "per_hop", "metric": "hop_latency", "threshold": "-5us"}]}"#,
+            "negative",
+        ),
+        (r#"{"rules": []}"#, "unknown field `rules`"),
+    ] {
+        let (status, answer) = call("PUT", &api, Some(CONTROL), Some(body));
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(answer.contains(names), "{body}: {answer}");
+    }
+    // Only the head: its declared length is refused before a byte of the body is read.
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", mport)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let head = format!(
+        "PUT /api/v1/detectors HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {CONTROL}\r\n\
+         Content-Length: {}\r\n\r\n",
+        70 * 1024
+    );
+    conn.write_all(head.as_bytes()).unwrap();
+    let mut status = [0u8; 12];
+    conn.read_exact(&mut status).unwrap();
+    assert_eq!(&status[9..], b"413");
+    assert_eq!(rules_shown(), file_rules);
+    let m = metrics(&murl);
+    assert_eq!(sum(&m, "telemark_int_detector_changes_total"), 0);
+    let refused = |m: &BTreeMap<String, u64>, why: &str| {
+        m[&format!(
+            "telemark_int_detector_changes_refused_total{{collector=\"int-collector\",reason=\"{why}\"}}"
+        )]
+    };
+    assert_eq!((refused(&m, "unauthenticated"), refused(&m, "invalid")), (2, 5));
+    assert_eq!(m["telemark_int_http_refused_total{reason=\"body_too_large\"}"], 1);
+
+    // Phase B: still the file's rule, and the flow's state kept: the first value is within
+    // the threshold of the stored one (from zero it would fire).
+    let b = wander(state + 20_000, 80, 150_000, 7919);
+    want_old.extend(per_hop(&mut state, OLD, &b));
+    assert!(!want_old.contains(&b[0]));
+    send(&b);
+    let before = stored_n(&c, want_old.len());
+    assert_eq!(sorted(before.iter().map(|e| e.2).collect()), sorted(want_old.clone()));
+    assert!(before.iter().all(|e| e.1 == OLD));
+
+    // The change: answered once every worker has its new table.
+    let (status, answer) = call("PUT", &api, Some(CONTROL), Some(lower));
+    assert_eq!(status, 200, "{answer}");
+    let lowered: serde_json::Value = serde_json::from_str(lower).unwrap();
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&answer).unwrap(), lowered);
+    assert_eq!(rules_shown(), lowered);
+
+    // Phase C: values within 32 µs of the stored one, which the old rule never fires on, in
+    // steps of 3 µs (some fire under 5 µs, some do not); the first is 2 µs from the stored
+    // one, which fires only because the flow starts again from zero.
+    let c_values = wander(state + 2_000, 80, 30_000, 3_001);
+    let old_would = per_hop(&mut state.clone(), OLD, &c_values);
+    let mut fresh = 0u64;
+    let want_new = per_hop(&mut fresh, NEW, &c_values);
+    assert!(old_would.is_empty(), "{old_would:?}");
+    assert!((20..60).contains(&want_new.len()), "{} new", want_new.len());
+    assert_eq!(want_new[0], c_values[0]);
+    send(&c_values);
+    let after = stored_n(&c, want_old.len() + want_new.len());
+    let new: Vec<_> = after.iter().filter(|e| !before.contains(e)).collect();
+    assert_eq!(sorted(new.iter().map(|e| e.2).collect()), sorted(want_new));
+    assert!(new.iter().all(|e| e.1 == NEW), "events carry the rule they fired under");
+    eprintln!(
+        "{} events under the file's 50 us before the change ({} reports), {} under 5 us after \
+         it ({} reports; the old rule: {})",
+        want_old.len(),
+        a.len() + b.len(),
+        new.len(),
+        c_values.len(),
+        old_would.len()
+    );
+    let m = metrics(&murl);
+    assert_eq!(sum(&m, "telemark_int_detector_changes_total"), 1);
+    assert_eq!(sum(&m, "telemark_int_detector_rules"), 1);
+    assert_eq!((refused(&m, "unauthenticated"), refused(&m, "invalid")), (2, 5));
+    // The same rules again: answered, not applied again.
+    assert_eq!(call("PUT", &api, Some(CONTROL), Some(lower)).0, 200);
+    assert_eq!(sum(&metrics(&murl), "telemark_int_detector_changes_total"), 1);
+}
+
+/// Without a control token the control API is off (404, as the agent's), whatever the
+/// request; and a control token is served on loopback only.
+#[test]
+fn the_control_api_is_off_without_a_token_and_on_loopback_only() {
+    let port = free_port();
+    let mport = tcp_port();
+    let (listen, metrics_at) = (format!("127.0.0.1:{port}"), format!("127.0.0.1:{mport}"));
+    let (_p, _) = int_collector(&["--listen", &listen, "--metrics", &metrics_at], mport);
+    let api = format!("http://{metrics_at}/api/v1/detectors");
+    assert_eq!(call("GET", &api, None, None).0, 404);
+    let (status, body) = call("PUT", &api, Some("anything"), Some(r#"{"detect": []}"#));
+    assert_eq!(status, 404);
+    assert!(body.contains("control_token_file"), "{body}");
+
+    let dir = tempfile::tempdir().unwrap();
+    for (name, token) in [("read.token", "r0r0r0r0r0r0r0r0"), ("control.token", "c0c0c0c0c0c0c0c0")]
+    {
+        std::fs::write(dir.path().join(name), token).unwrap();
+    }
+    let config = dir.path().join("int.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:{port}\"\n[metrics]\nlisten = \"0.0.0.0:{mport}\"\n\
+             token_file = {:?}\ncontrol_token_file = {:?}\n",
+            dir.path().join("read.token"),
+            dir.path().join("control.token")
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_telemark"))
+        .args(["int-collector", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("loopback only"), "{err}");
 }
