@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use telemark_collector::store::Store;
 use telemark_collector::{Collector, Config};
-use telemark_core::records::{Flow, FlowRecord, HealthRecord, Record};
+use telemark_core::records::{Direction, Flow, FlowExport, FlowRecord, HealthRecord, Record};
 
 /// Flow records stored before the collector starts: enough that reading them all takes far
 /// longer than an ingest.
@@ -45,7 +45,13 @@ fn fill(db: &Path) {
                 error_bound: 0,
                 truth_packets: None,
                 truth_bytes: None,
-                exported: Default::default(),
+                // Half the flows seen at egress (alone): the query takes its longer form,
+                // grouping per point (an egress record counts where its point reported the
+                // flow nowhere else, as here).
+                exported: FlowExport {
+                    direction: (f % 2 == 0).then_some(Direction::Egress),
+                    ..Default::default()
+                },
                 heavy: Default::default(),
             };
             (n, Record::Flow(r))
