@@ -22,7 +22,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use telemark_core::records::Direction;
-use telemark_wire::flow::{extract, FlowKey};
+use telemark_wire::flow::{extract, FlowKey, Fragment};
 use telemark_wire::ipfix::{self, Message, SetKind, Template, TemplateRecord, Templates, Value};
 use telemark_wire::link::LinkType;
 use telemark_wire::{netflow5, sflow};
@@ -1016,6 +1016,12 @@ fn gap(next: &mut Option<u32>, seq: u32, sent: u32, max_gap: u32) -> Gap {
 /// A flow from an sFlow sample's records: the sampled header read by Telemark's packet
 /// parser, or the sampled IPv4/IPv6 record.
 /// `at`: input and output interfaces, sampling rate, whether the packet was dropped.
+/// ICMP's type and code as a flow key's destination port, as NetFlow v5 keys them (and
+/// softflowd's v9): type × 256 + code, so that one flow has one key in every format.
+fn icmp_port(icmp_type: u8, code: u8) -> u16 {
+    u16::from(icmp_type) << 8 | u16::from(code)
+}
+
 fn sflow_flow(
     from: IpAddr,
     dg: &sflow::Datagram,
@@ -1064,6 +1070,19 @@ fn sflow_flow(
                     };
                     f.bytes = ip_length(h.header, link_len)
                         .unwrap_or(u64::from(wire).saturating_sub(link_len as u64));
+                    // The transport header, where the sampled bytes hold it (a later fragment
+                    // has none): ICMP's type and code, TCP's flags (RFC 9293 §3.1, byte 13).
+                    let l4 = match p.fragment {
+                        Fragment::Later(_) => None,
+                        _ => h.header.get(p.l4_offset..),
+                    };
+                    match (p.key.proto, l4) {
+                        (1 | 58, Some([icmp_type, code, ..])) => {
+                            f.key.dport = icmp_port(*icmp_type, *code);
+                        }
+                        (6, Some(tcp)) if tcp.len() > 13 => f.tcp_flags = tcp[13],
+                        _ => {}
+                    }
                     found = true;
                 }
             }
@@ -1340,10 +1359,8 @@ impl Domain {
         if let Some(d) = end_delta_us {
             f.end_ns = export_ns.saturating_sub(d.saturating_mul(1000));
         }
-        // ICMP keyed as NetFlow v5 keys it (and softflowd's v9): type × 256 + code in the
-        // destination port, so one flow has one key in every format.
         if matches!(f.key.proto, 1 | 58) {
-            let split = icmp_type.map(|t| u16::from(t) << 8 | u16::from(icmp_code.unwrap_or(0)));
+            let split = icmp_type.map(|t| icmp_port(t, icmp_code.unwrap_or(0)));
             if let Some(tc) = icmp.or(split) {
                 f.key.dport = tc;
             }

@@ -4,6 +4,8 @@
 //! sampling rates of sFlow samples, the flow key of their sampled headers (read with
 //! Telemark's packet parser), and the first flow's fields of NetFlow v9 and IPFIX captures.
 
+mod common;
+
 use serde_json::Value as Json;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -367,4 +369,68 @@ fn sequence_gaps_count_records_the_exporter_sent_and_we_never_got() {
     // An older one (reordered) loses nothing more.
     d.datagram(from, &with_seq(&data, 105), &mut out);
     assert_eq!(d.stats.sequence_lost, 7);
+}
+
+/// ICMP and TCP in sFlow samples' sampled headers, against tshark's dissection of the same
+/// headers (needs tshark): every ICMP/ICMPv6 sample's flow is keyed type × 256 + code in its
+/// destination port, as NetFlow v5 keys ICMP and as the collector keys v9 and IPFIX records
+/// (before: 0/0), and every TCP sample carries its segment's flags (before: 0).
+#[test]
+fn sflow_sampled_headers_give_icmp_keys_and_tcp_flags_as_tshark_reads_them() {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir().join("sflow"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pcap"))
+        .collect();
+    files.sort();
+    let (mut icmp_checked, mut tcp_checked) = (0, 0);
+    for path in files {
+        let file = format!("sflow/{}", path.file_name().unwrap().to_string_lossy());
+        // Samples with a sampled IPv4/IPv6 record instead of a header: not tshark's to read.
+        if flow_samples(&file).iter().any(|(_, s)| {
+            s.records.iter().any(|r| matches!(r, FlowData::Ipv4(_) | FlowData::Ipv6(_)))
+        }) {
+            continue;
+        }
+        let fields = ["icmp.type", "icmp.code", "icmpv6.type", "icmpv6.code", "tcp.flags"];
+        let text = common::tshark_fields(&path, &[], "sflow", &fields);
+        let (mut want_icmp, mut want_tcp) = (Vec::new(), Vec::new());
+        for line in text.lines() {
+            let cols: Vec<Vec<u64>> = line
+                .split('\t')
+                .map(|c| c.split(';').filter(|v| !v.is_empty()).map(|v| parse_number(v)).collect())
+                .collect();
+            for (t, c) in [(0, 1), (2, 3)] {
+                for (ty, code) in cols[t].iter().zip(&cols[c]) {
+                    want_icmp.push(ty * 256 + code);
+                }
+            }
+            want_tcp.extend(cols[4].iter().map(|f| f & 0xff));
+        }
+        let (flows, _) = decode(&[file.as_str()]);
+        let mut got_icmp: Vec<u64> = flows
+            .iter()
+            .filter(|f| matches!(f.key.proto, 1 | 58))
+            .map(|f| u64::from(f.key.dport))
+            .collect();
+        let mut got_tcp: Vec<u64> =
+            flows.iter().filter(|f| f.key.proto == 6).map(|f| u64::from(f.tcp_flags)).collect();
+        for v in [&mut want_icmp, &mut want_tcp, &mut got_icmp, &mut got_tcp] {
+            v.sort_unstable();
+        }
+        assert_eq!(got_icmp, want_icmp, "{file}: ICMP type × 256 + code");
+        assert_eq!(got_tcp, want_tcp, "{file}: TCP flags");
+        icmp_checked += got_icmp.len();
+        tcp_checked += got_tcp.len();
+    }
+    println!("{icmp_checked} ICMP keys and {tcp_checked} TCP flags checked against tshark");
+    assert!(icmp_checked >= 2 && tcp_checked >= 5, "{icmp_checked} ICMP, {tcp_checked} TCP");
+}
+
+/// A tshark number, decimal or 0x-hexadecimal.
+fn parse_number(v: &str) -> u64 {
+    match v.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16).unwrap(),
+        None => v.parse().unwrap(),
+    }
 }
