@@ -398,7 +398,7 @@ fn sflow_sampled_headers_give_icmp_keys_and_tcp_flags_as_tshark_reads_them() {
         for line in text.lines() {
             let cols: Vec<Vec<u64>> = line
                 .split('\t')
-                .map(|c| c.split(';').filter(|v| !v.is_empty()).map(|v| parse_number(v)).collect())
+                .map(|c| c.split(';').filter(|v| !v.is_empty()).map(parse_number).collect())
                 .collect();
             for (t, c) in [(0, 1), (2, 3)] {
                 for (ty, code) in cols[t].iter().zip(&cols[c]) {
