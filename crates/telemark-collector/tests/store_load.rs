@@ -49,7 +49,7 @@ fn fill(db: &Path) {
                 // grouping per point (an egress record counts where its point reported the
                 // flow nowhere else, as here).
                 exported: FlowExport {
-                    direction: (f % 2 == 0).then_some(Direction::Egress),
+                    direction: f.is_multiple_of(2).then_some(Direction::Egress),
                     ..Default::default()
                 },
                 heavy: Default::default(),
