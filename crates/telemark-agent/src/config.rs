@@ -697,20 +697,6 @@ pub struct AgentConfig {
     pub heavy_hitters: Option<HeavyHittersSettings>,
 }
 
-/// Whether the host of URL `u` (`http://host[:port][/…]`) is a loopback address or
-/// `localhost` (a name that may resolve anywhere else is not).
-fn loopback_url(u: &str) -> bool {
-    let rest = u.split_once("://").map_or(u, |(_, r)| r);
-    let auth = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let host = auth.rsplit_once('@').map_or(auth, |(_, h)| h);
-    let host = match host.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(""),
-        None => host.split(':').next().unwrap_or(""),
-    };
-    host.eq_ignore_ascii_case("localhost")
-        || host.parse::<std::net::IpAddr>().is_ok_and(|a| a.is_loopback())
-}
-
 /// The one token in file `f` (whitespace around it ignored).
 fn token_file(what: &str, f: &std::path::Path) -> Result<String, ConfigError> {
     let t = std::fs::read_to_string(f)
@@ -847,19 +833,15 @@ impl FileConfig {
         // As the control API (below): a token crosses the network only inside TLS, unless the
         // operator says otherwise in so many words.
         if let Some(c) = e.collector.as_deref().filter(|_| token.is_some()) {
-            if c.starts_with("http://") && !loopback_url(c) && e.insecure_token != Some(true) {
-                return Err(invalid(format!(
-                    "export.collector {c:?}: the agent's token (export.token_file) would cross \
-                     the network in clear text; use https:// (with export.ca_file), or set \
-                     export.insecure_token = true on a network you trust"
-                )));
-            }
-            if c.starts_with("http://") && !loopback_url(c) {
-                tracing::warn!(
-                    "export.collector {c:?}: the agent's token goes in clear text \
-                     (export.insecure_token = true)"
-                );
-            }
+            telemark_transport::http::token_in_clear(
+                c,
+                "export.collector",
+                "the agent's token (export.token_file)",
+                "export.ca_file",
+                "export.insecure_token",
+                e.insecure_token == Some(true),
+            )
+            .map_err(invalid)?;
         }
         let tls = match &e.ca_file {
             None => None,

@@ -98,6 +98,45 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
+/// Whether the host of URL `u` (`http://host[:port][/…]`) is a loopback address or
+/// `localhost` (a name that may resolve anywhere else is not).
+pub fn loopback_url(u: &str) -> bool {
+    let rest = u.split_once("://").map_or(u, |(_, r)| r);
+    let auth = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = auth.rsplit_once('@').map_or(auth, |(_, h)| h);
+    let host = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.split(':').next().unwrap_or(""),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<std::net::IpAddr>().is_ok_and(|a| a.is_loopback())
+}
+
+/// The one rule for a bearer token sent to `url` (config key `key`): it crosses the network
+/// only inside TLS, unless the operator opted in (`opt_in`, config key `opt_in_key`) on a
+/// network they trust; then it is sent, with a warning. Loopback is not the network. `what`
+/// names the token, `ca_key` the setting that gives https:// its CA.
+pub fn token_in_clear(
+    url: &str,
+    key: &str,
+    what: &str,
+    ca_key: &str,
+    opt_in_key: &str,
+    opt_in: bool,
+) -> Result<(), String> {
+    if !url.starts_with("http://") || loopback_url(url) {
+        return Ok(());
+    }
+    if !opt_in {
+        return Err(format!(
+            "{key} {url:?}: {what} would cross the network in clear text; use https:// (with \
+             {ca_key}), or set {opt_in_key} = true on a network you trust"
+        ));
+    }
+    tracing::warn!("{key} {url:?}: {what} goes in clear text ({opt_in_key} = true)");
+    Ok(())
+}
+
 /// Whether a bearer token `got` equals `want`, in time that does not depend on where they
 /// differ (so a scraper cannot guess a token byte by byte).
 pub fn token_eq(want: &str, got: &str) -> bool {

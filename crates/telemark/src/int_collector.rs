@@ -120,6 +120,8 @@ struct ExportSection {
     collector: String,
     token_file: Option<PathBuf>,
     ca_file: Option<PathBuf>,
+    /// Send the token over http:// to another host (a network the operator trusts).
+    insecure_token: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -252,6 +254,20 @@ fn resolve(a: Args) -> Result<Config> {
         max_gap,
         idle_ns: node_idle,
     };
+    let collector = a.collector.or(export.as_ref().map(|e| e.collector.clone()));
+    if let (Some(url), Some(_)) = (&collector, &token) {
+        // As the agent: the token crosses the network only inside TLS, unless opted in.
+        let opt_in = export.as_ref().and_then(|e| e.insecure_token) == Some(true);
+        telemark_transport::http::token_in_clear(
+            url,
+            "collector",
+            "the token (export.token_file)",
+            "export.ca_file",
+            "export.insecure_token",
+            opt_in,
+        )
+        .map_err(anyhow::Error::msg)?;
+    }
     Ok(Config {
         allow,
         limits,
@@ -264,7 +280,7 @@ fn resolve(a: Args) -> Result<Config> {
         queue: file.queue.unwrap_or(65_536).max(1),
         rcvbuf: file.rcvbuf.unwrap_or(8 << 20),
         rules,
-        collector: a.collector.or(export.map(|e| e.collector)),
+        collector,
         token,
         tls,
         metrics,

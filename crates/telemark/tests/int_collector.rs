@@ -739,3 +739,44 @@ fn the_control_api_is_off_without_a_token_and_on_loopback_only() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("loopback only"), "{err}");
 }
+
+/// Its token goes to a collector on another host only inside TLS, as the agent's does: an
+/// `http://` collector off this host with a token is refused at start, naming the opt-in;
+/// with `insecure_token = true` it starts (and says so); loopback needs no opt-in.
+#[test]
+fn its_token_crosses_the_network_in_clear_text_only_when_the_operator_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("export.token");
+    std::fs::write(&token, "export-token-0123456789abcdef").unwrap();
+    let run = |collector: &str, extra: &str| {
+        let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let config = dir.path().join("int.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:{port}\"\n[export]\ncollector = \"{collector}\"\n\
+                 token_file = {token:?}\n{extra}"
+            ),
+        )
+        .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_telemark"))
+            .args(["int-collector", "--config", config.to_str().unwrap()])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Refused at start, or still running a second later.
+        std::thread::sleep(Duration::from_secs(1));
+        let running = child.try_wait().unwrap().is_none();
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        (running, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (running, err) = run("http://192.0.2.9:9900", "");
+    assert!(!running, "started with its token in clear text to another host");
+    assert!(err.contains("clear text") && err.contains("insecure_token"), "{err}");
+    let (running, err) = run("http://192.0.2.9:9900", "insecure_token = true\n");
+    assert!(running, "{err}");
+    assert!(err.contains("clear text"), "a warning: {err}");
+    let (running, err) = run("http://127.0.0.1:9900", "");
+    assert!(running, "{err}");
+}
