@@ -126,8 +126,9 @@ pub fn segments(points: &[PointRecords]) -> Vec<Segment> {
             let up = &points[u];
             if up.every_batch && p.every_batch {
                 let m = match_batches(&up.batches, &p.batches, 0, up.ended);
-                let lost = m.iter().map(|b| b.lost).sum();
-                let expected = m.iter().map(|b| b.expected).sum();
+                // Saturating: stored counts are at most 2^53 - 1 each, not their sums.
+                let lost = m.iter().fold(0u64, |t, b| t.saturating_add(b.lost));
+                let expected = m.iter().fold(0u64, |t, b| t.saturating_add(b.expected));
                 let lossy = m.iter().filter(|b| b.lost > 0).count() as u64;
                 seg(Some(up.name()), Method::LinedUp, lost, 0, expected, lossy)
             } else {
