@@ -741,10 +741,8 @@ impl Api {
                 l @ 1..=1000 => l,
                 l => return Err(format!("limit {l} (1 to 1000)")),
             };
-            let offset = match q.get("cursor") {
-                None => 0,
-                Some(c) => c.parse::<u64>().map_err(|_| format!("bad cursor {c:?}"))?,
-            };
+            let after =
+                q.get("cursor").map(str::parse::<crate::store::RecordCursor>).transpose()?;
             let addr = |k: &str| -> Result<Option<String>, String> {
                 q.get(k)
                     .map(|v| {
@@ -775,21 +773,25 @@ impl Api {
                 },
                 direction,
             };
-            Ok((w, limit, offset, filter))
+            Ok((w, limit, after, filter))
         })();
-        let (w, limit, offset, filter) = match parsed {
+        let (w, limit, after, filter) = match parsed {
             Ok(x) => x,
             Err(e) => return self.bad_query(e),
         };
         // One more than asked, to know whether a next page exists.
         let read = self.read(|st| {
-            Ok((st.flow_records(w, &filter, offset, limit + 1)?, st.flow_totals(w, &filter)?))
+            Ok((
+                st.flow_records(w, &filter, after.as_ref(), limit + 1)?,
+                st.flow_totals(w, &filter)?,
+            ))
         });
         match read {
-            Ok((mut records, totals)) => {
-                let more = records.len() as u64 > limit;
-                records.truncate(limit as usize);
-                let next = more.then(|| offset + limit);
+            Ok((mut page, totals)) => {
+                let more = page.len() as u64 > limit;
+                page.truncate(limit as usize);
+                let next = if more { page.last().map(|(_, c)| c.to_string()) } else { None };
+                let records: Vec<_> = page.into_iter().map(|(r, _)| r).collect();
                 let mut r = q.json(
                     200,
                     &json!({
@@ -800,7 +802,7 @@ impl Api {
                         "next_cursor": next,
                     }),
                 );
-                if let Some(next) = next {
+                if let Some(next) = &next {
                     // RFC 8288: the next page, with the window pinned so pages do not shift.
                     let mut link = format!(
                         "/api/v1/flows/records?from={}&to={}&limit={limit}&cursor={next}",

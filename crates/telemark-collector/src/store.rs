@@ -1502,31 +1502,52 @@ impl Store {
     }
 
     /// The `flow` records that match `filter` and end in window `w`, oldest first (then in
-    /// the order stored), `limit` of them after skipping `offset`.
+    /// the order stored), `limit` of them after `after` (the last of the page before), each
+    /// with its own place to continue from.
     pub fn flow_records(
         &self,
         w: Window,
         filter: &RecordFilter<'_>,
-        offset: u64,
+        after: Option<&RecordCursor>,
         limit: u64,
-    ) -> Result<Vec<FlowRecord>, StoreError> {
+    ) -> Result<Vec<(FlowRecord, RecordCursor)>, StoreError> {
+        // The table's own order: a page starts where the last one ended, without counting the
+        // rows before it.
         let sql = format!(
             "SELECT (SELECT json FROM other o
-                     WHERE o.agent = f.agent AND o.boot = f.boot AND o.seq = f.seq)
+                     WHERE o.agent = f.agent AND o.boot = f.boot AND o.seq = f.seq),
+                    time_ns, agent, boot, seq
              FROM flows f WHERE {RECORDS_MATCH}
-             ORDER BY time_ns, agent, boot, seq LIMIT :limit OFFSET :offset"
+               AND (:after_time IS NULL
+                    OR (time_ns, agent, boot, seq) > (:after_time, :after_agent, :after_boot,
+                                                      :after_seq))
+             ORDER BY time_ns, agent, boot, seq LIMIT :limit"
         );
-        let (from, to, limit, offset) = (i(w.from_ns), i(w.to_ns), i(limit), i(offset));
+        let (from, to, limit) = (i(w.from_ns), i(w.to_ns), i(limit));
         let mut args = filter.args(&from, &to);
         args.push((":limit", &limit));
-        args.push((":offset", &offset));
-        let rows = self.query(&sql, &args, |r| r.get::<_, Option<String>>(0))?;
+        let at = after.map(|c| (c.time_ns, c.agent.as_str(), c.boot, c.seq));
+        let (t, a, bt, sq) = (at.map(|c| c.0), at.map(|c| c.1), at.map(|c| c.2), at.map(|c| c.3));
+        args.push((":after_time", &t));
+        args.push((":after_agent", &a));
+        args.push((":after_boot", &bt));
+        args.push((":after_seq", &sq));
+        let rows = self.query(&sql, &args, |r| {
+            Ok((
+                r.get::<_, Option<String>>(0)?,
+                RecordCursor {
+                    time_ns: r.get(1)?,
+                    agent: r.get(2)?,
+                    boot: r.get(3)?,
+                    seq: r.get(4)?,
+                },
+            ))
+        })?;
         // Stored only after it parsed as a record: a row that does not is skipped.
         Ok(rows
-            .iter()
-            .flatten()
-            .filter_map(|j| match serde_json::from_str::<Record>(j) {
-                Ok(Record::Flow(f)) => Some(f),
+            .into_iter()
+            .filter_map(|(json, c)| match serde_json::from_str::<Record>(json.as_deref()?) {
+                Ok(Record::Flow(f)) => Some((f, c)),
                 _ => None,
             })
             .collect())
@@ -1771,6 +1792,28 @@ mod tests {
     }
 
     #[test]
+    fn flow_record_pages_follow_one_another_from_their_cursor() {
+        let mut s = Store::open(Path::new(":memory:")).unwrap();
+        let recs: Vec<Record> = (1..=7).map(|p| flow_record(p as u16, p)).collect();
+        s.ingest("agent.with/odd name", 1, 0, &recs, 0, 1).unwrap();
+        let (w, f) = (Window::since(0), RecordFilter::default());
+        let (mut seen, mut after) = (Vec::new(), None::<RecordCursor>);
+        loop {
+            let page = s.flow_records(w, &f, after.as_ref(), 3).unwrap();
+            let Some((_, last)) = page.last() else { break };
+            // A cursor goes out as text and comes back as the same place.
+            let text = last.to_string();
+            assert_eq!(text.parse::<RecordCursor>().unwrap(), *last, "{text}");
+            after = Some(last.clone());
+            seen.extend(page.iter().map(|(r, _)| r.packets));
+        }
+        assert_eq!(seen, (1..=7).collect::<Vec<u64>>(), "every record once, in order");
+        for bad in ["", "1.2.3", "x.1.2.61", "1.2.3.6", "1.2.3.zz", "1.2.3.ff"] {
+            assert!(bad.parse::<RecordCursor>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn same_seq_is_stored_once() {
         let mut s = Store::open(Path::new(":memory:")).unwrap();
         s.register("a", "1", 7, 0).unwrap();
@@ -1835,6 +1878,45 @@ pub struct TopFilter<'a> {
     pub interface: Option<&'a str>,
     /// The record's point: `ipfix`, `netflow9`, `netflow5`, `sflow`, or an agent's point.
     pub point: Option<&'a str>,
+}
+
+/// Where a page of [`Store::flow_records`] continues: just after this stored record. Written
+/// as `TIME.BOOT.SEQ.AGENT_HEX`; opaque to clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordCursor {
+    time_ns: i64,
+    agent: String,
+    boot: i64,
+    seq: i64,
+}
+
+impl std::fmt::Display for RecordCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}.", self.time_ns, self.boot, self.seq)?;
+        self.agent.bytes().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+impl std::str::FromStr for RecordCursor {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<RecordCursor, String> {
+        let bad = || format!("bad cursor {s:?} (give a next_cursor as it came)");
+        let mut parts = s.splitn(4, '.');
+        let mut num = || parts.next().and_then(|p| p.parse::<i64>().ok()).ok_or_else(bad);
+        let (time_ns, boot, seq) = (num()?, num()?, num()?);
+        let hex = parts.next().ok_or_else(bad)?;
+        if hex.len() % 2 != 0 || hex.len() > 512 {
+            return Err(bad());
+        }
+        let bytes = (0..hex.len())
+            .step_by(2)
+            .map(|k| u8::from_str_radix(hex.get(k..k + 2).unwrap_or("x"), 16))
+            .collect::<Result<Vec<u8>, _>>()
+            .map_err(|_| bad())?;
+        let agent = String::from_utf8(bytes).map_err(|_| bad())?;
+        Ok(RecordCursor { time_ns, agent, boot, seq })
+    }
 }
 
 /// Which `flow` records [`Store::flow_records`] lists (`None`: any).

@@ -34,14 +34,13 @@ fn get(url: &str) -> serde_json::Value {
 /// Every flow record the collector at `base` lists for `query` (every page, following
 /// `next_cursor`), and the totals it gives.
 fn records(base: &str, query: &str) -> (Vec<serde_json::Value>, serde_json::Value) {
-    let (mut all, mut cursor) = (Vec::new(), 0u64);
+    let (mut all, mut cursor) = (Vec::new(), String::new());
     loop {
-        let v = get(&format!(
-            "{base}/api/v1/flows/records?since_ns=0&limit=50&cursor={cursor}&{query}"
-        ));
+        let at = if cursor.is_empty() { String::new() } else { format!("&cursor={cursor}") };
+        let v = get(&format!("{base}/api/v1/flows/records?since_ns=0&limit=50{at}&{query}"));
         all.extend(v["records"].as_array().unwrap().iter().cloned());
-        match v["next_cursor"].as_u64() {
-            Some(c) => cursor = c,
+        match v["next_cursor"].as_str() {
+            Some(c) => cursor = c.to_string(),
             None => return (all, v["totals"].clone()),
         }
     }
