@@ -61,6 +61,23 @@ fn start(dir: &std::path::Path, extra: &[&str], max_files: Option<u64>) -> (Proc
     (Proc(child, log), addr)
 }
 
+impl Proc {
+    /// Whether the collector's log has a line containing `what` within 10 s: the log reaches
+    /// the test through a reader thread, so a line written before an answer may come after it.
+    fn logged(&self, what: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if self.1.lock().unwrap().contains(what) {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// A GET on a new connection: its status and how long the answer took.
 fn timed_get(addr: SocketAddr, path: &str) -> (u16, Duration) {
     let t = Instant::now();
@@ -486,13 +503,13 @@ fn a_full_disk_makes_the_collector_unready_until_writes_succeed() {
     assert_eq!(status("/readyz"), 503);
     assert_eq!(metric(addr, "telemark_collector_storage_ready "), 0);
     assert_eq!(status("/healthz"), 200);
-    assert!(c.1.lock().unwrap().contains("not ready until a write succeeds"), "no log line");
+    assert!(c.logged("not ready until a write succeeds"), "no log line");
     // Space again: the next write succeeds, and with it the collector is ready.
     std::fs::remove_file(&filler).unwrap();
     acked += ex.flush().unwrap();
     assert_eq!(status("/readyz"), 200);
     assert_eq!(metric(addr, "telemark_collector_storage_ready "), 1);
-    assert!(c.1.lock().unwrap().contains("writes succeed again"));
+    assert!(c.logged("writes succeed again"), "no log line");
     assert_eq!(acked, batch);
     drop(c);
 }
