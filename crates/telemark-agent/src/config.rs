@@ -383,7 +383,8 @@ impl IntSection {
         Ok(IntSettings {
             cfg: IntConfig {
                 node_id: self.node_id,
-                signal: Signal { dscp, udp_port: self.signal_port },
+                // The loss monitor's color bit, if it runs, is set with [loss] below.
+                signal: Signal { dscp, udp_port: self.signal_port, color_bit: None },
                 mtu,
                 domain_id: self.domain_id.unwrap_or(0),
                 report,
@@ -888,7 +889,21 @@ impl FileConfig {
                 .ok_or_else(|| bad(format!("limit {limit:?}: a size from 1500B to 64MB")))?;
             queues.push(QueueConfig { port: q.port.clone(), rate_bps, limit_bytes });
         }
-        let int = self.int.map(IntSection::validate).transpose()?;
+        let mut int = self.int.map(IntSection::validate).transpose()?;
+        if let Some(i) = int.as_mut().filter(|_| self.measure.unwrap_or(true)) {
+            // Alternate marking owns its color bit; INT signalled by DSCP owns the other five,
+            // so the loss monitor and INT can watch one flow (docs/int.md).
+            let signal = &mut i.cfg.signal;
+            signal.color_bit = Some(loss.color_bit);
+            if let Some(d) = signal.dscp.filter(|d| d & !(1 << loss.color_bit) == 0) {
+                return Err(invalid(format!(
+                    "int.signal_dscp {d:#04x}: the loss monitor's color is DSCP bit {}, so INT \
+                     is told by the other five bits, and here they are all 0: every best-effort \
+                     packet would read as INT (choose a value with another bit set)",
+                    loss.color_bit
+                )));
+            }
+        }
         let metrics = match self.metrics {
             None => None,
             Some(m) => {

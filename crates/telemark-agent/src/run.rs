@@ -54,6 +54,7 @@ use telemark_transport::exporter::Exporter;
 use telemark_transport::now_ns;
 use telemark_transport::server::{Limits, Server, ServerConfig, ServerStats};
 use telemark_wire::flow::{self, LinkType};
+use telemark_wire::int_frame;
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -233,7 +234,16 @@ enum Proc {
     /// A switch direction: forwards to the paired port.
     Switch(Box<Switch>),
     /// A tap: observes only.
-    Tap(Box<AnyColorTable>, u8),
+    Tap(Box<AnyColorTable>, TapKeys),
+}
+
+/// How a tap reads a packet's color and key (a switch direction has them in its config).
+#[derive(Clone, Copy)]
+struct TapKeys {
+    /// The loss monitor's DSCP bit.
+    color_bit: u8,
+    /// The UDP port that signals INT, if one does (`int_frame::key_as_sourced`).
+    int_port: Option<u16>,
 }
 
 /// Packets a switch chose to send: (output port, index in burst).
@@ -343,6 +353,7 @@ impl Agent {
             }
         };
         let mut procs = Vec::new();
+        let int_port = cfg.int.as_ref().and_then(|i| i.cfg.signal.udp_port);
         for (i, (m, ing, eg)) in per_port.iter().enumerate() {
             if i < 2 * cfg.pairs.len() {
                 let mark = *m != u8::MAX;
@@ -355,6 +366,7 @@ impl Agent {
                         default_port: (i ^ 1) as u16,
                         learn: true,
                         points: (if mark { *m } else { 0 }, *ing, *eg),
+                        int_port,
                     },
                     cfg.loss.table_size,
                 )
@@ -363,7 +375,7 @@ impl Agent {
             } else {
                 procs.push(Proc::Tap(
                     Box::new(AnyColorTable::new(&cfg.loss, *ing)),
-                    cfg.loss.color_bit,
+                    TapKeys { color_bit: cfg.loss.color_bit, int_port },
                 ));
             }
         }
@@ -840,9 +852,12 @@ fn run_burst(
             }
             egress.kick();
         }
-        Proc::Tap(t, color_bit) => {
+        Proc::Tap(t, keys) => {
             for p in pkts.iter() {
-                let parsed = flow::extract(&p.data, LinkType::Ethernet).ok();
+                let mut parsed = flow::extract(&p.data, LinkType::Ethernet).ok();
+                if let (Some(x), Some(port)) = (parsed.as_mut(), keys.int_port) {
+                    int_frame::key_as_sourced(&p.data, x, port);
+                }
                 let watched = parsed.as_ref().is_some_and(|x| watch.matches(&x.key));
                 // The hash, once, for whichever of the two needs it.
                 let h = parsed
@@ -857,7 +872,7 @@ fn run_burst(
                     stage.packet(in_port, &parsed.key, p.bytes_on_wire() as u32);
                 }
                 let (Some(parsed), Some(h), true) = (parsed, h, watched) else { continue };
-                t.observe(&parsed.key, h, color_of(parsed.dscp, *color_bit), p.ts_ns, sink);
+                t.observe(&parsed.key, h, color_of(parsed.dscp, keys.color_bit), p.ts_ns, sink);
             }
         }
     }

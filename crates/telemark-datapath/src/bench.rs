@@ -168,6 +168,7 @@ impl Case {
             default_port: 0,
             learn: false,
             points: (0, 1, 2),
+            int_port: None,
         };
         let mut switch = Switch::new(cfg, flows);
         let keys: Vec<FlowKey> = (0..flows as u64).map(synthetic_flow).collect();

@@ -222,6 +222,7 @@ impl Replay {
                 default_port: 1,
                 learn: true,
                 points: (points::MARKER, points::INGRESS, points::EGRESS),
+                int_port: None,
             },
             loss.table_size,
         );

@@ -24,7 +24,7 @@ use telemark_core::loss::{
 };
 use telemark_core::watch::Watch;
 use telemark_wire::flow::{self, LinkType, Parsed};
-use telemark_wire::{ipv4, ipv6, FlowKey};
+use telemark_wire::{int_frame, ipv4, ipv6, FlowKey};
 
 /// Runs `$e` with `$core` and `$loss` bound to the switch's parts, whatever its counter width.
 macro_rules! each_core {
@@ -331,6 +331,10 @@ pub struct SwitchConfig {
     pub learn: bool,
     /// Point numbers of (marker, ingress, egress) for the aggregator.
     pub points: (u8, u8, u8),
+    /// The UDP port that signals INT in this domain, if one does: packets carrying INT by it
+    /// are keyed by their own destination port, kept in the shim
+    /// ([`int_frame::key_as_sourced`]).
+    pub int_port: Option<u16>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -605,7 +609,10 @@ fn burst<C, S, T, D>(
     // Pass 1: parse, hash, prefetch the flow's home slot in the table (its loss state with it).
     for (m, p) in core.meta.iter_mut().zip(pkts.iter()).take(n) {
         match flow::extract(&p.data, link) {
-            Ok(parsed) => {
+            Ok(mut parsed) => {
+                if let Some(port) = core.cfg.int_port {
+                    int_frame::key_as_sourced(&p.data, &mut parsed, port);
+                }
                 let h = flow_hash(&parsed.key);
                 *m = Meta { parsed: Some(parsed), hash: h };
                 core.fib.prefetch(h);
@@ -809,6 +816,7 @@ mod tests {
             default_port: port,
             learn: true,
             points: (0, 1, 2),
+            int_port: None,
         }
     }
 

@@ -214,6 +214,7 @@ fn sink_restores_originals_and_roles_round_trip() {
     let signal = Signal {
         dscp: Some(int_md["conventions"]["int_dscp"].as_u64().unwrap() as u8),
         udp_port: Some(int_md["conventions"]["int_udp_port"].as_u64().unwrap() as u16),
+        color_bit: None,
     };
     let dir = std::env::temp_dir().join(format!("telemark-int-roles-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -237,7 +238,7 @@ fn sink_restores_originals_and_roles_round_trip() {
         // DSCP otherwise), two transits, then the sink.
         let by_port = num(&f["shim"], "npt") == 1;
         let src = Source {
-            signal: Signal { dscp: signal.dscp, udp_port: signal.udp_port.filter(|_| by_port) },
+            signal: Signal { udp_port: signal.udp_port.filter(|_| by_port), ..signal },
             instructions: Instructions([0xff00, 0x9000, 0xb000, 0xff81, 0xa001][idx as usize % 5]),
             max_hops: 4,
             domain_id: 0,

@@ -30,11 +30,41 @@ pub struct Signal {
     pub dscp: Option<u8>,
     /// A UDP destination port (NPT 1 for UDP packets; NPT 2 packets carry it too).
     pub udp_port: Option<u16>,
+    /// The DSCP bit that alternate marking owns in this domain (RFC 9341 §3: the loss
+    /// monitor's color), if one does. INT signalled by DSCP leaves that bit alone, so one flow
+    /// can carry both: the bit is not compared when INT is looked for, the source writes
+    /// `dscp` around it, and the sink restores the original DSCP around it.
+    pub color_bit: Option<u8>,
 }
 
 impl Default for Signal {
     fn default() -> Self {
-        Signal { dscp: Some(0x17), udp_port: None }
+        Signal { dscp: Some(0x17), udp_port: None, color_bit: None }
+    }
+}
+
+impl Signal {
+    /// The DSCP bits INT owns: all six but the color bit.
+    fn int_bits(&self) -> u8 {
+        0x3f & !self.color_bit.map_or(0, |b| 1 << b)
+    }
+
+    /// Whether DSCP `on_wire` signals INT.
+    #[inline]
+    pub fn by_dscp(&self, on_wire: u8) -> bool {
+        self.dscp.is_some_and(|d| (d ^ on_wire) & self.int_bits() == 0)
+    }
+
+    /// The DSCP a source writes over `on_wire` to signal INT by `signal`: the signal in INT's
+    /// bits, the color as it was.
+    fn signalled(&self, signal: u8, on_wire: u8) -> u8 {
+        (signal & self.int_bits()) | (on_wire & !self.int_bits() & 0x3f)
+    }
+
+    /// The DSCP a sink gives back: the original the source `kept` in the shim, with the color
+    /// as it is `on_wire` now (a marker inside the domain may have colored the packet since).
+    fn restored(&self, kept: u8, on_wire: u8) -> u8 {
+        self.signalled(kept, on_wire)
     }
 }
 
@@ -163,12 +193,33 @@ fn addrs(frame: &[u8], l: &Layers) -> (IpAddr, IpAddr) {
 pub fn find<'a>(frame: &'a [u8], signal: &Signal, mode: Mode) -> Result<Option<Found<'a>>> {
     let Some(l) = layers(frame) else { return Ok(None) };
     let by_port = l.proto == UDP && signal.udp_port.is_some_and(|p| be16(frame, l.l4 + 2) == p);
-    let by_dscp = signal.dscp == Some(l.dscp);
-    if !by_port && !by_dscp {
+    if !by_port && !signal.by_dscp(l.dscp) {
         return Ok(None);
     }
     let int = Int::parse(&frame[l.after_l4..], mode)?;
     Ok(Some(Found { layers: l, int, flow: original_flow(frame, &l, &int) }))
+}
+
+/// The flow key as the INT source saw it, when this domain signals INT by UDP destination
+/// `port` (INT v2.1 §5.7.2, NPT 1): between source and sink such a packet's destination port
+/// is `port`, and its own is kept in the shim right after the UDP header. `parsed` takes that
+/// port, so the loss monitor, the flow meter and the heavy hitters key the packet as they do
+/// outside the INT domain. Packets without such a shim are left as they are.
+#[inline]
+pub fn key_as_sourced(frame: &[u8], parsed: &mut crate::Parsed, port: u16) {
+    if parsed.key.proto != UDP || parsed.key.dport != port {
+        return;
+    }
+    let Some(Ok(shim)) = frame.get(parsed.l4_offset + 8..).map(crate::int::Shim::new_checked)
+    else {
+        return;
+    };
+    if shim.version() != Version::V2_1 || matches!(shim.header_type(), HeaderType::Unknown(_)) {
+        return;
+    }
+    if let NextProtocol::UdpPort(p) = shim.next_protocol() {
+        parsed.key.dport = p;
+    }
 }
 
 /// Reads INT after the TCP/UDP header of the packet inside a report, whatever marks it there
@@ -380,7 +431,7 @@ pub fn insert(frame: &mut Vec<u8>, src: &Source, own: &Hop, mtu: usize) -> Resul
         frame[l.l4 + 2..l.l4 + 4].copy_from_slice(&port.to_be_bytes());
     }
     if let Some(d) = dscp_to {
-        set_dscp(frame, &l, d);
+        set_dscp(frame, &l, src.signal.signalled(d, l.dscp));
     }
     set_lengths(frame, &l, n);
     Ok(Edit::Added)
@@ -485,7 +536,9 @@ pub fn strip(frame: &mut Vec<u8>, signal: &Signal, mode: Mode) -> Result<Option<
                 NextProtocol::UdpPort(p) => {
                     frame[l.l4 + 2..l.l4 + 4].copy_from_slice(&p.to_be_bytes())
                 }
-                NextProtocol::Dscp(d) if signal.dscp == Some(l.dscp) => set_dscp(frame, &l, d),
+                NextProtocol::Dscp(d) if signal.by_dscp(l.dscp) => {
+                    set_dscp(frame, &l, signal.restored(d, l.dscp))
+                }
                 _ => {}
             }
             set_lengths(frame, &l, n);
@@ -577,10 +630,88 @@ mod tests {
         assert_eq!(f, before);
     }
 
+    /// Ethernet / IPv4 (DSCP `dscp`, a valid header checksum) / UDP to port 5000, payload
+    /// `payload`, as a sender would send it.
+    fn plain(dscp: u8, payload: &[u8]) -> Vec<u8> {
+        let mut f = frame_with(payload, UDP);
+        let l = layers(&f).unwrap();
+        set_dscp(&mut f, &l, dscp);
+        let sum = checksum::checksum(&f[14..34]);
+        f[24..26].copy_from_slice(&sum.to_be_bytes());
+        f
+    }
+
+    fn source(signal: Signal) -> Source {
+        let instructions = Instructions::of(&[crate::int::Field::NodeId]);
+        Source { signal, instructions, max_hops: 4, domain_id: 0 }
+    }
+
+    /// Alternate marking's color in DSCP bit 0 and INT by DSCP 0x17 on one flow: packets of
+    /// both colors are INT between source and sink, carry their color through, and leave the
+    /// sink with the DSCP they came with; a plain packet of either color is not INT.
+    #[test]
+    fn int_by_dscp_leaves_the_color_bit_to_alternate_marking() {
+        let signal = Signal { color_bit: Some(0), ..Signal::default() };
+        for color in 0..2u8 {
+            let dscp = 0x2e | color; // EF, colored
+            assert!(!signal.by_dscp(dscp));
+            let sent = plain(dscp, b"payload");
+            let mut f = sent.clone();
+            assert_eq!(
+                insert(&mut f, &source(signal), &Hop::default(), 1500).unwrap(),
+                Edit::Added
+            );
+            assert_eq!(layers(&f).unwrap().dscp, 0x16 | color, "INT's five bits, then the color");
+            let found = find(&f, &signal, Mode::Strict).unwrap().expect("INT found");
+            assert_eq!(found.int.shim.next_protocol, NextProtocol::Dscp(dscp), "kept whole");
+            // Without the color bit set aside, a domain would miss INT on one color.
+            let exact = Signal::default();
+            assert_eq!(find(&f, &exact, Mode::Strict).unwrap().is_some(), color == 1);
+            assert!(strip(&mut f, &signal, Mode::Strict).unwrap().is_some());
+            assert_eq!(f, sent, "the packet as the source received it");
+        }
+        // A marker inside the domain recolored the packet after the source: the sink keeps
+        // the new color and gives back the rest.
+        let mut f = plain(0x2e, b"payload");
+        insert(&mut f, &source(signal), &Hop::default(), 1500).unwrap();
+        let l = layers(&f).unwrap();
+        set_dscp(&mut f, &l, 0x17);
+        strip(&mut f, &signal, Mode::Strict).unwrap().unwrap();
+        assert_eq!(layers(&f).unwrap().dscp, 0x2f);
+        // With the color in bit 0, a signal whose other bits are 0 is refused by the agent's
+        // config; on the wire, 0x17 and 0x16 both signal and 0x15 does not.
+        assert!(signal.by_dscp(0x16) && signal.by_dscp(0x17) && !signal.by_dscp(0x15));
+    }
+
+    /// INT by UDP port 5000 (NPT 1): between source and sink the packet's destination port is
+    /// 5000; its key as the source saw it has the port the shim kept.
+    #[test]
+    fn a_port_signalled_packet_is_keyed_by_its_own_port() {
+        let signal = Signal { dscp: None, udp_port: Some(5000), color_bit: None };
+        let mut sent = plain(0x2e, b"payload");
+        sent[36..38].copy_from_slice(&7000u16.to_be_bytes());
+        let key = |f: &[u8]| {
+            let mut p = crate::flow::extract(f, crate::flow::LinkType::Ethernet).unwrap();
+            key_as_sourced(f, &mut p, 5000);
+            p.key
+        };
+        let mut f = sent.clone();
+        insert(&mut f, &source(signal), &Hop::default(), 1500).unwrap();
+        let on_wire = crate::flow::extract(&f, crate::flow::LinkType::Ethernet).unwrap().key;
+        assert_eq!(on_wire.dport, 5000);
+        assert_eq!(key(&f), key(&sent));
+        assert_eq!(key(&f).dport, 7000);
+        // A packet to port 5000 without a shim keeps its key.
+        let mut other = plain(0, &[0xff; 12]);
+        other[36..38].copy_from_slice(&5000u16.to_be_bytes());
+        assert_eq!(key(&other).dport, 5000);
+    }
+
     proptest::proptest! {
         #[test]
         fn edits_never_panic(rest: Vec<u8>, tcp: bool, port: bool) {
-            let signal = Signal { dscp: Some(0x17), udp_port: port.then_some(5000) };
+            let signal =
+                Signal { dscp: Some(0x17), udp_port: port.then_some(5000), color_bit: None };
             let frame = frame_with(&rest, if tcp { TCP } else { UDP });
             let mut f = frame.clone();
             let _ = push(&mut f, &signal, &Hop::default(), 9000);

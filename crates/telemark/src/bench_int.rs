@@ -243,8 +243,12 @@ fn prefilter(a: &Args) -> Result<()> {
     }
     // Every configured way INT may be signalled: each DSCP, each UDP port.
     let mut signals: Vec<Signal> =
-        a.int_dscp.iter().map(|d| Signal { dscp: Some(*d), udp_port: None }).collect();
-    signals.extend(a.int_port.iter().map(|p| Signal { dscp: None, udp_port: Some(*p) }));
+        a.int_dscp.iter().map(|d| Signal { dscp: Some(*d), ..Signal::default() }).collect();
+    signals.extend(a.int_port.iter().map(|p| Signal {
+        dscp: None,
+        udp_port: Some(*p),
+        ..Signal::default()
+    }));
     if signals.is_empty() {
         signals.push(Signal::default());
     }

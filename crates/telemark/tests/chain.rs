@@ -196,44 +196,8 @@ fn a_chain_of_three_switches_splits_loss_per_segment() {
             t["in1"],
             sent[n]
         );
-        let segs = loc["segments"].as_array().unwrap();
         println!("flow {sport}: link 1 dropped {d1}, link 2 {d2}; segments {}", loc["segments"]);
-        for s in segs {
-            let (agent, point) = (s["agent"].as_str().unwrap(), s["point"].as_str().unwrap());
-            let (lost, uncertain) = (u(&s["lost"]), u(&s["uncertain"]));
-            // Where each segment starts: the collector found it alone (no labels configured).
-            let (truth, from) = match (agent, point) {
-                ("s2", "ingress") => (d1, Some("s1/egress")),
-                ("s3", "ingress") => (d2, Some("s2/egress")),
-                ("s1", "ingress") => (0, Some("s1/marker")),
-                (a, "egress") => (
-                    0,
-                    Some(if a == "s1" {
-                        "s1/ingress"
-                    } else if a == "s2" {
-                        "s2/ingress"
-                    } else {
-                        "s3/ingress"
-                    }),
-                ),
-                _ => panic!("flow {sport}: unexpected segment {s}"),
-            };
-            assert_eq!(s["from"].as_str(), from, "flow {sport}: {s}");
-            let slack = own.get(agent).copied().unwrap_or(0);
-            let tol = (truth as f64 * 0.03).max(1.0) as u64 + slack;
-            assert!(
-                lost.abs_diff(truth) <= tol,
-                "flow {sport} {agent}/{point}: lost {lost}, kernel {truth}"
-            );
-            assert!(
-                lost <= truth + slack,
-                "flow {sport} {agent}/{point}: lost {lost} > dropped {truth}"
-            );
-            assert!(
-                (lost + uncertain).abs_diff(truth) <= slack,
-                "flow {sport} {agent}/{point}: lost {lost} + uncertain {uncertain} ≠ dropped {truth}"
-            );
-        }
+        segments_hold_the_links_loss(&loc, sport, (d1, d2), &own);
         let total = u(&loc["lost"]);
         assert!(
             total.abs_diff(d1 + d2) <= ((d1 + d2) as f64 * 0.03) as u64 + own.values().sum::<u64>()
@@ -275,6 +239,57 @@ fn a_chain_of_three_switches_splits_loss_per_segment() {
         );
     }
     assert_eq!(flows.as_array().unwrap().len(), all.len());
+}
+
+/// Each segment of flow `sport`'s path (`/api/v1/localise`'s answer `loc`) against the
+/// kernel's drops on links 1 and 2: each link's loss on the segment that ends at the next
+/// switch's ingress within 3 %, nothing elsewhere; lost + uncertain is what the kernel dropped
+/// and lost never more, give or take the switches' `own` drops.
+fn segments_hold_the_links_loss(
+    loc: &serde_json::Value,
+    sport: u16,
+    (d1, d2): (u64, u64),
+    own: &BTreeMap<&str, u64>,
+) {
+    let segs = loc["segments"].as_array().unwrap();
+    // Each switch's ingress and egress, every one under the flow's own key.
+    assert_eq!(segs.len(), 6, "flow {sport}: segments {}", loc["segments"]);
+    for s in segs {
+        let (agent, point) = (s["agent"].as_str().unwrap(), s["point"].as_str().unwrap());
+        let (lost, uncertain) = (u(&s["lost"]), u(&s["uncertain"]));
+        // Where each segment starts: the collector found it alone (no labels configured).
+        let (truth, from) = match (agent, point) {
+            ("s2", "ingress") => (d1, Some("s1/egress")),
+            ("s3", "ingress") => (d2, Some("s2/egress")),
+            ("s1", "ingress") => (0, Some("s1/marker")),
+            (a, "egress") => (
+                0,
+                Some(if a == "s1" {
+                    "s1/ingress"
+                } else if a == "s2" {
+                    "s2/ingress"
+                } else {
+                    "s3/ingress"
+                }),
+            ),
+            _ => panic!("flow {sport}: unexpected segment {s}"),
+        };
+        assert_eq!(s["from"].as_str(), from, "flow {sport}: {s}");
+        let slack = own.get(agent).copied().unwrap_or(0);
+        let tol = (truth as f64 * 0.03).max(1.0) as u64 + slack;
+        assert!(
+            lost.abs_diff(truth) <= tol,
+            "flow {sport} {agent}/{point}: lost {lost}, kernel {truth}"
+        );
+        assert!(
+            lost <= truth + slack,
+            "flow {sport} {agent}/{point}: lost {lost} > dropped {truth}"
+        );
+        assert!(
+            (lost + uncertain).abs_diff(truth) <= slack,
+            "flow {sport} {agent}/{point}: lost {lost} + uncertain {uncertain} ≠ dropped {truth}"
+        );
+    }
 }
 
 /// Churn: 22,000 new one-packet flows a second for 10 s through the chain, each switch's
@@ -935,6 +950,105 @@ fn int_source_transit_sink_detect_what_a_reference_evaluation_of_their_metadata_
     assert_eq!(s1_int.roles.sourced, s3_int.roles.stripped + queue.dropped);
     assert!(received.len() as u64 > s3_int.roles.stripped, "plain packets after the change");
     assert_eq!(s3_int.event_drops + s3_int.report_errors, 0);
+}
+
+/// Issue 31, item 12: the loss monitor and INT on the same flows. The chain measures loss (s1
+/// marks the color in DSCP bit 0) and runs INT (s1 source, s2 transit, s3 sink reporting every
+/// INT packet), with 2 % random loss on both links; once with INT signalled by DSCP 0x17, once
+/// by UDP port 5000. Ground truth, nftables and a capture at G:
+/// - each link's loss is on its segment within 3 % of what nftables dropped, under the flow's
+///   own key at every switch (six segments: s2 and s3 see the port the source saw, not 5000);
+/// - every packet that left link 2 reached s3 carrying INT and was stripped and reported;
+/// - G receives each packet as sent, but for the color bit (as without INT) and the router's
+///   TTL: destination port 7000, no INT bytes.
+#[test]
+fn loss_and_int_watch_the_same_flows() {
+    let sports = [4041u16, 4042];
+    for signal in ["", "signal_port = 5000\n"] {
+        let chain = Chain::up("il", &sports);
+        let p = chain.prefix.clone();
+        chain.run(&["loss", "1", PERMILLE, &ports(&sports)]);
+        chain.run(&["loss", "2", PERMILLE, &ports(&sports)]);
+        let dir = tempfile::tempdir().unwrap();
+        let (c, url) = collector(dir.path());
+        let reports = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        reports.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        let report_to = reports.local_addr().unwrap();
+        let int = |node: u32, role: &str, extra: &str| {
+            format!(
+                "report_all = true\n[int]\nnode_id = {node}\n{signal}{extra}\
+                 [[int.rule]]\nflows = \"dst=10.9.2.0/24\"\nrole = \"{role}\"\n"
+            )
+        };
+        let sink = format!("report_to = \"{report_to}\"\nreport = \"all\"\n");
+        let agents = vec![
+            ("s1", agent(&p, "s1", "a", &url, "batch = 100", &int(1, "source", ""))),
+            ("s2", agent(&p, "s2", "none", &url, "batch = 100", &int(2, "transit", ""))),
+            ("s3", agent(&p, "s3", "none", &url, "batch = 100", &int(3, "sink", &sink))),
+        ];
+        let stop = Arc::new(AtomicBool::new(false));
+        let at_receiver = capture(format!("{p}g"), "g0", stop.clone());
+        let counting = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let (mut n, mut buf) = (0u64, [0u8; 2048]);
+                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    n += u64::from(reports.recv(&mut buf).is_ok());
+                }
+                while reports.recv(&mut buf).is_ok() {
+                    n += 1;
+                }
+                n
+            })
+        };
+        let sent = send_flows(&p, &sports, 500, 6);
+        std::thread::sleep(Duration::from_millis(500));
+        let stats: BTreeMap<&str, AgentStats> =
+            agents.into_iter().map(|(n, a)| (n, a.stop())).collect();
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        let received = at_receiver.join().unwrap();
+        let reported = counting.join().unwrap();
+        let truth: serde_json::Value = serde_json::from_str(&chain.run(&["truth"])).unwrap();
+        drop(chain);
+
+        let own: BTreeMap<&str, u64> =
+            stats.iter().map(|(n, s)| (*n, s.path.rx_ring_drops + s.path.tx_drops)).collect();
+        let sink = stats["s3"].path.int.as_ref().unwrap().roles;
+        let source = stats["s1"].path.int.as_ref().unwrap().roles;
+        let mut left_link_2 = 0;
+        for (n, &sport) in sports.iter().enumerate() {
+            let t = &truth[sport.to_string()];
+            let dropped = |link: u8| u(&t[format!("in{link}")]) - u(&t[format!("out{link}")]);
+            let (d1, d2) = (dropped(1), dropped(2));
+            assert!(d1 > 0 && d2 > 0, "flow {sport}: the links lost nothing: {t}");
+            left_link_2 += u(&t["out2"]);
+            let k = key(sport);
+            let q = format!("src={}&dst={}&sport={sport}&dport=7000&proto=17", k.src, k.dst);
+            let loc = get(&c, &format!("/api/v1/localise?{q}"));
+            println!(
+                "{signal:?} flow {sport}: sent {}, link 1 dropped {d1}, link 2 {d2}; segments {}",
+                sent[n], loc["segments"]
+            );
+            segments_hold_the_links_loss(&loc, sport, (d1, d2), &own);
+        }
+        let flows = get(&c, "/api/v1/flows");
+        assert!(
+            flows.as_array().unwrap().iter().all(|f| f["flow"]["dport"] == 7000),
+            "{signal:?}: a flow under another key: {flows}"
+        );
+        assert_eq!(source.sourced, sent.iter().sum::<u64>(), "{signal:?}: every packet got INT");
+        assert_eq!(sink.stripped, left_link_2, "{signal:?}: every packet out of link 2 had INT");
+        assert_eq!(reported, left_link_2, "{signal:?}: one report per INT packet");
+        let at_g: Vec<&Vec<u8>> =
+            received.iter().filter(|f| udp_sport(f).is_some_and(|s| sports.contains(&s))).collect();
+        assert_eq!(at_g.len() as u64, left_link_2, "{signal:?}: G got what left link 2");
+        for f in at_g {
+            let l = telemark_wire::int_frame::layers(f).unwrap();
+            assert_eq!(l.dscp & !1, 0, "{signal:?}: the sender's DSCP, color aside");
+            assert_eq!(u16::from_be_bytes([f[l.l4 + 2], f[l.l4 + 3]]), 7000, "{signal:?}");
+            assert_eq!(f.len() - l.after_l4, 100, "{signal:?}: the payload alone, no INT");
+        }
+    }
 }
 
 /// Issue 31, item 14: more flows than the tables hold. 2,400 UDP flows with Zipf sizes (2,000
