@@ -1020,6 +1020,21 @@ mod tests {
         assert!(c.control_token.is_some());
     }
 
+    /// With the loss monitor on, INT by DSCP leaves its color bit out; without, all six bits
+    /// signal. (`measure` comes before the sections in the file.)
+    #[test]
+    fn int_by_dscp_leaves_the_loss_monitors_color_bit_out() {
+        let base = "agent = \"sw\"\n[[pair]]\na = \"x0\"\nb = \"x1\"\n";
+        let signal = |lead: &str, tail: &str| {
+            let text = format!("{lead}{base}{tail}[int]\nnode_id = 1\n");
+            FileConfig::parse(&text).unwrap().validate().unwrap().int.unwrap().cfg.signal
+        };
+        assert_eq!(signal("", "").color_bit, Some(0));
+        assert_eq!(signal("", "[loss]\ncolor_bit = 2\n").color_bit, Some(2));
+        assert_eq!(signal("measure = false\n", "").color_bit, None);
+        assert!(signal("", "").by_dscp(0x16) && !signal("measure = false\n", "").by_dscp(0x16));
+    }
+
     #[test]
     fn bad_int_configs_say_what_is_wrong() {
         let base = "agent = \"sw\"\n[[pair]]\na = \"x0\"\nb = \"x1\"\n";
@@ -1027,6 +1042,9 @@ mod tests {
             ("[int]\n", "missing field `node_id`"),
             ("[int]\nnode_id = 0\n", "int.node_id"),
             ("[int]\nnode_id = 1\nsignal_dscp = 64\n", "DSCP is 0 to 63"),
+            // The color in bit 0 (the default) leaves INT bits 1-5, all 0 in DSCP 1.
+            ("[int]\nnode_id = 1\nsignal_dscp = 1\n", "every best-effort packet"),
+            ("[loss]\ncolor_bit = 3\n[int]\nnode_id = 1\nsignal_dscp = 8\n", "DSCP bit 3"),
             ("[int]\nnode_id = 1\nmtu = 100\n", "int.mtu"),
             ("[int]\nnode_id = 1\nreport = \"some\"\n", "events, all or off"),
             ("[int]\nnode_id = 1\nreport = \"all\"\n", "no int.report_to"),
