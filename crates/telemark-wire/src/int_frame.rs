@@ -55,16 +55,11 @@ impl Signal {
         self.dscp.is_some_and(|d| (d ^ on_wire) & self.int_bits() == 0)
     }
 
-    /// The DSCP a source writes over `on_wire` to signal INT by `signal`: the signal in INT's
-    /// bits, the color as it was.
-    fn signalled(&self, signal: u8, on_wire: u8) -> u8 {
-        (signal & self.int_bits()) | (on_wire & !self.int_bits() & 0x3f)
-    }
-
-    /// The DSCP a sink gives back: the original the source `kept` in the shim, with the color
-    /// as it is `on_wire` now (a marker inside the domain may have colored the packet since).
-    fn restored(&self, kept: u8, on_wire: u8) -> u8 {
-        self.signalled(kept, on_wire)
+    /// INT's bits from `from`, the color as it is `on_wire`: what a source writes (`from`:
+    /// the signal) and what a sink gives back (`from`: the DSCP the source kept in the shim;
+    /// the color may have been set by a marker inside the domain since).
+    fn with_color_on_wire(&self, from: u8, on_wire: u8) -> u8 {
+        (from & self.int_bits()) | (on_wire & !self.int_bits() & 0x3f)
     }
 }
 
@@ -431,7 +426,7 @@ pub fn insert(frame: &mut Vec<u8>, src: &Source, own: &Hop, mtu: usize) -> Resul
         frame[l.l4 + 2..l.l4 + 4].copy_from_slice(&port.to_be_bytes());
     }
     if let Some(d) = dscp_to {
-        set_dscp(frame, &l, src.signal.signalled(d, l.dscp));
+        set_dscp(frame, &l, src.signal.with_color_on_wire(d, l.dscp));
     }
     set_lengths(frame, &l, n);
     Ok(Edit::Added)
@@ -537,7 +532,7 @@ pub fn strip(frame: &mut Vec<u8>, signal: &Signal, mode: Mode) -> Result<Option<
                     frame[l.l4 + 2..l.l4 + 4].copy_from_slice(&p.to_be_bytes())
                 }
                 NextProtocol::Dscp(d) if signal.by_dscp(l.dscp) => {
-                    set_dscp(frame, &l, signal.restored(d, l.dscp))
+                    set_dscp(frame, &l, signal.with_color_on_wire(d, l.dscp))
                 }
                 _ => {}
             }
