@@ -30,6 +30,10 @@ pub struct LinkBatch {
     pub color: u8,
     /// The downstream batch's first packet; an upstream batch's when it was lost whole.
     pub first_ns: u64,
+    /// The first packet of its (first) upstream batch: when it entered the link, where a
+    /// queue at the link's entry drops (a batch's loss dated by this lines up with counters
+    /// read at the link's entry; by `first_ns`, it comes a queue's delay later).
+    pub sent_ns: u64,
     /// Packets upstream sent (observed + late there).
     pub expected: u64,
     /// Packets downstream got (observed + late).
@@ -125,6 +129,7 @@ pub fn match_batches(up: &[Batch], down: &[Batch], skew_ns: u64, ended: bool) ->
         out.push(LinkBatch {
             color: d.color,
             first_ns: d.first_ns,
+            sent_ns: up.get(*a).map_or(d.first_ns, |u| u.first_ns),
             expected,
             got,
             lost: expected.saturating_sub(got),
@@ -207,6 +212,7 @@ fn whole(u: &Batch) -> LinkBatch {
     LinkBatch {
         color: u.color,
         first_ns: u.first_ns,
+        sent_ns: u.first_ns,
         expected,
         got: 0,
         lost: expected,
@@ -287,6 +293,10 @@ mod tests {
         let m = match_batches(&up, &down, 0, false);
         assert_eq!(m.iter().map(|x| x.lost).sum::<u64>(), lost);
         assert!(m.iter().all(|x| x.upstream_batches == 1 && !x.whole));
+        // Each batch is dated at both ends: upstream batch n sent downstream batch n.
+        for (x, (u, d)) in m.iter().zip(up.iter().zip(&down)) {
+            assert_eq!((x.sent_ns, x.first_ns), (u.first_ns, d.first_ns));
+        }
         // Upstream has reported 10 batches: downstream batches 8 on wait.
         let m = match_batches(&up[..10], &down, 0, false);
         assert_eq!(m.len(), 8);

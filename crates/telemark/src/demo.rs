@@ -99,7 +99,7 @@ pub struct Second {
     pub truth_lost: u64,
     /// Probe packets lost as Telemark reported: sw-f ingress's batches lined up with sw-b
     /// egress's at the collector (`/api/v1/link`, which counts whole batches lost too),
-    /// batches starting this second.
+    /// batches that entered the link this second (their first packet at sw-b).
     pub detected_lost: u64,
     /// What sw-f ingress alone reported, each batch against B.
     pub detected_against_b: u64,
@@ -400,9 +400,11 @@ pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Co
         }
         loss_records += p["batches"].as_u64().unwrap_or(0);
     }
+    // Each batch's loss dated by when it entered the link, as the kernel's counters at the
+    // link's entry (the tbf queue drops there) date it.
     let mut linked: BTreeMap<u64, u64> = BTreeMap::new();
     for b in link["batches"].as_array().into_iter().flatten() {
-        *linked.entry(b["first_ns"].as_u64().unwrap_or(0)).or_default() +=
+        *linked.entry(b["sent_ns"].as_u64().unwrap_or(0)).or_default() +=
             b["lost"].as_u64().unwrap_or(0);
     }
     let samples = samples.lock().map(|s| s.clone()).unwrap_or_default();
