@@ -1,11 +1,11 @@
 //! The INT roles of a Telemark switch, per flow rule (the INT paper §III-C "INT Mode"; INT
 //! v2.1 §3 node roles): **source** inserts INT with the flow's instructions, **transit** pushes
 //! this switch's metadata, **sink** strips INT, giving the receiver the original packet, and
-//! runs the flow's detector on the path's metadata.
+//! runs the flow's detectors (every detect rule that covers it) on the path's metadata.
 //!
 //! Sans-IO: the caller says what the switch measured for the packet ([`Measured`]: ports,
 //! its own ingress and egress times, the egress queue's occupancy) and gets the edited frame
-//! and, at a sink, the event if the detector fired and the Telemetry Report to send
+//! and, at a sink, an event for each detector that fired and the Telemetry Report to send
 //! ([`Output`]; INT Telemetry Report v2.0 §3, one individual report per datagram).
 
 use telemark_core::int::{DetectRule, Detectors, Event, Outcome};
@@ -22,7 +22,8 @@ pub enum ReportMode {
     /// None: events become records only.
     #[default]
     Off,
-    /// Those whose flow's detector fired: the INT paper's filtering at the sink (§III-C).
+    /// Those for which any of the flow's detectors fired: the INT paper's filtering at the
+    /// sink (§III-C); one report however many fired.
     Events,
     /// Every INT packet: the specification's sink without filtering (the paper's baseline).
     All,
@@ -32,7 +33,7 @@ pub enum ReportMode {
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // handed by value to the caller's closure, never stored
 pub enum Output<'a> {
-    /// The flow's detector fired.
+    /// One of the flow's detectors fired (one each, in rule order, on the same packet).
     Event(Event),
     /// A Telemetry Report v2.0 datagram (one individual INT report) to send to the collector.
     Report(&'a [u8]),
@@ -116,7 +117,7 @@ pub struct RoleCounts {
     pub mtu_exceeded: u64,
     /// INT that did not parse, left as it was.
     pub malformed: u64,
-    /// Sink events.
+    /// Sink events (one per rule that fired).
     pub events: u64,
     /// Telemetry Reports handed on (one per datagram).
     pub reports: u64,
@@ -138,7 +139,8 @@ pub struct IntRoles {
 }
 
 impl IntRoles {
-    /// Roles by `rules` (first match decides), detection at the sink by `detect`.
+    /// Roles by `rules` (first match decides: a flow has one role here), detection at the sink
+    /// by `detect` (every rule that matches a flow runs).
     pub fn new(
         cfg: IntConfig,
         rules: Vec<RoleRule>,
@@ -272,16 +274,13 @@ impl IntRoles {
         path[0] = own;
         let n = 1 + stripped.hop_count.min(MAX_HOPS - 1);
         path[1..n].copy_from_slice(&stripped.hops()[..n - 1]);
-        let fired = match self.detectors.detect(&stripped.flow, &path[..n], m.egress_ns) {
-            Outcome::Event(rule, d) => {
-                self.counts.events += 1;
-                emit(Output::Event(Event::new(
-                    m.egress_ns,
-                    stripped.flow,
-                    Some(rule as u16),
-                    d,
-                    &path[..n],
-                )));
+        // Every rule that covers the flow runs; each that fires is an event naming its rule.
+        let (flow, path) = (stripped.flow, &path[..n]);
+        let fire =
+            |rule, d| emit(Output::Event(Event::new(m.egress_ns, flow, Some(rule), d, path)));
+        let fired = match self.detectors.detect(&flow, path, m.egress_ns, fire) {
+            Outcome::Fired(k) => {
+                self.counts.events += u64::from(k);
                 true
             }
             Outcome::Quiet | Outcome::Unwatched => false,
@@ -400,6 +399,32 @@ mod tests {
         // Newest first: the sink, the transit, the source; latency = egress - ingress.
         assert_eq!(path, [(3, 1_500, 500), (2, 5_000, 4_000), (1, 1_000, 0)]);
         assert_eq!((s1.counts().sourced, s2.counts().pushed, s3.counts().stripped), (1, 1, 1));
+    }
+
+    #[test]
+    fn a_sink_runs_every_detect_rule_of_the_flow_and_reports_once() {
+        let ins = Instructions::of(&[Field::NodeId, Field::HopLatency]);
+        let mut s1 = switch(1, Role::Source { instructions: ins, max_hops: 8 }, vec![]);
+        let rule = |flows: &str, det: &str, thr: Option<&str>| {
+            DetectRule::from_config(flows, det, thr.map(|_| "hop_latency"), thr, None, None)
+                .unwrap()
+        };
+        let detect = vec![
+            rule("*", "noop", None),
+            rule("proto=tcp", "noop", None),
+            rule("proto=udp", "per_hop", Some("1us")),
+        ];
+        let mut s3 = switch(3, Role::Sink, detect);
+        let mut f = packet(b"both");
+        s1.apply(&mut f, &at(0, 0), |_| {});
+        let (mut events, mut reports) = (Vec::new(), 0);
+        // The sink's hop latency is 1,500 ns (past 1 us), the source's 1,000 (not).
+        s3.apply(&mut f, &at(20_000, 500), |o| match o {
+            Output::Event(e) => events.push((e.rule, e.detection.value, e.detection.hop)),
+            Output::Report(_) => reports += 1,
+        });
+        assert_eq!(events, [(Some(0), 0, None), (Some(2), 1_500, Some((0, 3)))]);
+        assert_eq!((reports, s3.counts().events, s3.counts().reports), (1, 2, 1));
     }
 
     #[test]

@@ -89,7 +89,8 @@ struct FileConfig {
     workers: Option<usize>,
     /// `tolerant` (default) or `strict`.
     mode: Option<String>,
-    /// Flows each worker keeps detector state for.
+    /// Detector states each worker keeps, one per (flow, rule that covers it): as many flows
+    /// when each is covered by one rule.
     flows: Option<usize>,
     /// Events waiting for export, at most.
     queue: Option<usize>,
@@ -352,6 +353,8 @@ struct WorkerStats {
     kernel_drops: u64,
     truncated: u64,
     flows: u64,
+    /// (flow, rule) detector states held.
+    states: u64,
     evicted: u64,
 }
 
@@ -603,6 +606,7 @@ fn worker(
                 kernel_drops: rx.drops(),
                 truncated,
                 flows: t.flows,
+                states: t.states,
                 evicted: t.evicted,
             };
             if let Ok(mut ws) = shared.workers.lock() {
@@ -924,9 +928,15 @@ impl Metrics {
         );
         family("telemark_int_flows", "gauge", "Flows with detector state.", one(c(&|w| w.flows)));
         family(
+            "telemark_int_detector_states",
+            "gauge",
+            "Detector states held, one per flow and rule that covers it.",
+            one(c(&|w| w.states)),
+        );
+        family(
             "telemark_int_flows_evicted_total",
             "counter",
-            "Flows pushed out of a full detector table.",
+            "Detector states (a flow's, for one rule) pushed out of a full table.",
             one(c(&|w| w.evicted)),
         );
         let s = &self.shared;

@@ -126,9 +126,12 @@ pub fn run(a: Args) -> Result<()> {
                     (Some(h), Some(s)) => format!(" hop {h} (switch {s})"),
                     _ => String::new(),
                 };
+                // A flow runs every rule that covers it: the line says which one fired (by
+                // its number in the file, as config errors count them).
+                let rule = e.rule.map_or(String::new(), |r| format!(" (rule {})", r + 1));
                 writeln!(
                     out,
-                    "{:>20}  {} -> {} proto {}  {}{} value {}{}  path {}",
+                    "{:>20}  {} -> {} proto {}  {}{}{rule} value {}{}  path {}",
                     rec.time_ns,
                     endpoint(&f.src, f.sport),
                     endpoint(&f.dst, f.dport),

@@ -114,6 +114,9 @@ fn events_match_a_reference_evaluation_and_lost_reports_match_nftables() {
     let port = free_port();
     let mport = tcp_port();
     const THRESHOLD: u64 = 10_000;
+    // A second rule covering the same flow, with state of its own: per-flow change of the
+    // path's hop latency (one hop: the report's) past 25 us.
+    const FLOW_THRESHOLD: u64 = 25_000;
     let config = dir.path().join("int.toml");
     std::fs::write(
         &config,
@@ -122,7 +125,9 @@ fn events_match_a_reference_evaluation_and_lost_reports_match_nftables() {
              [export]\ncollector = \"http://{}\"\n\
              [metrics]\nlisten = \"127.0.0.1:{mport}\"\n\
              [[detect]]\nflows = \"dport=7001\"\ndetector = \"per_hop\"\n\
-             metric = \"hop_latency\"\nthreshold = \"10us\"\n",
+             metric = \"hop_latency\"\nthreshold = \"10us\"\n\
+             [[detect]]\nflows = \"proto=udp,dport=7001\"\ndetector = \"per_flow\"\n\
+             metric = \"hop_latency\"\nthreshold = \"25us\"\n",
             c.addr
         ),
     )
@@ -132,10 +137,12 @@ fn events_match_a_reference_evaluation_and_lost_reports_match_nftables() {
     let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
     let to = format!("127.0.0.1:{port}");
 
-    // Phase 1, nothing dropped: flow dport 7001 runs per-hop detection at the collector;
-    // dport 7002 has no rule (its switch filtered) and every report of it is an event.
+    // Phase 1, nothing dropped: flow dport 7001 runs per-hop and per-flow detection at the
+    // collector, both rules on every report; dport 7002 has no rule (its switch filtered) and
+    // every report of it is an event.
     let mut state = 0u64;
     let mut expected = Vec::new();
+    let (mut flow_state, mut flow_expected) = (0u64, Vec::new());
     let mut seq = 0u32;
     for i in 0..400u64 {
         // A latency that wanders, with jumps: unique values so events can be told apart.
@@ -143,6 +150,10 @@ fn events_match_a_reference_evaluation_and_lost_reports_match_nftables() {
         if latency.abs_diff(state) > THRESHOLD {
             state = latency;
             expected.push(latency);
+        }
+        if latency.abs_diff(flow_state) > FLOW_THRESHOLD {
+            flow_state = latency;
+            flow_expected.push(latency);
         }
         tx.send_to(&report(5, seq, latency, 7001), &to).unwrap();
         seq += 1;
@@ -160,7 +171,7 @@ fn events_match_a_reference_evaluation_and_lost_reports_match_nftables() {
     wait_for("events stored", || {
         let v: serde_json::Value = ureq::get(&events_url).call().unwrap().into_json().unwrap();
         got = v["events"].as_array().unwrap().clone();
-        got.len() >= expected.len() + switch_events
+        got.len() >= expected.len() + flow_expected.len() + switch_events
     });
     let mut fired: Vec<u64> = got
         .iter()
@@ -176,6 +187,21 @@ fn events_match_a_reference_evaluation_and_lost_reports_match_nftables() {
     let mut want = expected.clone();
     want.sort_unstable();
     assert_eq!(fired, want, "per-hop events differ from the reference evaluation");
+    // The second rule fired on its own state, and each of its events names it.
+    let mut fired: Vec<u64> = got
+        .iter()
+        .filter(|e| e["detector"] == "per_flow")
+        .map(|e| {
+            assert_eq!((&e["metric"], &e["threshold"]), (&"hop_latency".into(), &25_000.into()));
+            assert_eq!(e["flow"]["dport"], 7001);
+            e["value"].as_u64().unwrap()
+        })
+        .collect();
+    fired.sort_unstable();
+    flow_expected.sort_unstable();
+    assert!(!flow_expected.is_empty() && flow_expected.len() < expected.len());
+    assert_eq!(fired, flow_expected, "per-flow events differ from the reference evaluation");
+    assert_eq!(got.len(), expected.len() + flow_expected.len() + switch_events);
     assert_eq!(got.iter().filter(|e| e["detector"] == "switch").count(), switch_events);
     let m = metrics(&murl);
     assert_eq!(lost(&m), 0);

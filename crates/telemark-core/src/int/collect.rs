@@ -5,8 +5,9 @@
 //! the rule it breaks); count reports lost from sequence-number gaps per reporting node and
 //! hardware ID; per individual report, gather the path's metadata (the reporting node's own,
 //! then the stack of the INT packet it carries, newest hop first), find the flow as the INT
-//! source saw it, and run the flow's detector. A flow no rule covers was filtered by the
-//! switch that reported it: its report is an event as it is (detector `switch`).
+//! source saw it, and run every detector whose rule covers the flow. A flow no rule covers was
+//! filtered by the switch that reported it: its report is an event as it is (detector
+//! `switch`).
 
 use super::detector::{Detection, MAX_HOPS};
 use super::sequence::{Limits, Observation, Sequences};
@@ -71,9 +72,9 @@ pub struct Counts {
     pub refused: [u64; Refusal::ALL.len()],
     /// Reports that broke a rule and were read anyway, by [`Deviation`].
     pub deviations: [u64; Deviation::ALL.len()],
-    /// Events handed on.
+    /// Events handed on (a report that fires several of its flow's rules makes one each).
     pub events: u64,
-    /// Reports whose flow's detector did not fire.
+    /// Reports none of whose flow's detectors fired.
     pub quiet: u64,
 }
 
@@ -235,7 +236,7 @@ impl Collector {
     }
 
     /// One report and the INT found in the packet it carries (if any): the flow, the path's
-    /// metadata, and the flow's detector.
+    /// metadata, and the flow's detectors.
     fn report(
         &mut self,
         r: &Report<'_>,
@@ -289,11 +290,10 @@ impl Collector {
             n += f.int.read_hops_with(layout, &mut self.hops[n..]);
         }
         let hops = &self.hops[..n];
-        match self.detectors.run(place, hops) {
-            Outcome::Event(rule, d) => {
-                self.counts.events += 1;
-                emit(Event::new(now, flow, Some(rule as u16), d, hops));
-            }
+        // One event per rule that fired, each naming its rule.
+        let fire = |rule, d| emit(Event::new(now, flow, Some(rule), d, hops));
+        match self.detectors.run(place, hops, fire) {
+            Outcome::Fired(k) => self.counts.events += u64::from(k),
             Outcome::Quiet => self.counts.quiet += 1,
             Outcome::Unwatched => {
                 self.counts.events += 1;

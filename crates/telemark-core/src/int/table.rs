@@ -1,9 +1,19 @@
-//! Which detector each flow runs, and each flow's detector state: the paper's per-flow
+//! Which detectors each flow runs, and each flow's detector state: the paper's per-flow
 //! algorithm table (§III-C "Algorithm") as a fixed-size table the fast path owns.
 //!
-//! Rules are tried in order; a flow's first match decides its detector, remembered with the
-//! flow. The table is sized at start-up (open addressing, 8 probes); when a flow finds no free
-//! slot among its 8 it takes the one seen least recently, and the eviction is counted.
+//! Every rule that matches a flow applies to it, in rule order, each with detector state of
+//! its own: a flow covered by a per-hop latency rule for every flow and by an EWMA queue rule
+//! for UDP runs both, and one packet may fire either or both. (The paper gives a flow one
+//! algorithm; operators layer rules, and a first-match table silently dropped the later ones.)
+//!
+//! A slot holds one (flow, rule) state: the flow's `nth` matching rule, and the index of the
+//! rule after it that matches the flow too. The rules a flow runs are matched once, when each
+//! state is placed; a packet follows the chain from the flow's first state without matching
+//! again. The table is sized at start-up (open addressing, 8 probes from the flow's hash plus
+//! `nth`, so a flow's states sit side by side); a state that finds no free slot among its 8
+//! takes the one seen least recently, and the eviction is counted. The capacity counts states,
+//! not flows: a flow that runs k rules takes k slots. There is no bound on the rules per flow
+//! beyond the rules' count (at most [`MAX_RULES`]), so nothing is refused at load for it.
 
 use super::detector::{Detection, Detector, FlowState, MAX_HOPS};
 use super::expr::Expr;
@@ -14,6 +24,13 @@ use telemark_wire::int::{Field, Hop};
 use telemark_wire::FlowKey;
 
 const PROBES: usize = 8;
+
+/// Most rules a table runs: rule indices are 16 bits in a slot and in an [`Event`]; rules
+/// past this many never match. The int-collector's control API refuses more at load.
+pub const MAX_RULES: usize = 1 << 16;
+
+/// A slot's `next` when its rule is the flow's last.
+const LAST: u32 = u32::MAX;
 
 /// One rule: the flows it covers (`None`: every flow) and their detector.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,8 +130,9 @@ impl DetectSection {
     }
 }
 
-/// What a probe looks at: the flow's hash (0: empty) and when it was last seen (for eviction).
-/// Kept apart from the entries so that the probes of a lookup read one or two cache lines.
+/// What a probe looks at: the state's hash (0: empty) and when it was last seen (for
+/// eviction). Kept apart from the entries so that the probes of a lookup read one or two
+/// cache lines.
 #[derive(Debug, Clone, Copy)]
 struct Tag {
     hash: u64,
@@ -123,15 +141,31 @@ struct Tag {
 
 const FREE: Tag = Tag { hash: 0, seen_ns: 0 };
 
-/// A flow's key, rule and detector state, at its tag's index: in C order on a cache line of
-/// its own, so that the key is one line and the state's start the next.
+/// The tag of `flow`'s `nth` state, from the flow's hash: the states of one flow differ in
+/// their tags, so a probe reads only the entry it wants (never 0: 0 is a free slot).
+fn tag(hash: u64, nth: u16) -> u64 {
+    // Fibonacci hashing's constant, 2^64 / φ (Knuth, TAOCP vol. 3, §6.4): spreads `nth`
+    // over all 64 bits; the first state's tag is the flow's hash as it always was.
+    (hash ^ u64::from(nth).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1
+}
+
+/// One (flow, rule) state at its tag's index: in C order on a cache line of its own, so that
+/// the key is one line and the state's start the next.
 #[derive(Debug, Clone)]
 #[repr(C, align(64))]
 struct Entry {
     key: FlowKey,
+    /// Which of the flow's matching rules this is: 0 its first, 1 its second, ...
+    nth: u16,
+    /// That rule's index.
     rule: u16,
+    /// The index of the next rule that matches the flow, or [`LAST`].
+    next: u32,
     state: FlowState,
 }
+
+// The key, slot fields included, fills the first line and the state starts the next.
+const _: () = assert!(core::mem::offset_of!(Entry, state) == 64);
 
 const EMPTY: Entry = Entry {
     key: FlowKey {
@@ -143,30 +177,35 @@ const EMPTY: Entry = Entry {
         spi: None,
         si: None,
     },
+    nth: 0,
     rule: 0,
+    next: LAST,
     state: FlowState::EMPTY,
 };
 
 /// What the table's counters say.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TableCounts {
-    /// Flows held.
+    /// Flows held (those whose first state is in the table).
     pub flows: u64,
-    /// Flows pushed out to make room (their state starts again if they come back).
+    /// Detector states held, one per (flow, rule that matches it).
+    pub states: u64,
+    /// States pushed out to make room (each starts again if its flow comes back).
     pub evicted: u64,
     /// Packets of flows no rule covers.
     pub unmatched: u64,
 }
 
-/// What one packet's telemetry came to.
+/// What one packet's telemetry came to. The detections themselves go to the caller's
+/// `fire` as they happen, so that any number fit without allocating.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// No rule covers the flow.
     Unwatched,
-    /// The flow's detector did not fire.
+    /// Its rules ran and none fired.
     Quiet,
-    /// It fired: which rule, and what it saw.
-    Event(usize, Detection),
+    /// This many of its rules fired (each handed to `fire`, in rule order).
+    Fired(u32),
 }
 
 /// Rules and per-flow state.
@@ -178,8 +217,15 @@ pub struct Detectors {
     counts: TableCounts,
 }
 
+/// Where a lookup ended: at the state, or at the slot to put it in.
+enum Probe {
+    Found(usize),
+    Vacant(usize),
+}
+
 impl Detectors {
-    /// A table for `capacity` flows (rounded up to a power of two, at least 8).
+    /// A table for `capacity` (flow, rule) states (rounded up to a power of two, at least
+    /// 8): as many flows when each matches one rule. Rules past [`MAX_RULES`] never match.
     pub fn new(rules: Vec<DetectRule>, capacity: usize) -> Detectors {
         let n = capacity.max(PROBES).next_power_of_two();
         Detectors {
@@ -195,12 +241,14 @@ impl Detectors {
         &self.rules
     }
 
-    /// Replaces the rules (the controller changed them); every flow starts afresh.
+    /// Replaces the rules (the controller changed them): every flow starts afresh, its rules
+    /// matched again when it is next seen, each state from zero.
     pub fn set_rules(&mut self, rules: Vec<DetectRule>) {
         self.rules = rules;
         self.tags.fill(FREE);
         self.entries.fill(EMPTY);
         self.counts.flows = 0;
+        self.counts.states = 0;
     }
 
     /// The fields of a hop the rules' detectors and the events they make read, as a mask of
@@ -214,75 +262,147 @@ impl Detectors {
         self.counts
     }
 
-    /// Runs `flow`'s detector on one packet's `hops` (newest first) seen at `now`.
-    pub fn detect(&mut self, flow: &FlowKey, hops: &[Hop], now: u64) -> Outcome {
+    /// Runs every detector of `flow` on one packet's `hops` (newest first) seen at `now`,
+    /// handing each detection to `fire` with the index of the rule that fired.
+    pub fn detect(
+        &mut self,
+        flow: &FlowKey,
+        hops: &[Hop],
+        now: u64,
+        fire: impl FnMut(u16, Detection),
+    ) -> Outcome {
         let place = self.place(flow, now);
-        self.run(place, hops)
+        self.run(place, hops, fire)
     }
 
-    /// [`detect`](Self::detect)'s first half: finds `flow`'s state, or makes it for the first
-    /// rule that covers the flow, as of `now`. A caller that has other work before it has the
-    /// hops does it between the halves, while the state comes from memory.
+    /// [`detect`](Self::detect)'s first half: finds `flow`'s first state, or matches the rules
+    /// and makes it for the first that covers the flow, as of `now`. A caller that has other
+    /// work before it has the hops does it between the halves, while the state comes from
+    /// memory.
     pub fn place(&mut self, flow: &FlowKey, now: u64) -> Place {
-        let hash = flow_hash(flow) | 1;
+        let hash = flow_hash(flow);
+        let slot = match self.probe(flow, hash, 0) {
+            Probe::Found(i) => i,
+            Probe::Vacant(i) => {
+                let rule = self.next_match(flow, 0);
+                if rule == LAST {
+                    self.counts.unmatched += 1;
+                    return Place::Unwatched;
+                }
+                self.put(i, flow, hash, 0, rule);
+                i
+            }
+        };
+        self.tags[slot].seen_ns = now;
+        Place::Flow { slot, hash, now }
+    }
+
+    /// [`detect`](Self::detect)'s second half: the detectors of the flow at `place` on `hops`,
+    /// in rule order, each detection handed to `fire`. The flow's states after the first are
+    /// found by the chain, each put back (its rule known) if it was pushed out.
+    pub fn run(
+        &mut self,
+        place: Place,
+        hops: &[Hop],
+        mut fire: impl FnMut(u16, Detection),
+    ) -> Outcome {
+        let Place::Flow { mut slot, hash, now } = place else { return Outcome::Unwatched };
+        let mut fired = 0;
+        // `get_mut`: a place from before the table changed ends the chain, never panics.
+        while let Some(e) = self.entries.get_mut(slot) {
+            if let Some(d) = self
+                .rules
+                .get(usize::from(e.rule))
+                .and_then(|r| r.detector.detect(hops, &mut e.state))
+            {
+                fired += 1;
+                fire(e.rule, d);
+            }
+            if e.next == LAST {
+                break;
+            }
+            let (key, nth, next) = (e.key, e.nth + 1, e.next);
+            slot = match self.probe(&key, hash, nth) {
+                Probe::Found(i) => i,
+                Probe::Vacant(i) => {
+                    self.put(i, &key, hash, nth, next);
+                    i
+                }
+            };
+            self.tags[slot].seen_ns = now;
+        }
+        match fired {
+            0 => Outcome::Quiet,
+            n => Outcome::Fired(n),
+        }
+    }
+
+    /// Where `flow`'s `nth` state is, or the slot for it: the first free one of its probes,
+    /// else the one seen least recently.
+    fn probe(&self, flow: &FlowKey, hash: u64, nth: u16) -> Probe {
+        let want = tag(hash, nth);
         let mask = self.tags.len() - 1;
-        let start = (hash as usize) & mask;
+        let start = (hash as usize).wrapping_add(usize::from(nth)) & mask;
         let mut victim = start;
-        let mut at = None;
         for p in 0..PROBES {
             let i = (start + p) & mask;
             let t = self.tags[i];
-            if t.hash == hash && self.entries[i].key == *flow {
-                at = Some(i);
-                break;
+            if t.hash == want && self.entries[i].key == *flow && self.entries[i].nth == nth {
+                return Probe::Found(i);
             }
             if t.hash == 0 {
-                victim = i;
-                break;
+                return Probe::Vacant(i);
             }
             if t.seen_ns < self.tags[victim].seen_ns {
                 victim = i;
             }
         }
-        let i = match at {
-            Some(i) => i,
-            None => {
-                let Some(rule) = self.rules.iter().position(|r| r.matches(flow)) else {
-                    self.counts.unmatched += 1;
-                    return Place::Unwatched;
-                };
-                if self.tags[victim].hash == 0 {
-                    self.counts.flows += 1;
-                } else {
-                    self.counts.evicted += 1;
-                }
-                self.tags[victim].hash = hash;
-                self.entries[victim] =
-                    Entry { key: *flow, rule: rule as u16, state: FlowState::EMPTY };
-                victim
-            }
-        };
-        self.tags[i].seen_ns = now;
-        Place::Entry(i)
+        Probe::Vacant(victim)
     }
 
-    /// [`detect`](Self::detect)'s second half: the detector of the flow at `place` on `hops`.
-    pub fn run(&mut self, place: Place, hops: &[Hop]) -> Outcome {
-        let Place::Entry(i) = place else { return Outcome::Unwatched };
-        let Some(s) = self.entries.get_mut(i) else { return Outcome::Unwatched };
-        let rule = usize::from(s.rule);
-        match self.rules.get(rule).and_then(|r| r.detector.detect(hops, &mut s.state)) {
-            Some(d) => Outcome::Event(rule, d),
-            None => Outcome::Quiet,
+    /// Puts `flow`'s `nth` state, for `rule`, at `slot` (pushing out what is there), with the
+    /// next rule that matches the flow: the one rule match each state costs.
+    fn put(&mut self, slot: usize, flow: &FlowKey, hash: u64, nth: u16, rule: u32) {
+        if self.tags[slot].hash == 0 {
+            self.counts.states += 1;
+        } else {
+            self.counts.evicted += 1;
+            if self.entries[slot].nth == 0 {
+                self.counts.flows -= 1;
+            }
         }
+        if nth == 0 {
+            self.counts.flows += 1;
+        }
+        let next = self.next_match(flow, rule as usize + 1);
+        self.tags[slot].hash = tag(hash, nth);
+        self.entries[slot] =
+            Entry { key: *flow, nth, rule: rule as u16, next, state: FlowState::EMPTY };
+    }
+
+    /// The index of the first rule from `from` on that matches `flow`, or [`LAST`].
+    fn next_match(&self, flow: &FlowKey, from: usize) -> u32 {
+        let end = self.rules.len().min(MAX_RULES);
+        let from = from.min(end);
+        self.rules[from..end]
+            .iter()
+            .position(|r| r.matches(flow))
+            .map_or(LAST, |i| (from + i) as u32)
     }
 }
 
 /// Where a flow's detector state is ([`Detectors::place`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Place {
-    /// At this entry of the table.
-    Entry(usize),
+    /// The flow's first state is at `slot`; `hash` and `now` find and stamp the others.
+    Flow {
+        /// Index of the first state.
+        slot: usize,
+        /// The flow's hash.
+        hash: u64,
+        /// When the packet was seen.
+        now: u64,
+    },
     /// Nowhere: no rule covers the flow.
     Unwatched,
 }
@@ -378,7 +498,8 @@ pub struct Event {
     pub time_ns: u64,
     /// The flow.
     pub flow: FlowKey,
-    /// Index of the rule that fired, or `None` for a report a switch already filtered.
+    /// Index of the rule that fired (a packet that fires several rules makes one event for
+    /// each), or `None` for a report a switch already filtered.
     pub rule: Option<u16>,
     /// What fired.
     pub detection: Detection,
@@ -458,44 +579,145 @@ mod tests {
         [h]
     }
 
+    fn rule(flows: &str, detector: &str, threshold: Option<&str>) -> DetectRule {
+        let metric = threshold.map(|_| "hop_latency");
+        DetectRule::from_config(flows, detector, metric, threshold, None, None).unwrap()
+    }
+
+    /// Runs `flow`'s detectors on one packet: each (rule, value) that fired, and the outcome.
+    fn fired(
+        d: &mut Detectors,
+        flow: &FlowKey,
+        latency: u64,
+        now: u64,
+    ) -> (Vec<(u16, u64)>, Outcome) {
+        let mut v = Vec::new();
+        let out = d.detect(flow, &hops(latency), now, |r, det| v.push((r, det.value)));
+        (v, out)
+    }
+
     #[test]
     fn rules_pick_detectors_per_flow() {
         let rules = vec![
-            DetectRule::from_config(
-                "src=10.0.0.1",
-                "per_flow",
-                Some("hop_latency"),
-                Some("10us"),
-                None,
-                None,
-            )
-            .unwrap(),
-            DetectRule::from_config("src=10.0.0.0/24", "noop", None, None, None, None).unwrap(),
+            rule("src=10.0.0.1", "per_flow", Some("10us")),
+            rule("src=10.0.0.0/24", "noop", None),
         ];
         let mut d = Detectors::new(rules, 16);
-        assert!(matches!(d.detect(&flow(1), &hops(5_000), 1), Outcome::Quiet));
-        assert!(matches!(d.detect(&flow(1), &hops(20_000), 2), Outcome::Event(0, _)));
-        assert!(matches!(d.detect(&flow(2), &hops(0), 3), Outcome::Event(1, _)));
+        // flow 1 runs both rules, flow 2 the second only, 192.0.2.1 none.
+        assert_eq!(fired(&mut d, &flow(1), 5_000, 1), (vec![(1, 0)], Outcome::Fired(1)));
+        assert_eq!(
+            fired(&mut d, &flow(1), 20_000, 2),
+            (vec![(0, 20_000), (1, 0)], Outcome::Fired(2))
+        );
+        assert_eq!(fired(&mut d, &flow(2), 0, 3), (vec![(1, 0)], Outcome::Fired(1)));
         let other = FlowKey { src: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)), ..flow(1) };
-        assert_eq!(d.detect(&other, &hops(0), 4), Outcome::Unwatched);
-        assert_eq!(d.counts(), TableCounts { flows: 2, evicted: 0, unmatched: 1 });
-        let Outcome::Event(rule, det) = d.detect(&flow(1), &hops(50_000), 5) else { panic!() };
+        assert_eq!(fired(&mut d, &other, 0, 4), (vec![], Outcome::Unwatched));
+        assert_eq!(d.counts(), TableCounts { flows: 2, states: 3, evicted: 0, unmatched: 1 });
+        let mut events = Vec::new();
+        d.detect(&flow(1), &hops(50_000), 5, |r, det| {
+            events.push(Event::new(5, flow(1), Some(r), det, &hops(50_000)).record("sink", &[]))
+        });
+        assert_eq!(events.len(), 2);
         let r =
-            Event::new(5, flow(1), Some(rule as u16), det, &hops(50_000)).record("sink", d.rules());
+            Event::new(5, flow(1), Some(0), Detection { value: 50_000, hop: None }, &hops(50_000))
+                .record("sink", d.rules());
         assert_eq!((r.detector.as_str(), r.metric.as_deref()), ("per_flow", Some("hop_latency")));
         assert_eq!((r.value, r.threshold), (50_000, Some(10_000)));
         assert_eq!(r.path[0].switch_id, Some(7));
     }
 
     #[test]
+    fn every_matching_rule_fires_from_its_own_state() {
+        // The case: a rule for every flow and one for UDP on the same metric, with
+        // thresholds 10 us and 30 us, and a rule (TCP) the flow does not match in between.
+        let rules = vec![
+            rule("*", "per_flow", Some("10us")),
+            rule("proto=tcp", "noop", None),
+            rule("proto=udp", "per_flow", Some("30us")),
+        ];
+        let mut d = Detectors::new(rules.clone(), 64);
+        let udp = flow(1);
+        // Each rule's stored value, by hand (both start at 0): 20 moves rule 0's (0 -> 20)
+        // only; 40 moves both (20 -> 40 past 10, 0 -> 40 past 30); 45 neither; 5 both.
+        for (latency, want) in [
+            (20_000, vec![(0, 20_000)]),
+            (40_000, vec![(0, 40_000), (2, 40_000)]),
+            (45_000, vec![]),
+            (5_000, vec![(0, 5_000), (2, 5_000)]),
+            (14_000, vec![]),
+            (16_000, vec![(0, 16_000)]),
+        ] {
+            let (got, out) = fired(&mut d, &udp, latency, latency);
+            let n = want.len() as u32;
+            assert_eq!(got, want, "latency {latency}");
+            assert_eq!(out, if n == 0 { Outcome::Quiet } else { Outcome::Fired(n) });
+        }
+        // A TCP flow runs rules 0 and 1, not 2.
+        let tcp = FlowKey { proto: 6, ..flow(2) };
+        assert_eq!(fired(&mut d, &tcp, 40_000, 100).0, [(0, 40_000), (1, 0)]);
+        assert_eq!(d.counts(), TableCounts { flows: 2, states: 4, evicted: 0, unmatched: 0 });
+        // Each event names the rule that fired it: rule 2's threshold, not rule 0's.
+        let det = Detection { value: 40_000, hop: None };
+        let r = Event::new(0, udp, Some(2), det, &hops(40_000)).record("sink", &rules);
+        assert_eq!((r.detector.as_str(), r.threshold), ("per_flow", Some(30_000)));
+    }
+
+    #[test]
+    fn new_rules_are_matched_again_and_start_from_zero() {
+        let mut d =
+            Detectors::new(vec![rule("*", "noop", None), rule("proto=udp", "noop", None)], 64);
+        assert_eq!(fired(&mut d, &flow(1), 0, 1).0, [(0, 0), (1, 0)]);
+        // Rule 1 now covers TCP: the UDP flow's second state goes with it.
+        d.set_rules(vec![rule("*", "noop", None), rule("proto=tcp", "noop", None)]);
+        assert_eq!(d.counts().states, 0);
+        assert_eq!(fired(&mut d, &flow(1), 0, 2).0, [(0, 0)]);
+        assert_eq!(fired(&mut d, &flow(1), 0, 3).0, [(0, 0)]);
+        // A rule that came to match a flow runs from the flow's next packet, from zero.
+        d.set_rules(vec![rule("proto=udp", "per_flow", Some("10us")), rule("*", "noop", None)]);
+        assert_eq!(fired(&mut d, &flow(1), 20_000, 4).0, [(0, 20_000), (1, 0)]);
+        assert_eq!(fired(&mut d, &flow(1), 20_000, 5).0, [(1, 0)]);
+        // The same rules again: the stored 20 us is gone, so 20 us fires again.
+        d.set_rules(d.rules().to_vec());
+        assert_eq!(fired(&mut d, &flow(1), 20_000, 6).0, [(0, 20_000), (1, 0)]);
+        assert_eq!(d.counts(), TableCounts { flows: 1, states: 2, evicted: 0, unmatched: 0 });
+    }
+
+    #[test]
+    fn more_rules_than_probes_all_run() {
+        // 12 rules for every flow: more than one probe window; each runs, in order, on every
+        // packet, and the second packet finds all 12 states.
+        let rules = vec![rule("*", "noop", None); 12];
+        let mut d = Detectors::new(rules, 64);
+        let order: Vec<(u16, u64)> = (0..12).map(|r| (r, 0)).collect();
+        assert_eq!(fired(&mut d, &flow(1), 0, 1), (order.clone(), Outcome::Fired(12)));
+        assert_eq!(fired(&mut d, &flow(1), 0, 2), (order, Outcome::Fired(12)));
+        assert_eq!(d.counts(), TableCounts { flows: 1, states: 12, evicted: 0, unmatched: 0 });
+    }
+
+    #[test]
     fn a_full_table_evicts_the_stalest() {
-        let rules = vec![DetectRule::from_config("*", "noop", None, None, None, None).unwrap()];
+        let rules = vec![rule("*", "noop", None)];
         let mut d = Detectors::new(rules, 8);
         for n in 0..40 {
-            d.detect(&flow(n), &hops(0), u64::from(n));
+            d.detect(&flow(n), &hops(0), u64::from(n), |_, _| {});
         }
         let c = d.counts();
         assert!(c.flows <= 8 && c.evicted >= 32, "{c:?}");
+    }
+
+    #[test]
+    fn two_rules_per_flow_stay_within_the_table_and_every_eviction_counts() {
+        // 8 slots, 2 states a flow: 40 new flows make 80 states, 8 of them into free slots.
+        let rules = vec![rule("*", "noop", None), rule("proto=udp", "per_flow", Some("1us"))];
+        let mut d = Detectors::new(rules, 8);
+        for n in 0..40 {
+            let (got, _) = fired(&mut d, &flow(n), 10_000, u64::from(n) + 1);
+            // Both fire from a fresh state, whatever was pushed out for them.
+            assert_eq!(got, [(0, 0), (1, 10_000)], "flow {n}");
+        }
+        let c = d.counts();
+        assert_eq!((c.states, c.evicted), (8, 72), "{c:?}");
+        assert!((1..=4).contains(&c.flows), "{c:?}");
     }
 
     #[test]
