@@ -225,6 +225,18 @@ fn whole(u: &Batch) -> LinkBatch {
 mod tests {
     use super::*;
 
+    /// A point's batches with one more packet of `color` at `t`: a batch ends where the next
+    /// color begins.
+    fn add(v: &mut Vec<Batch>, color: u8, t: u64) {
+        match v.last_mut() {
+            Some(x) if x.color == color => {
+                x.observed += 1;
+                x.last_ns = t;
+            }
+            _ => v.push(Batch { color, first_ns: t, last_ns: t, observed: 1, late: 0 }),
+        }
+    }
+
     /// A path: `sent` packets of one flow, 100 µs apart, marked in batches of `b`, packet `i`
     /// delayed by `delay(i)` in order; packets whose index `lose` picks are lost. Returns both
     /// points' batches as each would close them (a batch ends where the next color begins).
@@ -236,13 +248,6 @@ mod tests {
     ) -> (Vec<Batch>, Vec<Batch>) {
         let mut up: Vec<Batch> = Vec::new();
         let mut down: Vec<Batch> = Vec::new();
-        let add = |v: &mut Vec<Batch>, color: u8, t: u64| match v.last_mut() {
-            Some(x) if x.color == color => {
-                x.observed += 1;
-                x.last_ns = t;
-            }
-            _ => v.push(Batch { color, first_ns: t, last_ns: t, observed: 1, late: 0 }),
-        };
         let mut arrived = 0; // a FIFO path: no packet overtakes another
         for i in 0..sent {
             let (color, t) = (((i / b) % 2) as u8, 1_000_000 + i * 100_000);
@@ -342,13 +347,6 @@ mod tests {
         let lost = rnd_lose.iter().filter(|l| **l).count() as u64;
         let mut up: Vec<Batch> = Vec::new();
         let mut down: Vec<Batch> = Vec::new();
-        let add = |v: &mut Vec<Batch>, color: u8, t: u64| match v.last_mut() {
-            Some(x) if x.color == color => {
-                x.observed += 1;
-                x.last_ns = t;
-            }
-            _ => v.push(Batch { color, first_ns: t, last_ns: t, observed: 1, late: 0 }),
-        };
         let mut arrived = 0;
         for i in 0..4000u64 {
             let (color, t) = (((i / 100) % 2) as u8, 1_000_000 + i * 100_000);
