@@ -22,6 +22,14 @@ pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
     }
 }
 
+/// Parses a duration as [`parse_duration_ns`] does, refusing zero (an interval, a timeout).
+pub fn parse_positive_duration_ns(s: &str) -> Result<u64, String> {
+    match parse_duration_ns(s)? {
+        0 => Err(format!("{s:?}: must be more than zero")),
+        ns => Ok(ns),
+    }
+}
+
 /// Parses a size in bytes: a number with a unit `B`, `KB`, `MB` or `GB` (powers of 1000;
 /// bytes when there is none), or `KiB`, `MiB`, `GiB` (powers of 1024), e.g. `150KB`.
 /// Times are not sizes: `10ms` is refused.

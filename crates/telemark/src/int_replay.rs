@@ -88,7 +88,7 @@ fn udp_datagram(frame: &[u8], link: LinkType) -> Option<(IpAddr, u16, &[u8])> {
 
 /// Runs the capture through the collector and prints what it found.
 pub fn run(a: Args) -> Result<()> {
-    let cfg = crate::int_collector::offline(a.config.clone(), a.strict, a.allow.clone())?;
+    let cfg = telemark_int_collector::offline(a.config.clone(), a.strict, a.allow.clone())?;
     let mut input = Input::open(&a.capture)?;
     let link = input.link;
     let mut c = Collector::new(Detectors::new(cfg.rules.clone(), cfg.flows), cfg.mode)
@@ -106,7 +106,7 @@ pub fn run(a: Args) -> Result<()> {
             input.skip("other_port", 1);
             continue;
         }
-        if !crate::int_collector::sender_allowed(&cfg.allow, src) {
+        if !telemark_int_collector::sender_allowed(&cfg.allow, src) {
             c.not_allowed();
             continue;
         }

@@ -17,8 +17,6 @@ mod eval_sketch;
 mod export;
 mod gen;
 mod input;
-mod int_collector;
-mod int_control;
 mod int_replay;
 mod opts;
 mod replay;
@@ -64,7 +62,7 @@ enum Cmd {
     BenchInt(bench_int::Args),
     /// The INT report collector: Telemetry Reports over UDP, per-flow event detection where
     /// the switches did not filter, events to the collector, /metrics.
-    IntCollector(int_collector::Args),
+    IntCollector(telemark_int_collector::Args),
     /// A capture of Telemetry Reports through the INT report collector's own code, driven by
     /// the capture's timestamps: the events and the lost reports it would count.
     IntReplay(int_replay::Args),
@@ -111,7 +109,7 @@ fn main() {
         Cmd::Collector(a) => collector::run(a),
         Cmd::Agent(a) => agent::run(a),
         Cmd::Demo(a) => demo::run(a),
-        Cmd::IntCollector(a) => int_collector::run(a),
+        Cmd::IntCollector(a) => telemark_int_collector::run(a),
         Cmd::IntReplay(a) => int_replay::run(a),
         Cmd::BenchInt(a) => bench_int::run(a),
         Cmd::BenchKafka(a) => bench_kafka::run(a),

@@ -48,12 +48,7 @@ impl LossOpts {
 }
 
 /// Parses a non-zero duration (`1s`, `250ms`, `20us`; seconds without a unit).
-pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
-    match telemark_core::units::parse_duration_ns(s)? {
-        0 => Err(format!("{s:?}: must be more than zero")),
-        ns => Ok(ns),
-    }
-}
+pub use telemark_core::units::parse_positive_duration_ns as parse_duration_ns;
 
 /// Parses `PLACE=P` or `PLACE=P:BURST` (drop probability, mean burst length).
 pub fn parse_drop(
