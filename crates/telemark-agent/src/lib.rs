@@ -6,7 +6,6 @@ pub mod flow_export;
 pub mod kafka_out;
 mod metrics;
 pub mod run;
-pub mod traffic;
 
 pub use config::{AgentConfig, FileConfig};
 pub use run::{Agent, AgentStats, ExportStats, PathStats};

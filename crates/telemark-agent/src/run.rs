@@ -268,9 +268,20 @@ pub struct Agent {
     flow_export: Option<JoinHandle<()>>,
 }
 
-/// The aggregator's points for the configuration, and for each input port the switch
-/// configuration's point numbers (marker, ingress, egress) or the tap's point.
-fn layout(cfg: &AgentConfig) -> (Vec<PointSpec>, Vec<(u8, u8, u8)>) {
+/// An input port's observation points, as numbered in the aggregator.
+#[derive(Debug, Clone, Copy)]
+struct PortPoints {
+    /// Where this agent colours the port's arriving traffic; `None`: it does not mark it.
+    marker: Option<u8>,
+    /// Where the port's arriving traffic is counted in (a tap's one point).
+    ingress: u8,
+    /// Where it is counted out, at the pair's other port; `None` for a tap.
+    egress: Option<u8>,
+}
+
+/// The aggregator's points for the configuration, and each input port's points (pair ports
+/// first, then taps).
+fn layout(cfg: &AgentConfig) -> (Vec<PointSpec>, Vec<PortPoints>) {
     let mut pts: Vec<PointSpec> = Vec::new();
     let add = |pts: &mut Vec<PointSpec>, name: &str, port: &str, up, marker, label| {
         pts.push(PointSpec {
@@ -293,12 +304,12 @@ fn layout(cfg: &AgentConfig) -> (Vec<PointSpec>, Vec<(u8, u8, u8)>) {
             let m = mark.then(|| add(&mut pts, "marker", inp, None, true, None));
             let i = add(&mut pts, "ingress", inp, m, false, label.clone().filter(|_| !mark));
             let e = add(&mut pts, "egress", out, Some(i), false, None);
-            per_port.push((m.unwrap_or(u8::MAX), i, e));
+            per_port.push(PortPoints { marker: m, ingress: i, egress: Some(e) });
         }
     }
     for t in &cfg.taps {
         let i = add(&mut pts, "tap", &t.port, None, false, t.upstream.clone());
-        per_port.push((u8::MAX, i, u8::MAX));
+        per_port.push(PortPoints { marker: None, ingress: i, egress: None });
     }
     (pts, per_port)
 }
@@ -354,18 +365,17 @@ impl Agent {
         };
         let mut procs = Vec::new();
         let int_port = cfg.int.as_ref().and_then(|i| i.cfg.signal.udp_port);
-        for (i, (m, ing, eg)) in per_port.iter().enumerate() {
-            if i < 2 * cfg.pairs.len() {
-                let mark = *m != u8::MAX;
+        for (i, pp) in per_port.iter().enumerate() {
+            if let Some(egress) = pp.egress {
                 let sw = Switch::new(
                     SwitchConfig {
                         link: LinkType::Ethernet,
                         action: Action::NoAction,
                         loss: Some(cfg.loss).filter(|_| cfg.measure),
-                        mark,
+                        mark: pp.marker.is_some(),
                         default_port: (i ^ 1) as u16,
                         learn: true,
-                        points: (if mark { *m } else { 0 }, *ing, *eg),
+                        points: (pp.marker.unwrap_or(0), pp.ingress, egress),
                         int_port,
                     },
                     cfg.loss.table_size,
@@ -374,7 +384,7 @@ impl Agent {
                 procs.push(Proc::Switch(Box::new(sw)));
             } else {
                 procs.push(Proc::Tap(
-                    Box::new(AnyColorTable::new(&cfg.loss, *ing)),
+                    Box::new(AnyColorTable::new(&cfg.loss, pp.ingress)),
                     TapKeys { color_bit: cfg.loss.color_bit, int_port },
                 ));
             }
@@ -597,8 +607,8 @@ impl Drop for Agent {
 }
 
 struct FastPath {
-    /// Each port's point numbers (marker, ingress, egress; `u8::MAX`: none).
-    points: Vec<(u8, u8, u8)>,
+    /// Each input port's points.
+    points: Vec<PortPoints>,
     rxs: Vec<RxRing>,
     egress: Egress,
     procs: Vec<Proc>,
@@ -722,7 +732,6 @@ impl FastPath {
                 p.data.clear();
                 p.data.extend_from_slice(frame);
                 p.ts_ns = ts;
-                p.batch = None;
                 n += 1;
             }
             if n == BURST {
@@ -772,7 +781,7 @@ impl FastPath {
             s.tx += st.tx;
             s.tx_drops += st.tx_full + st.tx_too_big + st.tx_errors;
         }
-        for (p, &(_, ing, eg)) in self.procs.iter().zip(&self.points) {
+        for (p, pp) in self.procs.iter().zip(&self.points) {
             match p {
                 Proc::Switch(sw) => {
                     let st: SwitchStats = sw.stats();
@@ -782,13 +791,14 @@ impl FastPath {
                     s.unlearned += st.unlearned;
                     // Both points share the switch's flow table.
                     let (held, cap) = (sw.routes() as u64, sw.capacity() as u64);
-                    if let Some([i, e]) = sw.point_stats() {
-                        s.points.push((ing, i, held, cap));
+                    if let (Some([i, e]), Some(eg)) = (sw.point_stats(), pp.egress) {
+                        s.points.push((pp.ingress, i, held, cap));
                         s.points.push((eg, e, held, cap));
                     }
                 }
                 Proc::Tap(t, _) => {
-                    s.points.push((ing, t.stats(), t.occupancy() as u64, t.capacity() as u64));
+                    let (held, cap) = (t.occupancy() as u64, t.capacity() as u64);
+                    s.points.push((pp.ingress, t.stats(), held, cap));
                 }
             }
         }
@@ -821,7 +831,7 @@ fn run_burst(
     match proc {
         Proc::Switch(sw) => {
             out.0.clear();
-            sw.process(pkts, sink, out, |_, _| false);
+            sw.process(pkts, sink, out);
             // The flow meter first (before egress may change a frame), timed per burst: its
             // own `cost` stage.
             if let Some(m) = meter.as_mut() {

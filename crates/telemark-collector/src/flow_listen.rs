@@ -21,13 +21,13 @@ use crate::flows::{Budget, Decoder, ExportedFlow, Limits, Refusal};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Read as _;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::os::fd::FromRawFd;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use telemark_core::records::{Flow, FlowExport, FlowRecord, Record};
+use telemark_socket::udp::{RxOptions, UdpRx};
 use telemark_wire::ipfix::TemplateRecord;
 
 /// Listener settings.
@@ -398,7 +398,7 @@ pub fn start(
             }
         }
         let stop = stop.clone();
-        threads.push(std::thread::spawn(move || w.run(&sock, &stop)));
+        threads.push(std::thread::spawn(move || w.run(sock, &stop)));
     }
     drop(restored);
     // One thread per IPFIX-over-TCP session, its templates its own (RFC 7011 §8: a template
@@ -545,180 +545,19 @@ fn take_slot(
     }
 }
 
-/// A UDP socket with SO_REUSEPORT, SO_RCVBUF and SO_RXQ_OVFL set before it binds.
-fn bind(addr: SocketAddr, rcvbuf: usize) -> std::io::Result<UdpSocket> {
-    let family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
-    // SAFETY: a plain socket call; the descriptor is owned by the UdpSocket made from it below
-    // (or closed on error).
-    let fd = unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd is a socket we own; from here on the UdpSocket closes it.
-    let sock = unsafe { UdpSocket::from_raw_fd(fd) };
-    let set = |opt: libc::c_int, v: libc::c_int| -> std::io::Result<()> {
-        // SAFETY: the option value is a c_int that lives across the call.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                opt,
-                (&v as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    };
-    set(libc::SO_REUSEPORT, 1)?;
-    set(libc::SO_RCVBUF, i32::try_from(rcvbuf).unwrap_or(i32::MAX))?;
-    set(libc::SO_RXQ_OVFL, 1)?;
-    let (storage, len) = sockaddr(addr);
-    // SAFETY: storage holds a sockaddr of `len` bytes for this family.
-    let rc = unsafe { libc::bind(fd, (&storage as *const libc::sockaddr_storage).cast(), len) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    sock.set_read_timeout(Some(Duration::from_millis(200)))?;
-    Ok(sock)
-}
-
-fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: all-zero is a valid sockaddr_storage.
-    let mut s: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
-            let sin = unsafe {
-                &mut *(&mut s as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
-            };
-            sin.sin_family = libc::AF_INET as libc::sa_family_t;
-            sin.sin_port = a.port().to_be();
-            sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            // SAFETY: as above, for sockaddr_in6.
-            let sin6 = unsafe {
-                &mut *(&mut s as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
-            };
-            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-            sin6.sin6_port = a.port().to_be();
-            sin6.sin6_addr.s6_addr = a.ip().octets();
-            sin6.sin6_scope_id = a.scope_id();
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (s, len as libc::socklen_t)
-}
-
 /// Datagrams read per system call (`recvmmsg`).
 const RECV_BATCH: usize = 16;
 
-/// Buffers for [`RECV_BATCH`] datagrams, their senders, and the socket's drop counter.
-struct Receiver {
-    bufs: Vec<Vec<u8>>,
-    names: Vec<libc::sockaddr_storage>,
-    controls: Vec<[u64; 8]>,
-    iovs: Vec<libc::iovec>,
-    hdrs: Vec<libc::mmsghdr>,
-}
-
-impl Receiver {
-    fn new() -> Receiver {
-        // SAFETY: all-zero is valid for these C structs.
-        let zero_name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        let zero_hdr: libc::mmsghdr = unsafe { std::mem::zeroed() };
-        Receiver {
-            bufs: (0..RECV_BATCH).map(|_| vec![0u8; 65_536]).collect(),
-            names: vec![zero_name; RECV_BATCH],
-            controls: vec![[0u64; 8]; RECV_BATCH],
-            iovs: (0..RECV_BATCH)
-                .map(|_| libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 })
-                .collect(),
-            hdrs: vec![zero_hdr; RECV_BATCH],
-        }
-    }
-
-    /// Waits (up to the socket's timeout) for one datagram, then takes what else is queued,
-    /// up to [`RECV_BATCH`]; how many.
-    fn recv(&mut self, sock: &UdpSocket) -> std::io::Result<usize> {
-        use std::os::fd::AsRawFd;
-        for i in 0..RECV_BATCH {
-            self.iovs[i] = libc::iovec {
-                iov_base: self.bufs[i].as_mut_ptr().cast(),
-                iov_len: self.bufs[i].len(),
-            };
-            let h = &mut self.hdrs[i].msg_hdr;
-            h.msg_name = (&mut self.names[i] as *mut libc::sockaddr_storage).cast();
-            h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_iov = &mut self.iovs[i];
-            h.msg_iovlen = 1;
-            h.msg_control = self.controls[i].as_mut_ptr().cast();
-            h.msg_controllen = std::mem::size_of::<[u64; 8]>();
-            h.msg_flags = 0;
-            self.hdrs[i].msg_len = 0;
-        }
-        // SAFETY: every header points into buffers of self that outlive the call, sized as
-        // said; the kernel writes at most RECV_BATCH headers.
-        let n = unsafe {
-            libc::recvmmsg(
-                sock.as_raw_fd(),
-                self.hdrs.as_mut_ptr(),
-                RECV_BATCH as libc::c_uint,
-                libc::MSG_WAITFORONE,
-                std::ptr::null_mut(),
-            )
-        };
-        if n < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(n as usize)
-    }
-
-    /// Datagram `i` of the last [`Receiver::recv`]: its bytes, its sender, and the socket's
-    /// count of datagrams dropped for a full buffer (`SO_RXQ_OVFL`), when the kernel gave it.
-    fn datagram(&self, i: usize) -> (&[u8], SocketAddr, Option<u32>) {
-        let h = &self.hdrs[i];
-        let len = (h.msg_len as usize).min(self.bufs[i].len());
-        let mut dropped = None;
-        // SAFETY: the CMSG macros walk the control buffer the kernel filled, within
-        // msg_controllen.
-        unsafe {
-            let mut c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SO_RXQ_OVFL {
-                    dropped = Some(std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<u32>()));
-                }
-                c = libc::CMSG_NXTHDR(&h.msg_hdr, c);
-            }
-        }
-        (&self.bufs[i][..len], peer(&self.names[i]), dropped)
-    }
-}
-
-/// The address and port in a sockaddr the kernel filled (IPv4-mapped IPv6 as IPv4).
-fn peer(from: &libc::sockaddr_storage) -> SocketAddr {
-    match i32::from(from.ss_family) {
-        libc::AF_INET => {
-            // SAFETY: the kernel wrote a sockaddr_in.
-            let sin =
-                unsafe { &*(from as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
-            let ip = IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes());
-            SocketAddr::new(ip, u16::from_be(sin.sin_port))
-        }
-        _ => {
-            // SAFETY: the kernel wrote a sockaddr_in6.
-            let sin6 =
-                unsafe { &*(from as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
-            let v6 = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            let ip = v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4);
-            SocketAddr::new(ip, u16::from_be(sin6.sin6_port))
-        }
-    }
+/// A flow worker's socket: `SO_REUSEPORT` (workers share the port), the configured receive
+/// buffer, the kernel's overflow counter, and room for the largest UDP datagram.
+fn bind(addr: SocketAddr, rcvbuf: usize) -> std::io::Result<UdpRx> {
+    let opts = RxOptions {
+        batch: RECV_BATCH,
+        rcvbuf,
+        timeout: Duration::from_millis(200),
+        max_datagram: 65_535,
+    };
+    UdpRx::bind(addr, opts)
 }
 
 /// What a receiver hands the storing thread.
@@ -881,19 +720,19 @@ impl Worker {
         self.hand_over();
     }
 
-    fn run(&mut self, sock: &UdpSocket, stop: &AtomicBool) {
-        let mut rx = Receiver::new();
+    fn run(&mut self, mut rx: UdpRx, stop: &AtomicBool) {
         let mut last_handed = Instant::now();
         while !stop.load(Ordering::Relaxed) {
-            match rx.recv(sock) {
+            match rx.recv() {
                 Ok(n) => {
+                    // The kernel's count is cumulative for the socket (and wraps at 2^32).
+                    let d = rx.kernel_drops() as u32;
+                    let new = d.wrapping_sub(self.last_overflow);
+                    self.last_overflow = d;
+                    self.stats.overflows.fetch_add(u64::from(new), Ordering::Relaxed);
                     for i in 0..n {
-                        let (bytes, from, dropped) = rx.datagram(i);
-                        if let Some(d) = dropped {
-                            let new = d.wrapping_sub(self.last_overflow);
-                            self.last_overflow = d;
-                            self.stats.overflows.fetch_add(u64::from(new), Ordering::Relaxed);
-                        }
+                        let (bytes, _) = rx.datagram(i);
+                        let Some(from) = rx.source(i) else { continue };
                         if self.allow.is_empty() || self.allow.iter().any(|p| p.contains(from.ip()))
                         {
                             self.decode(from, bytes);
@@ -902,11 +741,6 @@ impl Worker {
                         }
                     }
                 }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) => {}
                 Err(e) => {
                     tracing::warn!("flows: receive: {e}");
                     std::thread::sleep(Duration::from_millis(100));

@@ -961,18 +961,27 @@ impl Store {
         let (mut published, mut unpublished) = (0u64, 0u64);
         {
             let mut loss = tx.prepare_cached(
-                "INSERT OR IGNORE INTO loss VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,
-                 ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)",
+                "INSERT OR IGNORE INTO loss (agent, boot, seq, port, point, upstream,
+                    src, dst, sport, dport, proto, spi, si, color, batch, first_ns, last_ns,
+                    expected, observed, lost, late, uncertain, scope, tail)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)",
             )?;
-            let mut other =
-                tx.prepare_cached("INSERT OR IGNORE INTO other VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?;
+            let mut other = tx.prepare_cached(
+                "INSERT OR IGNORE INTO other (agent, boot, seq, kind, time_ns, json)
+                    VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?;
             let mut flows = tx.prepare_cached(
-                "INSERT OR IGNORE INTO flows VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13,
-                 ?14, ?15, ?16)",
+                "INSERT OR IGNORE INTO flows (time_ns, agent, boot, seq, port, point, direction,
+                    src, dst, sport, dport, proto, packets, bytes, exact, error_bound)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
             )?;
             let mut hours = tx.prepare_cached(
-                "INSERT INTO flow_hours VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12,
-                 1, ?13, ?14, ?15, ?16, ?17, ?18)
+                "INSERT INTO flow_hours (hour, src, dst, sport, dport, proto, spi, si, agent,
+                    point, upstream, scope, batches, lossy_batches, expected, lost, uncertain,
+                    first_ns, last_ns)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, 1, ?13, ?14, ?15,
+                    ?16, ?17, ?18)
                  ON CONFLICT DO UPDATE SET batches = batches + 1,
                     lossy_batches = lossy_batches + excluded.lossy_batches,
                     expected = MIN(expected + excluded.expected, 9223372036854775807),
@@ -987,6 +996,11 @@ impl Store {
             )?;
             for (seq, r) in records {
                 let s = i(seq);
+                // Every record but loss is kept whole, as JSON, under its kind and time.
+                let mut as_other = |kind: &str, t: u64| {
+                    let json = serde_json::to_string(r).unwrap_or_default();
+                    other.execute(params![agent, i(boot), s, kind, i(t), json])
+                };
                 let added = match r {
                     Record::Loss(l) => loss.execute(params![
                         agent,
@@ -1014,23 +1028,18 @@ impl Store {
                         l.scope.as_str(),
                         l.tail,
                     ])?,
-                    other_rec => {
-                        let (kind, t) = match other_rec {
-                            Record::Summary(s) => ("summary", s.interval_end_ns),
-                            Record::FlowLoss(_) => ("flow_loss", now),
-                            Record::Flow(f) => ("flow", f.window_end_ns),
-                            Record::Cost(_) => ("cost", now),
-                            Record::Capture(_) => ("capture", now),
-                            Record::Health(h) => ("health", h.interval_end_ns),
-                            Record::Event(e) => ("event", e.time_ns),
-                            Record::Loss(_) => ("loss", now),
-                        };
-                        let json = serde_json::to_string(other_rec).unwrap_or_default();
-                        let added = other.execute(params![agent, i(boot), s, kind, i(t), json])?;
+                    Record::Summary(x) => as_other("summary", x.interval_end_ns)?,
+                    Record::FlowLoss(_) => as_other("flow_loss", now)?,
+                    Record::Cost(_) => as_other("cost", now)?,
+                    Record::Capture(_) => as_other("capture", now)?,
+                    Record::Health(h) => as_other("health", h.interval_end_ns)?,
+                    Record::Event(e) => as_other("event", e.time_ns)?,
+                    Record::Flow(f) => {
+                        let added = as_other("flow", f.window_end_ns)?;
                         // A flow record's key and counts in columns too, for the flow queries.
-                        if let (1, Record::Flow(f)) = (added, other_rec) {
+                        if added == 1 {
                             flows.execute(params![
-                                i(t),
+                                i(f.window_end_ns),
                                 agent,
                                 i(boot),
                                 s,

@@ -21,6 +21,7 @@ pub mod hash;
 pub mod int;
 pub mod loss;
 pub mod records;
+pub mod rng;
 pub mod sketch;
 pub mod spsc;
 pub mod units;

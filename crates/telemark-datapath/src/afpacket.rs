@@ -190,28 +190,7 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
 }
 
 fn setopt<T>(fd: RawFd, name: libc::c_int, v: &T) -> io::Result<()> {
-    setsockopt(fd, SOL_PACKET, name, v)
-}
-
-/// `setsockopt(2)` with a value of any type (the crate's one wrapper: AF_PACKET, UDP and
-/// AF_XDP sockets use it).
-pub(crate) fn setsockopt<T>(
-    fd: RawFd,
-    level: libc::c_int,
-    name: libc::c_int,
-    v: &T,
-) -> io::Result<()> {
-    // SAFETY: `v` is a live value of the size passed.
-    cvt(unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            v as *const T as *const libc::c_void,
-            core::mem::size_of::<T>() as libc::socklen_t,
-        )
-    })
-    .map(|_| ())
+    telemark_socket::setsockopt(fd, SOL_PACKET, name, v)
 }
 
 fn err(ctx: String, e: io::Error) -> io::Error {

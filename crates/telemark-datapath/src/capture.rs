@@ -98,9 +98,9 @@ pub struct RawPacket {
 }
 
 impl RawPacket {
-    /// The packet for the pipelines, numbered `seq`.
-    pub fn into_pkt(self, seq: u64) -> Pkt {
-        Pkt { ts_ns: self.ts_ns, wire_len: self.wire_len, data: self.data, seq, batch: None }
+    /// The packet for the pipelines.
+    pub fn into_pkt(self) -> Pkt {
+        Pkt { ts_ns: self.ts_ns, wire_len: self.wire_len, data: self.data }
     }
 }
 
@@ -553,8 +553,7 @@ pub fn read_all(path: &Path) -> Result<(Packets, CaptureReader), CaptureError> {
     let mut r = CaptureReader::open(path)?;
     let mut v = Vec::new();
     while let Some(p) = r.next_packet() {
-        let seq = v.len() as u64;
-        v.push((p.link, p.into_pkt(seq)));
+        v.push((p.link, p.into_pkt()));
     }
     Ok((v, r))
 }

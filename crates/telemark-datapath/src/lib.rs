@@ -3,26 +3,17 @@
 //! sans-IO core; only this crate knows where packets come from.
 
 pub mod afpacket;
-pub mod bench;
-pub mod bursts;
 pub mod capture;
-pub mod dropper;
-pub mod eval;
 pub mod events;
 pub mod flow_meter;
-pub mod gen;
 pub mod heavy_hitters;
+pub mod input;
 pub mod int_roles;
-pub mod nitro_thread;
-pub mod pipeline;
 pub mod queue;
-pub mod reorder;
-pub mod rng;
 pub mod switch;
-pub mod udp_rx;
 pub mod xdp;
 
-/// One packet in flight, with the bookkeeping the evaluation needs.
+/// One packet in flight.
 #[derive(Debug, Clone, Default)]
 pub struct Pkt {
     /// Capture or arrival time, nanoseconds since the Unix epoch.
@@ -32,10 +23,6 @@ pub struct Pkt {
     /// Length of the frame on the wire, when more was sent than `data` holds (a capture's
     /// snapshot length); 0 or less than `data`: `data`'s length.
     pub wire_len: u32,
-    /// Position in the source (capture order), for ground truth.
-    pub seq: u64,
-    /// Marker batch number of this packet, when a marker in this process colored it.
-    pub batch: Option<u32>,
 }
 
 impl Pkt {

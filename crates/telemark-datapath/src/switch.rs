@@ -5,7 +5,7 @@
 //! The loss check needs no lookup of its own, and no cache line of its own: both points' hot
 //! loss state ([`PairState`]) lives in the forwarding entry the lookup found, as OvS updates a
 //! flow's statistics in the entry its lookup found. An entry is one 64-byte line: a hash tag,
-//! the port, flags and the flow key packed into 17 bytes (IPv4 5-tuple and NSH SPI/SI; other
+//! the port, the slot's state and the flow key packed into 17 bytes (IPv4 5-tuple and NSH SPI/SI; other
 //! keys are compared against a side array of full keys), then the hot state (28 bytes with
 //! 8-bit counters, 40 with 16-bit; with 32-bit counters an entry takes two lines). Both points
 //! are counted in one call once the switch has decided the packet's fate: ingress always,
@@ -49,17 +49,82 @@ pub enum Action {
     DecTtl,
 }
 
-/// Entry flags.
-const USED: u8 = 1;
-/// Installed by the switch on a miss (may be retired when idle), not by configuration.
-const LEARNED: u8 = 2;
-/// The key did not pack: compare the side array's full key.
-const SIDE: u8 = 4;
-/// The packed key carries an NSH SPI, an SI.
-const SPI: u8 = 8;
-const SI: u8 = 16;
-/// Flags that are part of the key.
-const KEY_FLAGS: u8 = SIDE | SPI | SI;
+/// Who put a flow in the forwarding table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// A route from the configuration: stays until the configuration changes.
+    Configured,
+    /// Installed by the switch on a miss: retired when idle or no longer selected.
+    Learned,
+}
+
+/// How an entry holds its flow's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyForm {
+    /// Packed into the entry ([`pack`]), with or without an NSH SPI and SI.
+    Packed { spi: bool, si: bool },
+    /// Did not pack (IPv6, a wide SPI): the side array's full key is compared.
+    Side,
+}
+
+impl KeyForm {
+    const SPI: u8 = 1 << 2;
+    const SI: u8 = 1 << 3;
+    const SIDE: u8 = 1 << 4;
+
+    /// The form's bits in [`SlotState`].
+    #[inline(always)]
+    const fn bits(self) -> u8 {
+        match self {
+            KeyForm::Packed { spi, si } => {
+                (if spi { Self::SPI } else { 0 }) | (if si { Self::SI } else { 0 })
+            }
+            KeyForm::Side => Self::SIDE,
+        }
+    }
+}
+
+/// A slot's state: free, or holding a flow of some [`Origin`] whose key has some [`KeyForm`].
+/// One byte, because the entry must stay one cache line; these methods are the only code that
+/// knows the bits.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+struct SlotState(u8);
+
+impl SlotState {
+    const CONFIGURED: u8 = 1;
+    const LEARNED: u8 = 2;
+    const ORIGIN: u8 = Self::CONFIGURED | Self::LEARNED;
+    const KEY: u8 = KeyForm::SPI | KeyForm::SI | KeyForm::SIDE;
+
+    fn holding(origin: Origin, form: KeyForm) -> SlotState {
+        let o = match origin {
+            Origin::Configured => Self::CONFIGURED,
+            Origin::Learned => Self::LEARNED,
+        };
+        SlotState(o | form.bits())
+    }
+
+    /// Who put the slot's flow there; `None`: the slot is free.
+    #[inline(always)]
+    fn origin(self) -> Option<Origin> {
+        match self.0 & Self::ORIGIN {
+            Self::CONFIGURED => Some(Origin::Configured),
+            Self::LEARNED => Some(Origin::Learned),
+            _ => None,
+        }
+    }
+
+    #[inline(always)]
+    fn is_free(self) -> bool {
+        self.0 & Self::ORIGIN == 0
+    }
+
+    /// Whether the slot's key has form `form`.
+    #[inline(always)]
+    fn key_is(self, form: KeyForm) -> bool {
+        self.0 & Self::KEY == form.bits()
+    }
+}
 
 /// One flow: its forwarding decision and both points' hot loss state, in one cache line with
 /// 8- or 16-bit counters (checked below).
@@ -69,7 +134,7 @@ struct FibEntry<C: Counter> {
     /// The flow hash's low 32 bits (which also give the home slot).
     tag: u32,
     port: u16,
-    flags: u8,
+    state: SlotState,
     key: [u8; 17],
     hot: PairState<C>,
 }
@@ -78,12 +143,12 @@ const _: () = assert!(core::mem::size_of::<FibEntry<u8>>() == 64);
 const _: () = assert!(core::mem::size_of::<FibEntry<u16>>() == 64);
 
 /// `key` packed for an entry: the IPv4 5-tuple, then SPI (24 bits, as NSH carries it) and SI,
-/// with the flags saying which are present; `None` for keys that do not pack (IPv6, an SPI
+/// with the form saying which are present; `None` for keys that do not pack (IPv6, an SPI
 /// over 24 bits). Not `KeyBytes::flow_of`, the sketches' encoding: that one keeps one NSH bit
 /// for SPI and SI together and the SPI's low 24 bits, which is right for counting but would let
 /// two different keys match here.
 #[inline(always)]
-fn pack(key: &FlowKey) -> Option<([u8; 17], u8)> {
+fn pack(key: &FlowKey) -> Option<([u8; 17], KeyForm)> {
     let (core::net::IpAddr::V4(src), core::net::IpAddr::V4(dst)) = (key.src, key.dst) else {
         return None;
     };
@@ -99,8 +164,7 @@ fn pack(key: &FlowKey) -> Option<([u8; 17], u8)> {
     o[12] = key.proto;
     o[13..16].copy_from_slice(&spi.unwrap_or(0).to_be_bytes()[1..]);
     o[16] = key.si.unwrap_or(0);
-    let flags = if spi.is_some() { SPI } else { 0 } | if key.si.is_some() { SI } else { 0 };
-    Some((o, flags))
+    Some((o, KeyForm::Packed { spi: spi.is_some(), si: key.si.is_some() }))
 }
 
 /// A packed key as two words, compared without a call to `memcmp`.
@@ -148,13 +212,14 @@ impl<C: Counter> Fib<C> {
 
     /// Adds or replaces a route; its slot, or `None` when the table holds its capacity.
     fn put(&mut self, key: FlowKey, hash: u64, port: u16, learned: bool) -> Option<usize> {
-        let (packed, kf) = pack(&key).unwrap_or(([0; 17], SIDE));
-        let flags = USED | kf | if learned { LEARNED } else { 0 };
+        let (packed, form) = pack(&key).unwrap_or(([0; 17], KeyForm::Side));
+        let origin = if learned { Origin::Learned } else { Origin::Configured };
+        let state = SlotState::holding(origin, form);
         if let Some(i) = self.lookup(&key, hash) {
             // A new route for a flow held: its loss state stays.
             let e = self.slots.get_mut(i)?;
             e.port = port;
-            e.flags = flags;
+            e.state = state;
             return Some(i);
         }
         if self.len >= self.max {
@@ -163,12 +228,12 @@ impl<C: Counter> Fib<C> {
         let mut i = hash as usize & self.mask;
         loop {
             let e = self.slots.get_mut(i)?;
-            if e.flags & USED == 0 {
+            if e.state.is_free() {
                 self.len += 1;
                 *e = FibEntry {
                     tag: hash as u32,
                     port,
-                    flags,
+                    state,
                     key: packed,
                     hot: PairState::default(),
                 };
@@ -182,18 +247,18 @@ impl<C: Counter> Fib<C> {
     /// The slot holding `key`.
     #[inline(always)]
     pub fn lookup(&self, key: &FlowKey, hash: u64) -> Option<usize> {
-        let (packed, kf) = pack(key).unwrap_or(([0; 17], SIDE));
+        let (packed, form) = pack(key).unwrap_or(([0; 17], KeyForm::Side));
         let want = words(&packed);
         let mut i = hash as usize & self.mask;
         loop {
             let e = self.slots.get(i)?;
-            if e.flags & USED == 0 {
+            if e.state.is_free() {
                 return None;
             }
             if e.tag == hash as u32
-                && e.flags & KEY_FLAGS == kf
+                && e.state.key_is(form)
                 && words(&e.key) == want
-                && (kf & SIDE == 0 || self.keys.get(i) == Some(key))
+                && (form != KeyForm::Side || self.keys.get(i) == Some(key))
             {
                 return Some(i);
             }
@@ -204,13 +269,13 @@ impl<C: Counter> Fib<C> {
     /// The output port of the flow in slot `slot`.
     #[inline(always)]
     pub fn port(&self, slot: usize) -> Option<u16> {
-        self.slots.get(slot).filter(|e| e.flags & USED != 0).map(|e| e.port)
+        self.slots.get(slot).filter(|e| !e.state.is_free()).map(|e| e.port)
     }
 
     /// The entry in slot `slot`, if a flow holds it: its port and hot loss state.
     #[inline(always)]
     fn used_mut(&mut self, slot: usize) -> Option<&mut FibEntry<C>> {
-        self.slots.get_mut(slot).filter(|e| e.flags & USED != 0)
+        self.slots.get_mut(slot).filter(|e| !e.state.is_free())
     }
 
     /// Removes the flow in slot `slot`, closing the gap by moving later flows of its probe
@@ -218,14 +283,14 @@ impl<C: Counter> Fib<C> {
     /// told of every move.
     fn remove(&mut self, slot: usize, mut moved: impl FnMut(usize, usize)) {
         let Some(e) = self.slots.get_mut(slot) else { return };
-        if e.flags & USED == 0 {
+        if e.state.is_free() {
             return;
         }
         *e = FibEntry::default();
         self.len -= 1;
         let mut hole = slot;
         let mut i = (slot + 1) & self.mask;
-        while let Some(e) = self.slots.get(i).copied().filter(|e| e.flags & USED != 0) {
+        while let Some(e) = self.slots.get(i).copied().filter(|e| !e.state.is_free()) {
             let home = e.tag as usize & self.mask;
             // `e` may fill the hole if its home is not cyclically in (hole, i].
             let dist_home = i.wrapping_sub(home) & self.mask;
@@ -276,10 +341,12 @@ impl<C: Counter> Fib<C> {
         self.slots.len()
     }
 
-    /// The flow in slot `slot`, its flags and its hot loss state.
-    fn entry_mut(&mut self, slot: usize) -> Option<(&FlowKey, u8, &mut PairState<C>)> {
+    /// The flow in slot `slot`, who put it there and its hot loss state; `None` for a free
+    /// slot.
+    fn entry_mut(&mut self, slot: usize) -> Option<(&FlowKey, Origin, &mut PairState<C>)> {
         let e = self.slots.get_mut(slot)?;
-        Some((self.keys.get(slot)?, e.flags, &mut e.hot))
+        let origin = e.state.origin()?;
+        Some((self.keys.get(slot)?, origin, &mut e.hot))
     }
 }
 
@@ -287,6 +354,33 @@ impl<C: Counter> Fib<C> {
 pub trait Tx {
     /// Queues packet `idx` of the burst on `port`; false if the ring was full (counted).
     fn send(&mut self, port: u16, idx: usize) -> bool;
+}
+
+/// What happens to a packet inside the switch, between its ingress and egress points, after
+/// the forwarding decision: the switch's one extension point. A policy or a fault injector
+/// (the lab's dropper) says whether the packet goes on; one that does not is counted in
+/// [`SwitchStats::dropped`] and, with the loss check on, counted at ingress and not at egress,
+/// as loss inside the switch. The switch as it ships passes everything ([`PassAll`]).
+pub trait Inside {
+    /// Whether packet `idx` of the burst, of flow `key`, goes on to egress.
+    fn forward(&mut self, idx: usize, key: &FlowKey, pkt: &Pkt) -> bool;
+}
+
+/// Everything the forwarding decision sends goes out: [`Switch::process`].
+pub struct PassAll;
+
+impl Inside for PassAll {
+    #[inline(always)]
+    fn forward(&mut self, _: usize, _: &FlowKey, _: &Pkt) -> bool {
+        true
+    }
+}
+
+impl<F: FnMut(usize, &FlowKey, &Pkt) -> bool> Inside for F {
+    #[inline(always)]
+    fn forward(&mut self, idx: usize, key: &FlowKey, pkt: &Pkt) -> bool {
+        self(idx, key, pkt)
+    }
 }
 
 /// Counters of the switch (exported as metrics, checked by tests).
@@ -484,17 +578,27 @@ impl Switch {
         })
     }
 
-    /// Processes up to [`BURST`] packets. `drop_inside` is the evaluation's hook between the
-    /// ingress and egress points (a real switch passes `|_, _| false`).
+    /// Processes up to [`BURST`] packets.
     #[inline]
-    pub fn process<S, T, D>(&mut self, pkts: &mut [Pkt], sink: &mut S, tx: &mut T, drop_inside: D)
-    where
+    pub fn process<S: EventSink, T: Tx>(&mut self, pkts: &mut [Pkt], sink: &mut S, tx: &mut T) {
+        self.process_with(pkts, sink, tx, &mut PassAll)
+    }
+
+    /// Processes up to [`BURST`] packets, asking `inside` whether each goes on to egress.
+    #[inline]
+    pub fn process_with<S, T, I>(
+        &mut self,
+        pkts: &mut [Pkt],
+        sink: &mut S,
+        tx: &mut T,
+        inside: &mut I,
+    ) where
         S: EventSink,
         T: Tx,
-        D: FnMut(&FlowKey, &Pkt) -> bool,
+        I: Inside,
     {
         each_core!(&mut self.inner, (core, loss) => {
-            burst(core, loss.as_mut(), pkts, sink, tx, drop_inside)
+            burst(core, loss.as_mut(), pkts, sink, tx, inside)
         })
     }
 
@@ -524,10 +628,8 @@ impl Switch {
             let Some(t) = loss.as_mut() else { return };
             for at in 0..2 {
                 for slot in 0..core.fib.slots() {
-                    if let Some((key, flags, hot)) = core.fib.entry_mut(slot) {
-                        if flags & USED != 0 {
-                            t.retire_point(at, hot, slot, key, sink);
-                        }
+                    if let Some((key, _, hot)) = core.fib.entry_mut(slot) {
+                        t.retire_point(at, hot, slot, key, sink);
                     }
                 }
                 drain(sink);
@@ -558,8 +660,8 @@ fn deselect<C: Counter, S: EventSink>(
     sel: &Selection,
     sink: &mut S,
 ) {
-    sweep(core, t, |key, flags, hot, slot, t| {
-        let out = flags & LEARNED != 0 && !sel.contains(key);
+    sweep(core, t, |key, origin, hot, slot, t| {
+        let out = origin == Origin::Learned && !sel.contains(key);
         if out {
             t.cut(hot, slot, key, sink);
         }
@@ -567,19 +669,22 @@ fn deselect<C: Counter, S: EventSink>(
     });
 }
 
-/// Walks the forwarding table: `retire(key, flags, hot, slot, loss)` retires the flow's loss
+/// Walks the forwarding table: `retire(key, origin, hot, slot, loss)` retires the flow's loss
 /// state when it must and says so; a retired flow the switch learned then leaves the table
 /// (backward-shift deletion moves later flows back, their loss state with them).
 fn sweep<C: Counter>(
     core: &mut Core<C>,
     t: &mut PairTable<C>,
-    mut retire: impl FnMut(&FlowKey, u8, &mut PairState<C>, usize, &mut PairTable<C>) -> bool,
+    mut retire: impl FnMut(&FlowKey, Origin, &mut PairState<C>, usize, &mut PairTable<C>) -> bool,
 ) {
     let mut slot = 0;
     while slot < core.fib.slots() {
-        let Some((key, flags, hot)) = core.fib.entry_mut(slot) else { break };
+        let Some((key, origin, hot)) = core.fib.entry_mut(slot) else {
+            slot += 1;
+            continue;
+        };
         let key = *key;
-        if flags & USED != 0 && retire(&key, flags, hot, slot, t) && flags & LEARNED != 0 {
+        if retire(&key, origin, hot, slot, t) && origin == Origin::Learned {
             core.fib.remove(slot, |from, to| t.move_slot(from, to));
             core.stats.unlearned += 1;
             // A flow may have moved into this slot: look at it again.
@@ -591,18 +696,18 @@ fn sweep<C: Counter>(
 
 /// One burst, generic over the loss counters' width.
 #[inline(always)]
-fn burst<C, S, T, D>(
+fn burst<C, S, T, I>(
     core: &mut Core<C>,
     mut loss: Option<&mut PairTable<C>>,
     pkts: &mut [Pkt],
     sink: &mut S,
     tx: &mut T,
-    mut drop_inside: D,
+    inside: &mut I,
 ) where
     C: Counter,
     S: EventSink,
     T: Tx,
-    D: FnMut(&FlowKey, &Pkt) -> bool,
+    I: Inside,
 {
     let n = pkts.len().min(BURST);
     let link = core.cfg.link;
@@ -675,12 +780,11 @@ fn burst<C, S, T, D>(
             }
         };
         if let Some(mk) = core.marker.as_mut() {
-            if let Some((c, ord)) = mk.mark(&parsed.key, m.hash, now, sink) {
+            if let Some((c, _)) = mk.mark(&parsed.key, m.hash, now, sink) {
                 let d = with_color(parsed.dscp, color_bit, c);
                 if d != parsed.dscp && flow::set_dscp(&mut p.data, parsed, d).is_ok() {
                     parsed.dscp = d;
                 }
-                p.batch = Some(ord);
             }
         }
         // The flow's slot and entry, read for its port and, with the loss check on, counted in.
@@ -688,7 +792,7 @@ fn burst<C, S, T, D>(
         let port = entry.as_ref().map_or(core.cfg.default_port, |(_, e)| e.port);
         let color = color_of(parsed.dscp, color_bit);
         let forwarded = (core.cfg.action != Action::DecTtl || dec_ttl(&mut p.data, parsed))
-            && !drop_inside(&parsed.key, p);
+            && inside.forward(idx, &parsed.key, p);
         // Both points at once, after the switch's decision: ingress saw the packet, egress
         // sees it if it goes out. A packet the slow path must see waits for the end of the
         // burst, with its cold line fetched meanwhile; its flow's later packets in the burst
@@ -790,9 +894,10 @@ fn dec_ttl(data: &mut [u8], parsed: &Parsed) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rng::Rng;
     use core::net::{IpAddr, Ipv4Addr};
     use std::collections::HashMap;
+    use telemark_core::rng::Rng;
+    use telemark_wire::flow::build_frame;
 
     fn key(i: u32) -> FlowKey {
         FlowKey {
@@ -857,16 +962,15 @@ mod tests {
             .enumerate()
             .map(|(i, &(f, color))| Pkt {
                 ts_ns: 10 * i as u64,
-                data: crate::gen::build_frame(&key(f as u32), 18, color, 64),
-                seq: i as u64,
-                batch: None,
+                data: build_frame(&key(f as u32), 18, color, 64),
                 wire_len: 0,
             })
             .collect();
         let mut sw = Switch::new(cfg, 16);
         let (mut got, mut out) = (Vec::new(), Out(Vec::new()));
-        for chunk in pkts.chunks_mut(BURST) {
-            sw.process(chunk, &mut got, &mut out, |_, p| dropped(p.seq));
+        for (c, chunk) in pkts.chunks_mut(BURST).enumerate() {
+            let mut inside = |idx: usize, _: &FlowKey, _: &Pkt| !dropped((c * BURST + idx) as u64);
+            sw.process_with(chunk, &mut got, &mut out, &mut inside);
         }
         sw.flush(&mut got, |_| {});
         let mut t = PairTable::<u8>::new(&loss, 3, (1, 2));
@@ -935,14 +1039,14 @@ mod tests {
             for (f, n) in sizes.iter().enumerate() {
                 if i < *n {
                     let dscp = ((i / 100) % 2) as u8;
-                    let data = crate::gen::build_frame(&key(f as u32), 18, dscp, 64);
+                    let data = build_frame(&key(f as u32), 18, dscp, 64);
                     pkts.push(Pkt { ts_ns: pkts.len() as u64, data, ..Pkt::default() });
                 }
             }
         }
         let (mut ev, mut out) = (Vec::new(), Out(Vec::new()));
         for chunk in pkts.chunks_mut(BURST) {
-            sw.process(chunk, &mut ev, &mut out, |_, _| false);
+            sw.process(chunk, &mut ev, &mut out);
         }
         assert_eq!(out.0.len(), pkts.len());
         assert!(out.0.iter().all(|(port, _)| *port == 3));
@@ -977,14 +1081,14 @@ mod tests {
         let mut pkts: Vec<Pkt> = (0..300u32)
             .map(|i| Pkt {
                 ts_ns: u64::from(i),
-                data: crate::gen::build_frame(&key(1 + i % 2), 18, 0, 64),
+                data: build_frame(&key(1 + i % 2), 18, 0, 64),
                 ..Pkt::default()
             })
             .collect();
         let sent: Vec<Vec<u8>> = pkts.iter().map(|p| p.data.clone()).collect();
         let (mut ev, mut out) = (Vec::new(), Out(Vec::new()));
         for chunk in pkts.chunks_mut(BURST) {
-            sw.process(chunk, &mut ev, &mut out, |_, _| false);
+            sw.process(chunk, &mut ev, &mut out);
         }
         assert_eq!(out.0.len(), 300);
         let st = sw.stats();

@@ -355,7 +355,7 @@ pub struct XskRx {
 unsafe impl Send for XskRx {}
 
 fn sockopt<T>(fd: RawFd, name: libc::c_int, v: &T) -> io::Result<()> {
-    crate::afpacket::setsockopt(fd, SOL_XDP, name, v)
+    telemark_socket::setsockopt(fd, SOL_XDP, name, v)
 }
 
 impl XskRx {

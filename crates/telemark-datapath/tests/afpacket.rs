@@ -3,7 +3,7 @@
 
 use std::process::Command;
 use telemark_datapath::afpacket::{self, RingConfig};
-use telemark_datapath::gen::build_frame;
+use telemark_wire::flow::build_frame;
 use telemark_wire::FlowKey;
 
 struct Netns(String);

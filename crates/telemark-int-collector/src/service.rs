@@ -17,8 +17,8 @@ use telemark_core::int::sequence::Sequences;
 use telemark_core::int::{DetectRule, Detectors, Event};
 use telemark_core::records::Record;
 use telemark_core::spsc;
-use telemark_datapath::udp_rx::{RxOptions, UdpRx};
 use telemark_datapath::xdp::{udp_payload, XdpProgram, XskRx};
+use telemark_socket::udp::{RxOptions, UdpRx};
 use telemark_transport::exporter::Exporter;
 use telemark_transport::server::{Limits, Server, ServerConfig, ServerStats};
 
@@ -309,16 +309,9 @@ fn worker(
 }
 
 /// Whether a datagram from `src` is read: any sender when the list is empty (loopback only).
+/// The receiver gives an IPv4-mapped sender as IPv4 already.
 pub(crate) fn allowed(allow: &[Prefix], src: Option<IpAddr>) -> bool {
-    allow.is_empty() || src.is_some_and(|ip| allow.iter().any(|p| p.contains(to_v4(ip))))
-}
-
-/// An IPv4-mapped IPv6 sender (a dual-stack socket) as the IPv4 address it is.
-fn to_v4(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    }
+    allow.is_empty() || src.is_some_and(|ip| allow.iter().any(|p| p.contains(ip)))
 }
 
 /// Drains the workers' rings into the exporter, flushing every 200 ms, until stopped; then

@@ -11,7 +11,7 @@
 use crate::ethernet::{self, EtherType};
 use crate::ipv4::{self, Protocol};
 use crate::link::{self, LinkError, NetworkStart};
-use crate::{geneve, gre, ipv6, nsh, vlan, vxlan, Error};
+use crate::{geneve, gre, ipv6, nsh, tcp, udp, vlan, vxlan, Error};
 use core::fmt;
 use core::net::{IpAddr, Ipv4Addr};
 
@@ -437,6 +437,75 @@ pub fn set_dscp(frame: &mut [u8], parsed: &Parsed, dscp: u8) -> Result<(), SkipR
         _ => ipv6::Packet::new_lenient(ip)?.set_dscp(dscp),
     }
     Ok(())
+}
+
+/// Builds one Ethernet frame of `key` (IPv4 or IPv6, TCP or UDP) with `payload` zero bytes of
+/// payload, the given DSCP and TTL: the inverse of [`extract`] for test traffic, generators and
+/// probes. Locally administered MAC addresses; checksums left zero.
+pub fn build_frame(key: &FlowKey, payload: usize, dscp: u8, ttl: u8) -> Vec<u8> {
+    let l4 = if key.proto == 6 { tcp::MIN_HEADER_LEN } else { udp::HEADER_LEN };
+    let ip_len = match key.src {
+        IpAddr::V4(_) => ipv4::MIN_HEADER_LEN,
+        IpAddr::V6(_) => ipv6::HEADER_LEN,
+    };
+    let mut f = vec![0u8; 14 + ip_len + l4 + payload];
+    f[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x02]);
+    f[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x01]);
+    let body = l4 + payload;
+    match (key.src, key.dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            f[12..14].copy_from_slice(&[0x08, 0x00]);
+            let r = ipv4::Repr {
+                src: s,
+                dst: d,
+                protocol: key.proto.into(),
+                dscp,
+                ecn: 0,
+                ident: 0,
+                dont_frag: true,
+                ttl,
+                payload_len: body,
+                options: [0; 40],
+                options_len: 0,
+            };
+            let _ = r.emit(&mut f[14..]);
+        }
+        (s, d) => {
+            f[12..14].copy_from_slice(&[0x86, 0xdd]);
+            let v6 = |a: IpAddr| match a {
+                IpAddr::V6(a) => a,
+                IpAddr::V4(a) => a.to_ipv6_mapped(),
+            };
+            let r = ipv6::Repr {
+                src: v6(s),
+                dst: v6(d),
+                next_header: key.proto.into(),
+                traffic_class: dscp << 2,
+                flow_label: 0,
+                hop_limit: ttl,
+                payload_len: body,
+            };
+            let _ = r.emit(&mut f[14..]);
+        }
+    }
+    let l4o = 14 + ip_len;
+    if key.proto == 6 {
+        let r = tcp::Repr {
+            src_port: key.sport,
+            dst_port: key.dport,
+            seq: 1,
+            ack: 0,
+            flags: tcp::flags::ACK,
+            window: 65535,
+            options: [0; 40],
+            options_len: 0,
+        };
+        let _ = r.emit(&mut f[l4o..]);
+    } else {
+        let _ = udp::Repr { src_port: key.sport, dst_port: key.dport, payload_len: payload }
+            .emit(&mut f[l4o..]);
+    }
+    f
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use telemark_core::sketch::sfcmon::{ExactFlows, HhConfig, Sfcmon};
 use telemark_core::sketch::univmon::UnivMon;
 use telemark_core::sketch::{fast64, murmur3_32, Hasher, Hashing, KeyBytes, RowSketch};
 use telemark_core::FlowKey;
-use telemark_datapath::bench::{scrambled_flow, uniform_bursts};
+use telemark_lab::bench::{scrambled_flow, uniform_bursts};
 
 const POOL: usize = 65_536;
 

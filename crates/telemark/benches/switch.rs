@@ -4,7 +4,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::time::Duration;
-use telemark_datapath::bench::{Case, Variant, POOL};
+use telemark_lab::bench::{Case, Variant, POOL};
 
 fn switch(c: &mut Criterion) {
     for flows in [1024usize, 65536] {

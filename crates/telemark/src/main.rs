@@ -1,27 +1,16 @@
 //! `telemark`: the one binary. See `telemark --help`.
 
 mod agent;
-mod bench;
-mod bench_collector;
-mod bench_flows;
-mod bench_int;
-mod bench_kafka;
-mod bench_live;
-mod bench_sketch;
 mod collector;
-mod demo;
-mod demo_int;
-mod eval;
-mod eval_hh;
-mod eval_sketch;
 mod export;
-mod gen;
-mod input;
 mod int_replay;
-mod opts;
-mod replay;
 
 use clap::{Parser, Subcommand};
+use telemark_datapath::input;
+use telemark_lab::cli::{
+    bench, bench_collector, bench_flows, bench_int, bench_kafka, bench_live, bench_sketch, demo,
+    eval, gen, replay,
+};
 
 /// Per-flow packet loss measured inside the switch fast path, reported only when it happens.
 #[derive(Parser)]

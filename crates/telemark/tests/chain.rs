@@ -10,10 +10,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
-use telemark_agent::traffic::{self, FlowSpec};
 use telemark_agent::{Agent, AgentStats, FileConfig};
 use telemark_collector::api::Request;
 use telemark_collector::{now_ns, Collector, Config};
+use telemark_lab::traffic::{self, FlowSpec};
 use telemark_wire::FlowKey;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testbed/chain.sh");
@@ -1091,7 +1091,7 @@ fn a_full_table_admitting_flows_part_way_reports_no_false_loss() {
     let frames: Vec<Vec<u8>> = (0..2400u16)
         .map(|i| {
             let k = FlowKey { sport: 10_000 + i, ..key(0) };
-            let mut f = telemark_datapath::gen::build_frame(&k, 18, 0, 64);
+            let mut f = telemark_wire::flow::build_frame(&k, 18, 0, 64);
             f[0..6].copy_from_slice(&[2, 0, 0, 0, 1, 0xfe]);
             f[6..12].copy_from_slice(&[2, 0, 0, 0, 1, 1]);
             f

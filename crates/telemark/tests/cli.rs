@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use telemark_core::rng::Rng;
 use telemark_datapath::capture::{read_all, CaptureWriter};
-use telemark_datapath::rng::Rng;
 use telemark_wire::flow::{extract, LinkType};
 use telemark_wire::FlowKey;
 

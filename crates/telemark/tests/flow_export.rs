@@ -20,8 +20,8 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use telemark_agent::traffic::{self, FlowSpec};
 use telemark_agent::{Agent, FileConfig};
+use telemark_lab::traffic::{self, FlowSpec};
 use telemark_wire::FlowKey;
 
 mod common;

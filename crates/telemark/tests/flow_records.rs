@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use telemark_agent::traffic::{self, FlowSpec};
+use telemark_lab::traffic::{self, FlowSpec};
 use telemark_wire::FlowKey;
 
 mod common;

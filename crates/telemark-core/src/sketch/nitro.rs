@@ -16,6 +16,7 @@
 
 use super::topk::TopK;
 use super::{median_of, KeyBytes, MergeError, RowSketch};
+use crate::rng::Rng;
 use serde::{Deserialize, Serialize};
 
 /// Draws which rows each packet updates.
@@ -28,7 +29,7 @@ pub struct Sampler {
     depth: u32,
     /// Row visits left to skip.
     skip: u64,
-    rng: u64,
+    rng: Rng,
     /// Every row, every packet (AlwaysCorrect before convergence).
     pub full: bool,
 }
@@ -40,7 +41,7 @@ struct SamplerShape {
     inc: i64,
     depth: u32,
     skip: u64,
-    rng: u64,
+    rng: Rng,
     full: bool,
 }
 
@@ -75,7 +76,7 @@ impl Sampler {
             ln_q: (1.0 - p).ln(),
             depth: depth as u32,
             skip: 0,
-            rng: seed ^ 0x2545_f491_4f6c_dd1d,
+            rng: Rng::with_state(seed ^ 0x2545_f491_4f6c_dd1d),
             full,
         };
         s.skip = s.geometric();
@@ -96,22 +97,12 @@ impl Sampler {
         }
     }
 
-    #[inline]
-    fn next_u64(&mut self) -> u64 {
-        // SplitMix64 (Steele, Lea & Flood, OOPSLA 2014).
-        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
     /// Failures before the next success of a Bernoulli(p) trial: ⌊ln U / ln(1 − p)⌋.
     fn geometric(&mut self) -> u64 {
         if self.inc == 1 {
             return 0;
         }
-        let u = ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        let u = ((self.rng.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
         (u.ln() / self.ln_q) as u64
     }
 

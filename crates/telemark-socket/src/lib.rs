@@ -1,0 +1,96 @@
+//! Telemark's socket plumbing, written once for every listener and port: the one
+//! `setsockopt(2)` wrapper ([`setsockopt`]), conversions between [`SocketAddr`] and the
+//! kernel's `sockaddr` ([`sockaddr`], [`peer`]), and the one UDP batch receiver ([`udp::UdpRx`]:
+//! `recvmmsg`, sender addresses, the kernel's overflow counter, truncation, EINTR) that the
+//! collector's flow listener, the INT collector and the tests read datagrams with.
+
+pub mod udp;
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::RawFd;
+
+/// `setsockopt(2)` with a value of any type; the error names the option.
+pub fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, v: &T) -> io::Result<()> {
+    // SAFETY: `v` is a live value of the size passed.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (v as *const T).cast::<libc::c_void>(),
+            core::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `getsockopt(2)` of a `c_int` option.
+pub fn getsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<i32> {
+    let mut v: libc::c_int = 0;
+    let mut len = core::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are live and sized for a c_int option.
+    let r =
+        unsafe { libc::getsockopt(fd, level, name, (&mut v as *mut libc::c_int).cast(), &mut len) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(v)
+}
+
+/// `addr` as the kernel takes it, with its length.
+pub fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: an all-zero sockaddr_storage is valid.
+    let mut s: libc::sockaddr_storage = unsafe { core::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in and suitably aligned.
+            unsafe { core::ptr::write((&mut s as *mut libc::sockaddr_storage).cast(), sin) };
+            core::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in6 and suitably aligned.
+            unsafe { core::ptr::write((&mut s as *mut libc::sockaddr_storage).cast(), sin6) };
+            core::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (s, len as libc::socklen_t)
+}
+
+/// The sender in a `sockaddr` the kernel filled; an IPv4-mapped IPv6 address (a dual-stack
+/// socket's IPv4 sender) as the IPv4 address it is, so allow-lists and exporter names read
+/// one form. `None` for a family that is neither.
+pub fn peer(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match libc::c_int::from(s.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the kernel wrote a sockaddr_in for an AF_INET sender.
+            let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let ip = std::net::Ipv4Addr::from(a.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::from((ip, u16::from_be(a.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the kernel wrote a sockaddr_in6 for an AF_INET6 sender.
+            let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let v6 = std::net::Ipv6Addr::from(a.sin6_addr.s6_addr);
+            let ip = v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4);
+            Some(SocketAddr::new(ip, u16::from_be(a.sin6_port)))
+        }
+        _ => None,
+    }
+}
