@@ -152,9 +152,19 @@ pub struct MetricsSection {
     /// A file holding the token scrapers must send (`Authorization: Bearer`); needed to listen
     /// on anything but a loopback address.
     pub token_file: Option<std::path::PathBuf>,
-    /// A file holding the token a controller sends to change the INT rules (`PUT
-    /// /api/v1/int`); absent: the rules change only by SIGHUP.
+    /// Deprecated: `[control] token_file`, read here too (with a warning) for configs written
+    /// before the control API had its own section.
     pub control_token_file: Option<std::path::PathBuf>,
+}
+
+/// `[control]`: the control API (`GET`/`PUT /api/v1/int`, docs/int.md "Control API"), served
+/// on the `/metrics` listener, which must then be a loopback address.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlSection {
+    /// A file holding the token a controller sends; without `[control]` the INT rules change
+    /// only by SIGHUP.
+    pub token_file: std::path::PathBuf,
 }
 
 /// An egress queue with a rate: a bottleneck inside the switch (docs/int.md, "Queues").
@@ -424,6 +434,8 @@ pub struct FileConfig {
     pub kafka: Option<telemark_kafka::KafkaConfig>,
     /// The agent's `/metrics`; absent: no listener.
     pub metrics: Option<MetricsSection>,
+    /// The control API; absent: none.
+    pub control: Option<ControlSection>,
     /// INT roles; absent: INT passes untouched.
     pub int: Option<IntSection>,
     /// Egress queues with a rate.
@@ -729,6 +741,18 @@ pub fn valid_agent_name(name: &str) -> bool {
         && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
 }
 
+impl AgentConfig {
+    /// Every port, in the order the agent numbers them: each pair's a then b (a pair's ports
+    /// are 2i and 2i+1), then the taps.
+    pub fn port_names(&self) -> Vec<&String> {
+        self.pairs
+            .iter()
+            .flat_map(|p| [&p.a, &p.b])
+            .chain(self.taps.iter().map(|t| &t.port))
+            .collect()
+    }
+}
+
 impl FileConfig {
     /// Parses a TOML document.
     pub fn parse(text: &str) -> Result<FileConfig, ConfigError> {
@@ -851,23 +875,39 @@ impl FileConfig {
                     .map_err(|err| invalid(format!("export.ca_file: {err}")))?,
             ),
         };
-        let control_token = match &self.metrics {
-            Some(MetricsSection { control_token_file: Some(f), .. }) => {
-                Some(token_file("metrics.control_token_file", f)?)
+        let old = self.metrics.as_ref().and_then(|m| m.control_token_file.as_deref());
+        let control_file = match (self.control.as_ref().map(|c| c.token_file.as_path()), old) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "metrics.control_token_file and [control] token_file: set only [control] \
+                     token_file (the old key is deprecated)",
+                ))
             }
-            _ => None,
+            (Some(f), None) => Some(("control.token_file", f)),
+            (None, Some(f)) => {
+                tracing::warn!(
+                    "metrics.control_token_file is deprecated: write [control] token_file \
+                     (read as before for now)"
+                );
+                Some(("metrics.control_token_file", f))
+            }
+            (None, None) => None,
         };
-        if control_token.is_some() && self.int.is_none() {
-            return Err(invalid(
-                "metrics.control_token_file: the control API changes [int] rules; add [int]",
-            ));
+        let control_token = control_file.map(|(key, f)| token_file(key, f)).transpose()?;
+        if let (Some((key, _)), None) = (control_file, &self.int) {
+            return Err(invalid(format!("{key}: the control API changes [int] rules; add [int]")));
+        }
+        if let (Some((key, _)), None) = (control_file, &self.metrics) {
+            return Err(invalid(format!(
+                "{key}: the control API is served on the metrics listener; add [metrics] listen"
+            )));
         }
         // The listener has no TLS: a token that changes the switch stays on this host.
         if let Some(m) = self.metrics.as_ref().filter(|_| control_token.is_some()) {
             if !m.listen.ip().is_loopback() {
                 return Err(invalid(format!(
-                    "metrics.listen {}: the control API (control_token_file) is served on \
-                     loopback only; its token would cross the network in clear text",
+                    "metrics.listen {}: the control API ([control]) is served on loopback \
+                     only; its token would cross the network in clear text",
                     m.listen
                 )));
             }
@@ -1018,6 +1058,31 @@ mod tests {
         assert_eq!(int.rules.roles[0].role, Role::Sink);
         assert_eq!(int.rules.detect.len(), 2);
         assert!(c.control_token.is_some());
+    }
+
+    /// The control API's token is read from `[control]`, and from the deprecated `[metrics]
+    /// control_token_file` as before; both at once, or either without `[metrics]`, is refused.
+    #[test]
+    fn the_control_token_has_its_own_section_and_the_old_key_still_works() {
+        let dir = tempfile::tempdir().unwrap();
+        let tok = dir.path().join("control.token");
+        std::fs::write(&tok, "0123456789abcdef0123456789abcdef\n").unwrap();
+        let base = "agent = \"sw\"\n[[pair]]\na = \"x0\"\nb = \"x1\"\n[int]\nnode_id = 1\n";
+        let metrics = "[metrics]\nlisten = \"127.0.0.1:9901\"\n";
+        let old = format!("{metrics}control_token_file = {:?}\n", tok.to_str().unwrap());
+        let new = format!("[control]\ntoken_file = {:?}\n", tok.to_str().unwrap());
+        let load = |extra: &str| {
+            FileConfig::parse(&format!("{base}{extra}")).and_then(FileConfig::validate)
+        };
+        let token = |c: AgentConfig| c.control_token;
+        let want = Some("0123456789abcdef0123456789abcdef".to_string());
+        assert_eq!(load(&format!("{metrics}{new}")).map(token).unwrap(), want);
+        assert_eq!(load(&old).map(token).unwrap(), want);
+        assert_eq!(load(metrics).map(token).unwrap(), None);
+        let both = load(&format!("{old}{new}")).unwrap_err().to_string();
+        assert!(both.contains("set only [control] token_file"), "{both}");
+        let alone = load(&new).unwrap_err().to_string();
+        assert!(alone.contains("add [metrics] listen"), "{alone}");
     }
 
     /// With the loss monitor on, INT by DSCP leaves its color bit out; without, all six bits

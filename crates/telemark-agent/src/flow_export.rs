@@ -5,8 +5,8 @@
 //! path: what it cannot send is dropped and counted.
 
 use crate::config::{IpfixExport, IpfixTransport, SflowExport};
-use crate::run::Shared;
-use serde::Serialize;
+pub use crate::shared::FlowExportStats;
+use crate::shared::Shared;
 use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,31 +31,6 @@ const MAX_STREAM_MESSAGE: usize = 16_384;
 const SFLOW_FLUSH_NS: u64 = 500_000_000;
 /// Loss records waiting for the thread, at most.
 pub(crate) const LOSS_QUEUE: usize = 4096;
-
-/// The thread's counters (the agent's `/metrics`, `telemark_agent_sflow_*` and
-/// `telemark_agent_ipfix_*`).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct FlowExportStats {
-    /// sFlow datagrams sent (each collector's counted).
-    pub sflow_datagrams: u64,
-    /// Flow samples in them.
-    pub sflow_flow_samples: u64,
-    /// Counter samples in them.
-    pub sflow_counter_samples: u64,
-    /// IPFIX messages sent.
-    pub ipfix_messages: u64,
-    /// IPFIX flow records sent.
-    pub ipfix_flow_records: u64,
-    /// IPFIX loss records sent.
-    pub ipfix_loss_records: u64,
-    /// Records not sent: a collector unreachable, a send failing.
-    pub ipfix_not_sent: u64,
-    /// Loss records not handed to this thread: its queue was full (counted by the aggregator
-    /// thread, which hands them over).
-    pub ipfix_loss_queue_full: u64,
-    /// Datagrams or messages whose send failed.
-    pub flow_send_errors: u64,
-}
 
 /// One port as sFlow and IPFIX name it.
 #[derive(Debug, Clone)]

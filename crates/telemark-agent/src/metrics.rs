@@ -7,7 +7,7 @@
 //! controller). Both need the control token; without one configured the API is off.
 
 use crate::config::IntRulesSection;
-use crate::run::{AgentStats, Shared};
+use crate::shared::{AgentStats, Shared};
 use std::fmt::Write as _;
 use std::sync::Arc;
 use telemark_core::loss::PointSpec;

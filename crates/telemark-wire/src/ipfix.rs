@@ -16,6 +16,10 @@
 //! IANA element number without an enterprise, and v9 options templates give scope and option
 //! lengths in bytes where IPFIX gives a scope field count.
 
+/// IANA's IPFIX Information Elements registry (generated; see the file's head).
+#[path = "ipfix_iana.rs"]
+pub mod iana;
+
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -572,9 +576,9 @@ impl<'a> Value<'a> {
     }
 }
 
-/// An IANA element by id: its name and data type (IANA's registry, [`crate::ipfix_iana`]).
+/// An IANA element by id: its name and data type (IANA's registry, [`iana`]).
 pub fn iana(id: u16) -> Option<(&'static str, DataType)> {
-    let els = crate::ipfix_iana::ELEMENTS;
+    let els = iana::ELEMENTS;
     els.binary_search_by_key(&id, |e| e.0).ok().map(|i| (els[i].1, els[i].2))
 }
 

@@ -20,7 +20,6 @@ pub mod gre;
 pub mod int;
 pub mod int_frame;
 pub mod ipfix;
-pub mod ipfix_iana;
 pub mod ipv4;
 pub mod ipv6;
 pub mod link;

@@ -19,6 +19,9 @@ use telemark_collector::api::Request;
 use telemark_collector::{now_ns, Collector, Config};
 use telemark_wire::FlowKey;
 
+/// `telemark demo --int`: the INT experiment on the same testbed.
+mod int;
+
 const SCRIPT: &str = include_str!("../../../../testbed/testbed.sh");
 const PROBE_PORT: u16 = 5201;
 
@@ -492,7 +495,7 @@ pub fn run(a: Args) -> Result<()> {
     ctrlc::set_handler(move || s.store(true, Ordering::Release))
         .context("installing the Ctrl-C handler")?;
     let c = if a.int {
-        crate::cli::demo_int::run(&a, stop.clone())?
+        int::run(&a, stop.clone())?
     } else {
         let (o, c) = experiment(&a, stop.clone())?;
         print(&o);

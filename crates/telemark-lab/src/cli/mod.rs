@@ -8,7 +8,6 @@ pub mod bench_kafka;
 pub mod bench_live;
 pub mod bench_sketch;
 pub mod demo;
-pub mod demo_int;
 pub mod eval;
 pub mod eval_hh;
 pub mod eval_sketch;

@@ -5,7 +5,7 @@
 //! Background traffic congests s2's queue in the middle of the run; each second the demo
 //! prints the events next to the queue's own counters (docs/int.md, "Demo").
 
-use crate::cli::demo::{Args, Testbed};
+use super::{Args, Testbed};
 use crate::traffic::{self, FlowSpec};
 use anyhow::{bail, Context, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,7 +16,7 @@ use telemark_collector::api::Request;
 use telemark_collector::{now_ns, Collector, Config};
 use telemark_wire::FlowKey;
 
-const SCRIPT: &str = include_str!("../../../../testbed/chain.sh");
+const SCRIPT: &str = include_str!("../../../../../testbed/chain.sh");
 const PREFIX: &str = "tmdi-";
 /// Probe flows (source ports): hop latency watched, queue occupancy watched; background.
 const LATENCY_PROBE: u16 = 5301;
@@ -112,7 +112,7 @@ pub fn run(a: &Args, stop: Arc<AtomicBool>) -> Result<Option<Collector>> {
     chain.run(&["up", &sports]).context("building the chain testbed (iproute2, nftables)")?;
     let dir = tempfile::tempdir()?;
     let db = a.db.clone().unwrap_or_else(|| dir.path().join("telemark.db"));
-    let kafka = super::demo::kafka_file(a)?;
+    let kafka = super::kafka_file(a)?;
     let c = Collector::start(&Config { listen: a.listen, db, kafka, ..Config::default() })?;
     let url = format!("http://{}", c.addr);
     let switch = |name: &str, int: &str| {
