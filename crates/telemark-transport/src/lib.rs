@@ -6,6 +6,7 @@
 
 pub mod exporter;
 pub mod http;
+pub mod metrics;
 pub mod server;
 pub mod tls;
 pub mod wire;
