@@ -8,10 +8,10 @@
 
 use crate::config::IntRulesSection;
 use crate::shared::{AgentStats, Shared};
-use std::fmt::Write as _;
 use std::sync::Arc;
 use telemark_core::loss::PointSpec;
 use telemark_transport::http::{Handler, Request, Response};
+use telemark_transport::metrics::Exposition;
 use telemark_transport::server::ServerStats;
 
 /// One point's row as the fast path publishes it: point number, counters, flows held, capacity.
@@ -37,9 +37,7 @@ impl Handler for AgentMetrics {
             return r;
         }
         match (req.method, req.path()) {
-            ("GET", "/metrics") => {
-                Response::text("text/plain; version=0.0.4", self.render(&self.shared.snapshot()))
-            }
+            ("GET", "/metrics") => self.render(&self.shared.snapshot()),
             (_, _) => self.control(req),
         }
     }
@@ -54,14 +52,6 @@ impl Handler for AgentMetrics {
             "/api/v1/int" => "/api/v1/int",
             _ => "other",
         }
-    }
-}
-
-/// Writes one metric family: its HELP and TYPE lines and one sample per label set.
-fn family(o: &mut String, name: &str, kind: &str, help: &str, samples: &[(String, u64)]) {
-    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    for (labels, v) in samples {
-        let _ = writeln!(o, "{name}{labels} {v}");
     }
 }
 
@@ -131,173 +121,123 @@ impl AgentMetrics {
         }
     }
 
-    fn render(&self, s: &AgentStats) -> String {
-        let mut o = String::new();
-        let a = format!("agent=\"{}\"", self.agent);
-        let one = |v: u64| vec![(format!("{{{a}}}"), v)];
-        family(
-            &mut o,
-            "telemark_agent_build_info",
-            "gauge",
-            "The agent's version.",
-            &[(format!("{{{a},version=\"{}\"}}", env!("CARGO_PKG_VERSION")), 1)],
-        );
+    fn render(&self, s: &AgentStats) -> Response {
+        let mut o = Exposition::default();
+        o.with_label("agent", &self.agent);
+        o.gauge("telemark_agent_build_info", "The agent's version.", &["version"])
+            .sample(&[env!("CARGO_PKG_VERSION")], 1u64);
         let p = &s.path;
-        family(
-            &mut o,
-            "telemark_agent_rx_frames_total",
-            "counter",
-            "Frames read from the receive rings.",
-            &one(p.rx),
-        );
-        family(
-            &mut o,
-            "telemark_agent_tx_frames_total",
-            "counter",
-            "Frames queued on the transmit rings.",
-            &one(p.tx),
-        );
-        let by_port: Vec<(String, u64)> = self
-            .ports
-            .iter()
-            .zip(&p.rx_ring_drops_by_port)
-            .map(|(port, v)| (format!("{{{a},port=\"{port}\"}}"), *v))
-            .collect();
-        family(
-            &mut o,
+        o.counter("telemark_agent_rx_frames_total", "Frames read from the receive rings.", &[])
+            .value(p.rx);
+        o.counter("telemark_agent_tx_frames_total", "Frames queued on the transmit rings.", &[])
+            .value(p.tx);
+        o.counter(
             "telemark_agent_rx_ring_drops_total",
-            "counter",
             "Frames the kernel dropped because a receive ring was full: the host's own loss.",
-            &by_port,
-        );
-        family(
-            &mut o,
+            &["port"],
+        )
+        .samples(self.ports.iter().zip(&p.rx_ring_drops_by_port).map(|(port, v)| ([port], *v)));
+        o.counter(
             "telemark_agent_tx_drops_total",
-            "counter",
             "Frames not sent: a transmit ring full, a frame too big, or refused.",
-            &one(p.tx_drops),
-        );
-        family(
-            &mut o,
-            "telemark_agent_events_lost_total",
-            "counter",
-            "Batch events the fast path could not hand to the aggregator.",
-            &one(p.event_drops),
-        );
-        family(
-            &mut o,
-            "telemark_agent_packets_skipped_total",
-            "counter",
-            "Packets without a flow key (not IP, fragments, malformed).",
-            &one(p.skipped),
-        );
-        family(
-            &mut o,
-            "telemark_agent_packets_unwatched_total",
-            "counter",
-            "Packets of flows outside the watch rules.",
-            &one(p.unwatched),
-        );
-        family(
-            &mut o,
-            "telemark_agent_stage_busy_seconds_total",
-            "counter",
-            "Time each stage spent on packets; divided by rx_frames_total, the cost per packet.",
             &[],
-        );
-        for (stage, ns) in p.stages() {
-            let _ = writeln!(
-                o,
-                "telemark_agent_stage_busy_seconds_total{{{a},stage=\"{stage}\"}} {}",
-                ns as f64 / 1e9
-            );
-        }
+        )
+        .value(p.tx_drops);
+        o.counter(
+            "telemark_agent_events_lost_total",
+            "Batch events the fast path could not hand to the aggregator.",
+            &[],
+        )
+        .value(p.event_drops);
+        o.counter(
+            "telemark_agent_packets_skipped_total",
+            "Packets without a flow key (not IP, fragments, malformed).",
+            &[],
+        )
+        .value(p.skipped);
+        o.counter(
+            "telemark_agent_packets_unwatched_total",
+            "Packets of flows outside the watch rules.",
+            &[],
+        )
+        .value(p.unwatched);
+        o.counter(
+            "telemark_agent_stage_busy_seconds_total",
+            "Time each stage spent on packets; divided by rx_frames_total, the cost per packet.",
+            &["stage"],
+        )
+        .samples(p.stages().into_iter().map(|(stage, ns)| ([stage], ns as f64 / 1e9)));
         let point = |pt: u8| {
             let spec = self.points.get(usize::from(pt));
             let (name, port) = spec.map_or(("?", "?"), |s| (s.name.as_str(), s.port.as_str()));
-            format!("{{{a},point=\"{name}\",port=\"{port}\"}}")
+            [name, port]
         };
         let per_point = |f: &dyn Fn(&PointRow) -> u64| {
             p.points.iter().map(|x| (point(x.0), f(x))).collect::<Vec<_>>()
         };
-        family(
-            &mut o,
+        o.counter(
             "telemark_agent_point_packets_refused_total",
-            "counter",
             "Packets of flows a point's full table had no room for (not measured there).",
-            &per_point(&|x| x.1.refused),
-        );
-        family(
-            &mut o,
+            &["point", "port"],
+        )
+        .samples(per_point(&|x| x.1.refused));
+        o.counter(
             "telemark_agent_point_flows_admitted_total",
-            "counter",
             "Flows a point's table admitted.",
-            &per_point(&|x| x.1.admitted),
-        );
-        family(
-            &mut o,
+            &["point", "port"],
+        )
+        .samples(per_point(&|x| x.1.admitted));
+        o.counter(
             "telemark_agent_point_flows_evicted_total",
-            "counter",
             "Flows a point's table retired.",
-            &per_point(&|x| x.1.evicted),
-        );
-        family(
-            &mut o,
+            &["point", "port"],
+        )
+        .samples(per_point(&|x| x.1.evicted));
+        o.counter(
             "telemark_agent_point_batches_total",
-            "counter",
             "Batches a point closed.",
-            &per_point(&|x| x.1.batches),
-        );
-        family(
-            &mut o,
+            &["point", "port"],
+        )
+        .samples(per_point(&|x| x.1.batches));
+        o.gauge(
             "telemark_agent_point_flows",
-            "gauge",
             "Flows a point's table holds now.",
-            &per_point(&|x| x.2),
-        );
-        family(
-            &mut o,
+            &["point", "port"],
+        )
+        .samples(per_point(&|x| x.2));
+        o.gauge(
             "telemark_agent_point_flows_capacity",
-            "gauge",
             "Flows a point's table can hold.",
-            &per_point(&|x| x.3),
-        );
+            &["point", "port"],
+        )
+        .samples(per_point(&|x| x.3));
         let e = &s.export;
-        family(
-            &mut o,
-            "telemark_agent_records_total",
-            "counter",
-            "Loss records the aggregator produced.",
-            &one(e.records),
-        );
-        family(
-            &mut o,
+        o.counter("telemark_agent_records_total", "Loss records the aggregator produced.", &[])
+            .value(e.records);
+        o.counter(
             "telemark_agent_export_acked_records_total",
-            "counter",
             "Records the collector acknowledged.",
-            &one(e.exported),
-        );
-        family(
-            &mut o,
+            &[],
+        )
+        .value(e.exported);
+        o.counter(
             "telemark_agent_export_dropped_records_total",
-            "counter",
             "Records the export buffer had no room for.",
-            &one(e.export_drops),
-        );
-        family(
-            &mut o,
+            &[],
+        )
+        .value(e.export_drops);
+        o.gauge(
             "telemark_agent_export_pending_records",
-            "gauge",
             "Records waiting for the collector's acknowledgement.",
-            &one(e.export_pending),
-        );
-        family(
-            &mut o,
+            &[],
+        )
+        .value(e.export_pending);
+        o.counter(
             "telemark_agent_export_failures_total",
-            "counter",
             "Export attempts that failed (retried).",
-            &one(e.export_failures),
-        );
+            &[],
+        )
+        .value(e.export_failures);
         if let Some(i) = &p.int {
             let r = &i.roles;
             for (name, help, v) in [
@@ -316,13 +256,7 @@ impl AgentMetrics {
                 ("event_drops", "Events lost to a full event ring.", i.event_drops),
                 ("report_errors", "Reports the socket refused.", i.report_errors),
             ] {
-                family(
-                    &mut o,
-                    &format!("telemark_agent_int_{name}_total"),
-                    "counter",
-                    help,
-                    &one(v),
-                );
+                o.counter(&format!("telemark_agent_int_{name}_total"), help, &[]).value(v);
             }
         }
         if !p.queues.is_empty() {
@@ -331,38 +265,34 @@ impl AgentMetrics {
                     .iter()
                     .map(|(port, q)| {
                         let name = self.ports.get(*port).map_or("?", String::as_str);
-                        (format!("{{{a},port=\"{name}\"}}"), f(q))
+                        ([name], f(q))
                     })
                     .collect::<Vec<_>>()
             };
-            family(
-                &mut o,
+            o.counter(
                 "telemark_agent_queue_enqueued_total",
-                "counter",
                 "Frames that joined an egress queue.",
-                &per_queue(&|q| q.enqueued),
-            );
-            family(
-                &mut o,
+                &["port"],
+            )
+            .samples(per_queue(&|q| q.enqueued));
+            o.counter(
                 "telemark_agent_queue_dropped_total",
-                "counter",
                 "Frames an egress queue dropped because it was full (drop-tail).",
-                &per_queue(&|q| q.dropped),
-            );
-            family(
-                &mut o,
+                &["port"],
+            )
+            .samples(per_queue(&|q| q.dropped));
+            o.gauge(
                 "telemark_agent_queue_backlog_bytes",
-                "gauge",
                 "Bytes an egress queue holds now.",
-                &per_queue(&|q| q.backlog_bytes),
-            );
-            family(
-                &mut o,
+                &["port"],
+            )
+            .samples(per_queue(&|q| q.backlog_bytes));
+            o.gauge(
                 "telemark_agent_queue_max_backlog_bytes",
-                "gauge",
                 "The most bytes an egress queue has held.",
-                &per_queue(&|q| q.max_backlog_bytes),
-            );
+                &["port"],
+            )
+            .samples(per_queue(&|q| q.max_backlog_bytes));
         }
         if let Some(m) = &p.meter {
             let f = &s.flow_export;
@@ -412,15 +342,10 @@ impl AgentMetrics {
                     f.flow_send_errors,
                 ),
             ] {
-                family(&mut o, &format!("telemark_agent_{name}_total"), "counter", help, &one(v));
+                o.counter(&format!("telemark_agent_{name}_total"), help, &[]).value(v);
             }
-            family(
-                &mut o,
-                "telemark_agent_ipfix_cache_flows",
-                "gauge",
-                "Flows the IPFIX cache holds now.",
-                &one(m.cache_flows),
-            );
+            o.gauge("telemark_agent_ipfix_cache_flows", "Flows the IPFIX cache holds now.", &[])
+                .value(m.cache_flows);
         }
         if let Some(h) = &p.hh {
             for (name, help, v) in [
@@ -437,11 +362,11 @@ impl AgentMetrics {
                     h.drops,
                 ),
             ] {
-                family(&mut o, &format!("telemark_agent_{name}_total"), "counter", help, &one(v));
+                o.counter(&format!("telemark_agent_{name}_total"), help, &[]).value(v);
             }
         }
         self.transport.render("telemark_agent", &mut o);
-        o
+        o.response()
     }
 }
 

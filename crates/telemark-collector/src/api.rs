@@ -10,7 +10,7 @@
 //! - `GET /api/v1/link?<flow>&up=AGENT/POINT&down=AGENT/POINT[&skew_ns=…]` — the flow's
 //!   batches at `down` lined up with those at `up`, in another agent (`link.rs`): exact loss
 //!   between them, whole batches included, when both report every batch.
-//! - `GET /metrics` — Prometheus text; `GET /` — the page.
+//! - `GET /metrics` — OpenMetrics text (Prometheus); `GET /` — the page.
 
 use crate::auth::{Auth, Identity};
 use crate::metrics::Metrics;
@@ -19,6 +19,7 @@ use serde_json::json;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use telemark_core::records::{Flow, Record};
 use telemark_transport::http::Handler;
+use telemark_transport::metrics::Exposition;
 use telemark_transport::server::ServerStats;
 use telemark_transport::wire::{Ack, Register};
 
@@ -869,17 +870,19 @@ impl Api {
         let counts = st.counts().unwrap_or_default();
         let ready = st.ready().is_ok() && !self.metrics.storage_failing();
         drop(st);
-        let mut page = self.metrics.render(&agents, counts);
-        page.push_str(&format!(
-            "# HELP telemark_collector_storage_ready Whether the database takes writes (0: removed, \
-             replaced, full or failing; see /readyz).\n# TYPE telemark_collector_storage_ready gauge\n\
-             telemark_collector_storage_ready {}\n",
-            u8::from(ready)
-        ));
+        let mut page = Exposition::default();
+        self.metrics.render(&mut page, &agents, counts);
+        page.gauge(
+            "telemark_collector_storage_ready",
+            "Whether the database takes writes (0: removed, replaced, full or failing; see \
+             /readyz).",
+            &[],
+        )
+        .value(u64::from(ready));
         self.transport.render("telemark_collector", &mut page);
         self.kafka.render(&mut page);
         self.flows.render(&mut page);
-        Response::text("text/plain; version=0.0.4", page)
+        page.response()
     }
 
     fn bad_query(&self, e: String) -> Response {

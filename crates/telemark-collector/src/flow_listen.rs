@@ -19,7 +19,6 @@
 use crate::api::Api;
 use crate::flows::{Budget, Decoder, ExportedFlow, Limits, Refusal};
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::io::Read as _;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,6 +27,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use telemark_core::records::{Flow, FlowExport, FlowRecord, Record};
 use telemark_socket::udp::{RxOptions, UdpRx};
+use telemark_transport::metrics::Exposition;
 use telemark_wire::ipfix::TemplateRecord;
 
 /// Listener settings.
@@ -189,7 +189,7 @@ const REFUSALS: [Refusal; Refusal::ALL.len()] = Refusal::ALL;
 
 impl FlowStats {
     /// The `telemark_collector_flow_*` families (nothing when no listener runs).
-    pub fn render(&self, o: &mut String) {
+    pub fn render(&self, o: &mut Exposition) {
         if !self.listening.load(Ordering::Relaxed) {
             return;
         }
@@ -265,17 +265,19 @@ impl FlowStats {
         ];
         for (name, kind, help, v) in families {
             let name = format!("telemark_collector_flow_{name}");
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+            match kind {
+                "counter" => o.counter(&name, help, &[]),
+                _ => o.gauge(&name, help, &[]),
+            }
+            .value(v);
         }
-        let name = "telemark_collector_flow_refused_total";
-        let _ = writeln!(
-            o,
-            "# HELP {name} Datagrams or data sets not decoded, by reason.\n# TYPE {name} counter"
-        );
-        for (r, c) in REFUSALS.iter().zip(&self.refused) {
-            let _ = writeln!(o, "{name}{{reason=\"{}\"}} {}", r.name(), g(c));
-        }
-        let _ = writeln!(o, "{name}{{reason=\"not_allowed\"}} {}", g(&self.not_allowed));
+        o.counter(
+            "telemark_collector_flow_refused_total",
+            "Datagrams or data sets not decoded, by reason.",
+            &["reason"],
+        )
+        .samples(REFUSALS.iter().zip(&self.refused).map(|(r, c)| ([r.name()], g(c))))
+        .sample(&["not_allowed"], g(&self.not_allowed));
         // Per exporter address, the first --flows-exporter-labels seen by name and the rest
         // as "other": a spoofing sender cannot make the label set grow.
         let ex = self.exporters.lock().unwrap_or_else(|p| p.into_inner());
@@ -289,13 +291,13 @@ impl FlowStats {
         ];
         for (i, (fam, help)) in per.iter().enumerate() {
             let name = format!("telemark_collector_flow_{fam}");
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+            let family = o.counter(&name, help, &["exporter"]);
             if ex.by.is_empty() {
-                let _ = writeln!(o, "{name}{{exporter=\"other\"}} 0");
+                family.sample(&["other"], 0u64);
             }
             for (k, c) in &ex.by {
                 let label = k.map_or("other".to_string(), |a| a.to_string());
-                let _ = writeln!(o, "{name}{{exporter=\"{label}\"}} {}", c[i]);
+                family.sample(&[label], c[i]);
             }
         }
     }

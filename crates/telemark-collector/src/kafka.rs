@@ -19,13 +19,13 @@ use crate::api::Api;
 use crate::store::{Outbox, Publishing};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use telemark_kafka::{Consumer, KafkaConfig, Kind, Message, Origin, Producer, SendError};
+use telemark_transport::metrics::Exposition;
 
 /// The collector's Kafka file (`telemark collector --kafka FILE`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -145,45 +145,41 @@ impl KafkaStats {
     }
 
     /// The exposition lines.
-    pub fn render(&self, o: &mut String) {
+    pub fn render(&self, o: &mut Exposition) {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let mut family = |name: &str, kind: &str, help: &str, value: Option<u64>| {
+        let mut family = |name: &str, kind: &str, help: &str, value: u64| {
             let name = format!("telemark_collector_kafka_{name}");
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            if let Some(v) = value {
-                let _ = writeln!(o, "{name} {v}");
+            match kind {
+                "counter" => o.counter(&name, help, &[]),
+                _ => o.gauge(&name, help, &[]),
             }
+            .value(value);
         };
         if self.publishing.load(Ordering::Relaxed) {
-            family(
-                "published_total",
-                "counter",
-                "Records Kafka acknowledged.",
-                Some(g(&self.published)),
-            );
+            family("published_total", "counter", "Records Kafka acknowledged.", g(&self.published));
             family(
                 "delivery_errors_total",
                 "counter",
                 "Deliveries that failed after the client's retries (the record is sent again).",
-                Some(g(&self.delivery_errors)),
+                g(&self.delivery_errors),
             );
             family(
                 "in_flight",
                 "gauge",
                 "Records sent and not yet acknowledged.",
-                Some(g(&self.in_flight)),
+                g(&self.in_flight),
             );
             family(
                 "outbox_records",
                 "gauge",
                 "Records stored and not yet acknowledged by Kafka (the producer lag).",
-                Some(g(&self.outbox)),
+                g(&self.outbox),
             );
             family(
                 "outbox_skipped_total",
                 "counter",
                 "Records stored but not published because the outbox was full.",
-                Some(g(&self.outbox_skipped)),
+                g(&self.outbox_skipped),
             );
         }
         if self.consuming.load(Ordering::Relaxed) {
@@ -191,45 +187,39 @@ impl KafkaStats {
                 "consumed_total",
                 "counter",
                 "Records read from Kafka and stored.",
-                Some(g(&self.consumed)),
+                g(&self.consumed),
             );
             family(
                 "consumed_duplicates_total",
                 "counter",
                 "Records read from Kafka that were stored already.",
-                Some(g(&self.consumed_duplicates)),
+                g(&self.consumed_duplicates),
             );
             family(
                 "consumer_lag",
                 "gauge",
                 "Records in this collector's partitions not read yet.",
-                Some(g(&self.consumer_lag)),
+                g(&self.consumer_lag),
             );
             family(
                 "partitions",
                 "gauge",
                 "Partitions this collector owns in its consumer group.",
-                Some(g(&self.partitions)),
+                g(&self.partitions),
             );
             family(
                 "consumer_errors_total",
                 "counter",
                 "Failed polls, stores and commits.",
-                Some(g(&self.consumer_errors)),
+                g(&self.consumer_errors),
             );
-            family(
-                "refused_total",
-                "counter",
+            let refused = o.counter(
+                "telemark_collector_kafka_refused_total",
                 "Messages that were not Telemark records, by reason.",
-                None,
+                &["reason"],
             );
             if let Ok(m) = self.refused.lock() {
-                for (reason, n) in m.iter() {
-                    let _ = writeln!(
-                        o,
-                        "telemark_collector_kafka_refused_total{{reason=\"{reason}\"}} {n}"
-                    );
-                }
+                refused.samples(m.iter().map(|(reason, n)| ([reason], *n)));
             }
         }
     }
@@ -453,4 +443,46 @@ fn store(
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Kafka families keep the sample names and labels they had when written by hand (the
+    /// live before/after comparison has no broker to show them).
+    #[test]
+    fn kafka_samples_keep_their_names() {
+        let k = KafkaStats::default();
+        let mut page = Exposition::default();
+        k.render(&mut page);
+        assert!(!page.encode().contains("kafka"), "nothing while Kafka is off");
+        k.publishing.store(true, Ordering::Relaxed);
+        k.consuming.store(true, Ordering::Relaxed);
+        k.published.store(7, Ordering::Relaxed);
+        k.consumer_lag.store(3, Ordering::Relaxed);
+        k.refuse("not_json");
+        let mut page = Exposition::default();
+        k.render(&mut page);
+        let text = page.encode();
+        let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        let p = "telemark_collector_kafka_";
+        let want: Vec<String> = [
+            "published_total 7",
+            "delivery_errors_total 0",
+            "in_flight 0",
+            "outbox_records 0",
+            "outbox_skipped_total 0",
+            "consumed_total 0",
+            "consumed_duplicates_total 0",
+            "consumer_lag 3",
+            "partitions 0",
+            "consumer_errors_total 0",
+            "refused_total{reason=\"not_json\"} 1",
+        ]
+        .iter()
+        .map(|s| format!("{p}{s}"))
+        .collect();
+        assert_eq!(samples, want);
+    }
 }

@@ -1,10 +1,11 @@
-//! The collector's own counters, and the agents' health, in Prometheus text exposition format.
+//! The collector's own counters, and the agents' health, for its `/metrics` page (written by
+//! `telemark_transport::metrics`).
 
 use crate::store::{Agent, Stored};
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::Mutex;
 use telemark_core::records::Record;
+use telemark_transport::metrics::Exposition;
 
 /// Counters (a mutex around small maps: requests are few per second, not per packet).
 #[derive(Default)]
@@ -153,63 +154,80 @@ impl Metrics {
         });
     }
 
-    /// The exposition page.
-    pub fn render(&self, agents: &[Agent], stored: (u64, u64)) -> String {
-        let mut o = String::new();
+    /// The collector's own families on its `/metrics` page.
+    pub fn render(&self, o: &mut Exposition, agents: &[Agent], stored: (u64, u64)) {
         self.with(|m| {
-            let _ = writeln!(o, "# HELP telemark_collector_requests_total HTTP requests answered, by route and status.\n# TYPE telemark_collector_requests_total counter");
-            for ((route, status), n) in &m.requests {
-                let _ = writeln!(o, "telemark_collector_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}");
-            }
-            let _ = writeln!(o, "# HELP telemark_collector_records_total Records received in acknowledged requests, by kind (retries included).\n# TYPE telemark_collector_records_total counter");
-            for (k, n) in &m.records {
-                let _ = writeln!(o, "telemark_collector_records_total{{kind=\"{k}\"}} {n}");
-            }
-            let _ = writeln!(o, "# HELP telemark_collector_duplicates_total Records received again after a retry and not stored twice.\n# TYPE telemark_collector_duplicates_total counter\ntelemark_collector_duplicates_total {}", m.duplicates);
-            render_loss(&mut o, &m.loss);
-            let _ = writeln!(o, "# HELP telemark_int_events_total INT events stored, by the agent that detected them and detector.\n# TYPE telemark_int_events_total counter");
-            for ((agent, detector), n) in &m.events {
-                let _ = writeln!(o, "telemark_int_events_total{{agent=\"{agent}\",detector=\"{detector}\"}} {n}");
-            }
-            let _ = writeln!(o, "# HELP telemark_collector_errors_total Rejected requests and failures, by reason.\n# TYPE telemark_collector_errors_total counter");
-            for (k, n) in &m.errors {
-                let _ = writeln!(o, "telemark_collector_errors_total{{reason=\"{k}\"}} {n}");
-            }
+            o.counter(
+                "telemark_collector_requests_total",
+                "HTTP requests answered, by route and status.",
+                &["route", "status"],
+            )
+            .samples(
+                m.requests
+                    .iter()
+                    .map(|((route, status), n)| ([route.clone(), status.to_string()], *n)),
+            );
+            o.counter(
+                "telemark_collector_records_total",
+                "Records received in acknowledged requests, by kind (retries included).",
+                &["kind"],
+            )
+            .samples(m.records.iter().map(|(k, n)| ([k], *n)));
+            o.counter(
+                "telemark_collector_duplicates_total",
+                "Records received again after a retry and not stored twice.",
+                &[],
+            )
+            .value(m.duplicates);
+            render_loss(o, &m.loss);
+            o.counter(
+                "telemark_int_events_total",
+                "INT events stored, by the agent that detected them and detector.",
+                &["agent", "detector"],
+            )
+            .samples(m.events.iter().map(|((agent, detector), n)| ([agent, detector], *n)));
+            o.counter(
+                "telemark_collector_errors_total",
+                "Rejected requests and failures, by reason.",
+                &["reason"],
+            )
+            .samples(m.errors.iter().map(|(k, n)| ([k], *n)));
         });
-        let _ = writeln!(o, "# HELP telemark_collector_stored_records Records in the database, by table.\n# TYPE telemark_collector_stored_records gauge\ntelemark_collector_stored_records{{table=\"loss\"}} {}\ntelemark_collector_stored_records{{table=\"other\"}} {}", stored.0, stored.1);
-        let _ = writeln!(o, "# HELP telemark_collector_build_info The collector's version.\n# TYPE telemark_collector_build_info gauge\ntelemark_collector_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
-        let _ = writeln!(o, "# HELP telemark_collector_agent_records_total Records stored from each agent.\n# TYPE telemark_collector_agent_records_total counter");
-        for a in agents {
-            let _ = writeln!(
-                o,
-                "telemark_collector_agent_records_total{{agent=\"{}\"}} {}",
-                a.agent, a.records
-            );
-        }
-        let _ = writeln!(o, "# HELP telemark_collector_agent_export_dropped_records_total Records each agent reported dropped because its export buffer was full (since the agent started).\n# TYPE telemark_collector_agent_export_dropped_records_total counter");
-        for a in agents {
-            let _ = writeln!(
-                o,
-                "telemark_collector_agent_export_dropped_records_total{{agent=\"{}\"}} {}",
-                a.agent, a.export_dropped
-            );
-        }
-        let _ = writeln!(o, "# HELP telemark_collector_agent_last_seen_seconds When each agent was last heard from (Unix time).\n# TYPE telemark_collector_agent_last_seen_seconds gauge");
-        for a in agents {
-            let _ = writeln!(
-                o,
-                "telemark_collector_agent_last_seen_seconds{{agent=\"{}\"}} {:.3}",
-                a.agent,
-                a.last_seen_ns as f64 / 1e9
-            );
-        }
-        o
+        o.gauge(
+            "telemark_collector_stored_records",
+            "Records in the database, by table.",
+            &["table"],
+        )
+        .sample(&["loss"], stored.0)
+        .sample(&["other"], stored.1);
+        o.gauge("telemark_collector_build_info", "The collector's version.", &["version"])
+            .sample(&[env!("CARGO_PKG_VERSION")], 1u64);
+        o.counter(
+            "telemark_collector_agent_records_total",
+            "Records stored from each agent.",
+            &["agent"],
+        )
+        .samples(agents.iter().map(|a| ([&a.agent], a.records)));
+        o.counter(
+            "telemark_collector_agent_export_dropped_records_total",
+            "Records each agent reported dropped because its export buffer was full (since the \
+             agent started).",
+            &["agent"],
+        )
+        .samples(agents.iter().map(|a| ([&a.agent], a.export_dropped)));
+        // To the millisecond, as before.
+        o.gauge(
+            "telemark_collector_agent_last_seen_seconds",
+            "When each agent was last heard from (Unix time).",
+            &["agent"],
+        )
+        .samples(agents.iter().map(|a| ([&a.agent], (a.last_seen_ns / 1_000_000) as f64 / 1e3)));
     }
 }
 
 /// The loss counters per span: expected, lost and uncertain packets, batches and lossy batches.
 /// `rate(lost) / rate(expected)` by span is the loss ratio there (docs/collector.md, "Metrics").
-fn render_loss(o: &mut String, loss: &BTreeMap<Span, LossCounts>) {
+fn render_loss(o: &mut Exposition, loss: &BTreeMap<Span, LossCounts>) {
     type Field = fn(&LossCounts) -> u64;
     let families: [(&str, &str, Field); 5] = [
         ("expected_packets", "Packets the span's upstream counted into it.", |c| c.expected),
@@ -223,20 +241,11 @@ fn render_loss(o: &mut String, loss: &BTreeMap<Span, LossCounts>) {
         ("lossy_batches", "Batches that lost packets.", |c| c.lossy_batches),
     ];
     for (name, help, f) in families {
-        let _ = writeln!(
-            o,
-            "# HELP telemark_loss_{name}_total {help} From stored records (a retry counts once).\n\
-             # TYPE telemark_loss_{name}_total counter"
-        );
-        for (s, c) in loss {
-            let _ = writeln!(
-                o,
-                "telemark_loss_{name}_total{{agent=\"{}\",point=\"{}\",from=\"{}\"}} {}",
-                s.agent,
-                s.point,
-                s.from,
-                f(c)
-            );
-        }
+        o.counter(
+            &format!("telemark_loss_{name}_total"),
+            &format!("{help} From stored records (a retry counts once)."),
+            &["agent", "point", "from"],
+        )
+        .samples(loss.iter().map(|(s, c)| ([&s.agent, &s.point, &s.from], f(c))));
     }
 }

@@ -28,12 +28,12 @@
 //! Handlers are [`Handler`]s: pure functions of request and clock.
 
 use crate::http::{bearer, Handler, Request, Response};
+use crate::metrics::{Exposition, Value};
 use crate::now_ns;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -161,49 +161,38 @@ impl ServerStats {
         h.sum += s;
     }
 
-    /// The Prometheus text for these counters, each name starting with `prefix` (for example
-    /// `telemark_collector`).
-    pub fn render(&self, prefix: &str, o: &mut String) {
-        let _ = writeln!(
-            o,
-            "# HELP {prefix}_connections_total Connections accepted.\n\
-             # TYPE {prefix}_connections_total counter\n\
-             {prefix}_connections_total {}\n\
-             # HELP {prefix}_connections_open Connections open now.\n\
-             # TYPE {prefix}_connections_open gauge\n\
-             {prefix}_connections_open {}",
-            self.connections.load(Ordering::Relaxed),
-            self.open.load(Ordering::Relaxed)
-        );
+    /// These counters' families on a `/metrics` page, each name starting with `prefix` (for
+    /// example `telemark_collector`), without the page's common labels.
+    pub fn render(&self, prefix: &str, page: &mut Exposition) {
+        page.without_labels();
+        page.counter(&format!("{prefix}_connections_total"), "Connections accepted.", &[])
+            .value(self.connections.load(Ordering::Relaxed));
+        page.gauge(&format!("{prefix}_connections_open"), "Connections open now.", &[])
+            .value(self.open.load(Ordering::Relaxed));
         if let Some(t) = Some(self.cert_expiry.load(Ordering::Relaxed)).filter(|&t| t != 0) {
-            let _ = writeln!(
-                o,
-                "# HELP {prefix}_tls_cert_expiry_seconds When the served TLS certificate stops \
-                 being valid (notAfter, Unix time).\n# TYPE {prefix}_tls_cert_expiry_seconds \
-                 gauge\n{prefix}_tls_cert_expiry_seconds {t}"
-            );
+            page.gauge(
+                &format!("{prefix}_tls_cert_expiry_seconds"),
+                "When the served TLS certificate stops being valid (notAfter, Unix time).",
+                &[],
+            )
+            .value(t);
         }
-        let _ = writeln!(
-            o,
-            "# HELP {prefix}_http_refused_total Requests and connections the transport refused \
-             or lost, by reason.\n# TYPE {prefix}_http_refused_total counter"
+        let refused = page.counter(
+            &format!("{prefix}_http_refused_total"),
+            "Requests and connections the transport refused or lost, by reason.",
+            &["reason"],
         );
         for (k, n) in self.refused.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            let _ = writeln!(o, "{prefix}_http_refused_total{{reason=\"{k}\"}} {n}");
+            refused.sample(&[k], *n);
         }
-        let _ = writeln!(
-            o,
-            "# HELP {prefix}_http_request_duration_seconds Time from a complete request to its \
-             answer, by route.\n# TYPE {prefix}_http_request_duration_seconds histogram"
+        let latency = page.histogram(
+            &format!("{prefix}_http_request_duration_seconds"),
+            "Time from a complete request to its answer, by route.",
+            &["route"],
         );
         for (route, h) in self.latency.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            let name = format!("{prefix}_http_request_duration_seconds");
-            for (n, le) in h.buckets.iter().zip(LATENCY_BUCKETS) {
-                let _ = writeln!(o, "{name}_bucket{{route=\"{route}\",le=\"{le}\"}} {n}");
-            }
-            let _ = writeln!(o, "{name}_bucket{{route=\"{route}\",le=\"+Inf\"}} {}", h.count);
-            let _ = writeln!(o, "{name}_sum{{route=\"{route}\"}} {}", h.sum);
-            let _ = writeln!(o, "{name}_count{{route=\"{route}\"}} {}", h.count);
+            let buckets = LATENCY_BUCKETS.into_iter().zip(h.buckets).collect();
+            latency.sample(&[route], Value::Histogram { sum: h.sum, count: h.count, buckets });
         }
     }
 }
