@@ -735,11 +735,7 @@ fn duration(what: &str, s: &Option<String>, default: u64) -> Result<u64, ConfigE
     }
 }
 
-/// Whether `name` is a valid agent name (the collector's rule).
-pub fn valid_agent_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
-}
+pub use telemark_core::records::valid_agent_name;
 
 impl AgentConfig {
     /// Every port, in the order the agent numbers them: each pair's a then b (a pair's ports

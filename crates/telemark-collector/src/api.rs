@@ -13,7 +13,9 @@
 //! - `GET /metrics` — OpenMetrics text (Prometheus); `GET /` — the page.
 
 use crate::auth::{Auth, Identity};
-use crate::metrics::Metrics;
+use crate::ingest::Ingest;
+use telemark_core::records::valid_agent_name;
+
 use crate::store::{Store, StoreError, Window};
 use serde_json::json;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -126,13 +128,10 @@ fn document(content_type: &'static str, body: &str) -> Response {
 
 /// Everything a request may touch.
 pub struct Api {
-    /// The writer's connection: writes, and the probes' and `/metrics`' few quick reads.
-    /// Queries never take it (unless the database is in memory): they use `readers`.
-    pub store: Mutex<Store>,
+    /// Where records are stored and counted (shared with Kafka and the flow listener).
+    pub ingest: Arc<Ingest>,
     /// Read-only connections for queries, each request's reading under a time budget.
     pub readers: crate::store::Readers,
-    /// Counters.
-    pub metrics: Metrics,
     /// Agents silent for longer than this are reported unhealthy.
     pub stale_ns: u64,
     /// Tokens (`None`: everyone is trusted, loopback only).
@@ -171,14 +170,7 @@ fn route_of(path: &str) -> &'static str {
 
 /// An ingest request; its records are parsed one by one, so that each can be checked against
 /// what it parsed as.
-type Ingest = telemark_transport::wire::Ingest<serde_json::Value>;
-
-/// Whether `s` may name an agent (or a token's holder).
-pub(crate) fn valid_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 64
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
-}
+type IngestBody = telemark_transport::wire::Ingest<serde_json::Value>;
 
 impl Api {
     /// Answers one request. `now` is the wall clock in ns since the epoch.
@@ -219,7 +211,7 @@ impl Api {
             ("GET", "/metrics", _) => self.metrics_page(),
             _ => Response::error(405, format!("{} is not allowed on {path}", req.method)),
         };
-        self.metrics.request(route, r.status);
+        self.ingest.metrics.request(route, r.status);
         r
     }
 
@@ -270,9 +262,9 @@ impl Api {
     /// A refusal's answer, counted.
     fn refused(&self, route: &'static str, Refusal(reason, r): Refusal) -> Response {
         if let Some(reason) = reason {
-            self.metrics.count_error(reason);
+            self.ingest.metrics.count_error(reason);
         }
-        self.metrics.request(route, r.status);
+        self.ingest.metrics.request(route, r.status);
         r
     }
 
@@ -281,14 +273,14 @@ impl Api {
         if who.may_write_as(agent) {
             return Ok(());
         }
-        self.metrics.count_error("forbidden");
+        self.ingest.metrics.count_error("forbidden");
         Err(Response::error(403, format!("this token may not write as agent {agent:?}")))
     }
 
     /// The store (a panic in another request does not make it unusable: every write is one
     /// transaction, so a poisoned lock guards a consistent database).
     pub fn store(&self) -> MutexGuard<'_, Store> {
-        self.store.lock().unwrap_or_else(|p| p.into_inner())
+        self.ingest.store()
     }
 
     /// `f` on a reader connection, under the query budget: never the writer's lock, so a long
@@ -297,14 +289,14 @@ impl Api {
         &self,
         f: impl FnOnce(&Store) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let st = self.readers.get(&self.store)?;
+        let st = self.readers.get(self.ingest.writer())?;
         f(&st)
     }
 
     /// The request body as `T`, or a 400 naming what is wrong with it (counted).
     fn body<T: serde::de::DeserializeOwned>(&self, body: &[u8], what: &str) -> Result<T, Response> {
         serde_json::from_slice(body).map_err(|e| {
-            self.metrics.count_error("bad_json");
+            self.ingest.metrics.count_error("bad_json");
             Response::error(400, format!("bad {what}: {e}"))
         })
     }
@@ -312,16 +304,16 @@ impl Api {
     /// Whether the database takes writes: the file is there and answers, and the last write
     /// did not fail for want of space or I/O (a full disk).
     pub fn storage_ready(&self) -> bool {
-        !self.metrics.storage_failing() && self.store().ready().is_ok()
+        !self.ingest.metrics.storage_failing() && self.store().ready().is_ok()
     }
 
     fn db_error(&self, e: StoreError) -> Response {
         if storage_failure(&e) {
-            self.metrics.storage_failed(&e);
+            self.ingest.metrics.storage_failed(&e);
         }
         if e.overloaded() {
             // Over the query budget, or every reader busy: not a fault; retry shortly.
-            self.metrics.count_error(match e {
+            self.ingest.metrics.count_error(match e {
                 StoreError::OverBudget => "query_over_budget",
                 _ => "query_readers_busy",
             });
@@ -331,12 +323,12 @@ impl Api {
         }
         if e.unavailable() {
             // Not this request's fault, and not worth a retry until an operator acts.
-            self.metrics.count_error("database_unavailable");
+            self.ingest.metrics.count_error("database_unavailable");
             let mut r = Response::error(503, e);
             r.headers.push(("Retry-After", "60".into()));
             return r;
         }
-        self.metrics.count_error("database");
+        self.ingest.metrics.count_error("database");
         Response::error(500, e)
     }
 
@@ -348,8 +340,8 @@ impl Api {
         if let Err(resp) = self.writes_as(who, &r.agent) {
             return resp;
         }
-        if !valid_name(&r.agent) || r.version.len() > 64 {
-            self.metrics.count_error("bad_agent_name");
+        if !valid_agent_name(&r.agent) || r.version.len() > 64 {
+            self.ingest.metrics.count_error("bad_agent_name");
             return Response::error(
                 400,
                 "agent names are 1-64 characters of letters, digits and - _ . :",
@@ -361,7 +353,7 @@ impl Api {
         // the same name do not both write (the newer keeps it; the older is told why).
         match st.registered(&r.agent) {
             Ok(Some((boot, seen))) if r.boot < boot && now.saturating_sub(seen) < self.stale_ns => {
-                self.metrics.count_error("name_in_use");
+                self.ingest.metrics.count_error("name_in_use");
                 return Response::error(
                     409,
                     format!(
@@ -377,7 +369,7 @@ impl Api {
         }
         match st.register(&r.agent, &r.version, r.boot, now) {
             Ok(()) => {
-                self.metrics.storage_ok();
+                self.ingest.metrics.storage_ok();
                 Response::json(200, &json!({ "agent": r.agent, "registered": true }))
             }
             Err(e) => self.db_error(e),
@@ -390,19 +382,19 @@ impl Api {
         // PARSING_MAX_VALUES in all requests being parsed at once.
         let values = json_values(body);
         if values > MAX_VALUES {
-            self.metrics.count_error("too_many_values");
+            self.ingest.metrics.count_error("too_many_values");
             return Response::error(
                 413,
                 format!("{values} JSON values in one request; at most {MAX_VALUES}"),
             );
         }
         let Some(_parsing) = Parsing::take(values) else {
-            self.metrics.count_error("parse_budget");
+            self.ingest.metrics.count_error("parse_budget");
             let mut r = Response::error(503, "too many records being parsed; retry");
             r.headers.push(("Retry-After", "1".into()));
             return r;
         };
-        let req: Ingest = match self.body(body, "ingest request") {
+        let req: IngestBody = match self.body(body, "ingest request") {
             Ok(r) => r,
             Err(resp) => return resp,
         };
@@ -410,7 +402,7 @@ impl Api {
             return resp;
         }
         if req.records.len() > MAX_RECORDS {
-            self.metrics.count_error("too_many_records");
+            self.ingest.metrics.count_error("too_many_records");
             return Response::error(
                 413,
                 format!("{} records in one request; at most {MAX_RECORDS}", req.records.len()),
@@ -421,7 +413,7 @@ impl Api {
             Err(resp) => return resp,
         };
         if req.seq.checked_add(req.records.len() as u64).is_none_or(|e| e > i64::MAX as u64) {
-            self.metrics.count_error("bad_seq");
+            self.ingest.metrics.count_error("bad_seq");
             return Response::error(400, "seq out of range");
         }
         let mut st = self.store();
@@ -430,7 +422,7 @@ impl Api {
             Ok(Some((boot, _))) => {
                 // Another run registered since: register again (refused if that run is newer
                 // and alive).
-                self.metrics.count_error("not_registered_run");
+                self.ingest.metrics.count_error("not_registered_run");
                 return Response::error(
                     409,
                     format!(
@@ -440,7 +432,7 @@ impl Api {
                 );
             }
             Ok(None) => {
-                self.metrics.count_error("unknown_agent");
+                self.ingest.metrics.count_error("unknown_agent");
                 return Response::error(
                     409,
                     format!(
@@ -453,8 +445,8 @@ impl Api {
         }
         match st.ingest(&req.agent, req.boot, req.seq, &records, req.export_dropped, now) {
             Ok(s) => {
-                self.metrics.storage_ok();
-                self.metrics.ingested(&records, &s);
+                self.ingest.metrics.storage_ok();
+                self.ingest.metrics.ingested(&records, &s);
                 let next_seq = req.seq + req.records.len() as u64;
                 Response::json(
                     200,
@@ -467,7 +459,7 @@ impl Api {
 
     /// Every record of `req`, parsed and checked (`validate`): all, or a 400 naming the first
     /// that is refused and why (nothing of the request is stored then).
-    fn check_records(&self, req: &Ingest, now: u64) -> Result<Vec<Record>, Response> {
+    fn check_records(&self, req: &IngestBody, now: u64) -> Result<Vec<Record>, Response> {
         let mut out = Vec::with_capacity(req.records.len());
         for (n, v) in req.records.iter().enumerate() {
             let checked = serde_json::from_value::<Record>(v.clone())
@@ -489,7 +481,7 @@ impl Api {
             match checked {
                 Ok(r) => out.push(r),
                 Err(e) => {
-                    self.metrics.count_error("bad_record");
+                    self.ingest.metrics.count_error("bad_record");
                     return Err(Response::error(400, format!("record {n}: {e}")));
                 }
             }
@@ -581,7 +573,7 @@ impl Api {
             Err(e) => return self.bad_query(e),
         };
         let since = w.from_ns;
-        let st = match self.readers.get(&self.store) {
+        let st = match self.readers.get(self.ingest.writer()) {
             Ok(st) => st,
             Err(e) => return self.db_error(e),
         };
@@ -868,10 +860,10 @@ impl Api {
         let st = self.store();
         let agents = st.agents().unwrap_or_default();
         let counts = st.counts().unwrap_or_default();
-        let ready = st.ready().is_ok() && !self.metrics.storage_failing();
+        let ready = st.ready().is_ok() && !self.ingest.metrics.storage_failing();
         drop(st);
         let mut page = Exposition::default();
-        self.metrics.render(&mut page, &agents, counts);
+        self.ingest.metrics.render(&mut page, &agents, counts);
         page.gauge(
             "telemark_collector_storage_ready",
             "Whether the database takes writes (0: removed, replaced, full or failing; see \
@@ -886,7 +878,7 @@ impl Api {
     }
 
     fn bad_query(&self, e: String) -> Response {
-        self.metrics.count_error("bad_query");
+        self.ingest.metrics.count_error("bad_query");
         Response::error(400, e)
     }
 }

@@ -99,7 +99,7 @@ impl Auth {
         let readers = f.readers.into_iter().map(|(n, t)| (t, Identity::Reader(n)));
         for (token, who) in agents.chain(readers) {
             let (Identity::Agent(name) | Identity::Reader(name)) = &who else { continue };
-            if !crate::api::valid_name(name) {
+            if !telemark_core::records::valid_agent_name(name) {
                 return Err(format!("{name:?}: names are 1-64 of letters, digits and - _ . :"));
             }
             if token.len() < MIN_TOKEN_LEN || !token.bytes().all(|b| b.is_ascii_graphic()) {

@@ -16,8 +16,8 @@
 //! - **Times.** A flow the exporter did not time (sFlow samples, or times older than the store
 //!   keeps) takes its arrival time.
 
-use crate::api::Api;
 use crate::flows::{Budget, Decoder, ExportedFlow, Limits, Refusal};
+use crate::ingest::Ingest;
 use std::collections::HashMap;
 use std::io::Read as _;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -305,7 +305,7 @@ impl FlowStats {
 
 /// Binds every socket and starts a worker on each.
 pub fn start(
-    api: Arc<Api>,
+    ingest: Arc<Ingest>,
     cfg: &FlowListenConfig,
     stats: Arc<FlowStats>,
     stop: Arc<AtomicBool>,
@@ -343,7 +343,7 @@ pub fn start(
         keep => crate::now_ns().saturating_sub(keep),
     };
     let remembered = {
-        let mut st = api.store();
+        let mut st = ingest.store();
         st.prune_flow_state(state_cut(cfg.state_retention), state_bytes)
             .map_err(|e| format!("flows: {e}"))?;
         st.flow_state(cfg.template_fields_max / 17 + 1).map_err(|e| format!("flows: {e}"))?
@@ -369,7 +369,7 @@ pub fn start(
     // Receivers hand batches to one storing thread; a store that falls behind costs flows
     // (counted), never the receive buffers.
     let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(64);
-    let mut storer = Storer { api, stats: stats.clone(), boot, next_seq: HashMap::new() };
+    let mut storer = Storer { ingest, stats: stats.clone(), boot, next_seq: HashMap::new() };
     let retention = cfg.state_retention;
     let mut threads = vec![std::thread::spawn(move || {
         let mut pruned = Instant::now();
@@ -383,7 +383,7 @@ pub fn start(
             // the size bound, go once a minute.
             if pruned.elapsed() >= Duration::from_secs(60) {
                 pruned = Instant::now();
-                let r = storer.api.store().prune_flow_state(state_cut(retention), state_bytes);
+                let r = storer.ingest.store().prune_flow_state(state_cut(retention), state_bytes);
                 if let Err(e) = r {
                     tracing::warn!("flows: pruning kept templates: {e}");
                 }
@@ -817,7 +817,7 @@ impl Worker {
 
 /// The storing thread: flows as `flow` records, numbered per exporter and worker.
 struct Storer {
-    api: Arc<Api>,
+    ingest: Arc<Ingest>,
     stats: Arc<FlowStats>,
     /// This run's start; worker `i`'s records have boot `boot + i`.
     boot: u64,
@@ -828,7 +828,7 @@ struct Storer {
 impl Storer {
     fn store(&mut self, b: Batch) {
         if !b.changes.is_empty() {
-            if let Err(e) = self.api.store().remember_flow_state(&b.changes) {
+            if let Err(e) = self.ingest.store().remember_flow_state(&b.changes) {
                 tracing::warn!("flows: keeping templates: {e}");
                 self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
             }
@@ -843,7 +843,7 @@ impl Storer {
             let r = Record::Flow(record(&agent, f, now));
             by_exporter.entry(agent).or_default().push(r);
         }
-        let mut st = self.api.store();
+        let mut st = self.ingest.store();
         for (agent, recs) in by_exporter {
             let next = self.next_seq.entry((agent.clone(), b.worker)).or_insert(0);
             let numbered: Vec<(u64, Record)> =
@@ -854,7 +854,7 @@ impl Storer {
                     self.stats.stored.fetch_add(s.accepted, Ordering::Relaxed);
                     // A count no reader could hold (validate::counts), refused by the store.
                     for _ in 0..s.refused {
-                        self.api.metrics.count_error("exporter_count_too_large");
+                        self.ingest.metrics.count_error("exporter_count_too_large");
                     }
                 }
                 Err(e) => {

@@ -15,7 +15,7 @@
 //! Neither ever holds up ingest: the outbox is bounded (`outbox_max`; past it records are
 //! stored, not published, and counted), and the producer's queue is librdkafka's own.
 
-use crate::api::Api;
+use crate::ingest::Ingest;
 use crate::store::{Outbox, Publishing};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -357,7 +357,7 @@ pub fn publish(
 
 /// Reads `kinds` as a member of `group` and stores what it reads until `stop`.
 pub fn consume(
-    api: Arc<Api>,
+    ingest: Arc<Ingest>,
     cfg: KafkaConfig,
     consume: ConsumeConfig,
     stats: Arc<KafkaStats>,
@@ -381,7 +381,7 @@ pub fn consume(
             for e in &batch.refused {
                 stats.refuse(e.reason());
             }
-            if store(&api, &batch.records, &stats) {
+            if store(&ingest, &batch.records, &stats) {
                 if let Err(e) = consumer.commit(&batch) {
                     tracing::warn!("{e}");
                     stats.consumer_errors.fetch_add(1, Ordering::Relaxed);
@@ -408,7 +408,7 @@ pub fn consume(
 /// Stores `records` grouped by (agent, boot), each group in one transaction; false when a
 /// store failed (nothing of the batch is committed then).
 fn store(
-    api: &Api,
+    ingest: &Ingest,
     records: &[(Origin, telemark_core::records::Record)],
     stats: &KafkaStats,
 ) -> bool {
@@ -427,14 +427,14 @@ fn store(
         }
         runs.entry((o.agent.as_str(), o.boot)).or_default().push((o.seq, r.clone()));
     }
-    let mut st = api.store();
+    let mut st = ingest.store();
     for ((agent, boot), recs) in runs {
         match st.ingest_numbered(agent, boot, &recs, now) {
             Ok(s) => {
                 stats.consumed.fetch_add(s.accepted, Ordering::Relaxed);
                 stats.consumed_duplicates.fetch_add(s.duplicates, Ordering::Relaxed);
                 let plain: Vec<_> = recs.into_iter().map(|(_, r)| r).collect();
-                api.metrics.ingested(&plain, &s);
+                ingest.metrics.ingested(&plain, &s);
             }
             Err(e) => {
                 tracing::warn!("kafka: storing records of {agent}: {e}");

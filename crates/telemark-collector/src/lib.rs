@@ -10,6 +10,7 @@ pub mod api;
 pub mod auth;
 pub mod flow_listen;
 pub mod flows;
+pub mod ingest;
 pub mod kafka;
 pub mod link;
 pub mod metrics;
@@ -19,10 +20,11 @@ pub mod store;
 pub mod validate;
 
 use api::Api;
+use ingest::Ingest;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 pub use telemark_transport::now_ns;
@@ -162,10 +164,10 @@ impl Collector {
         let readers = store
             .readers(cfg.readers(), cfg.query_budget)
             .map_err(|err| StartError::Db { path: cfg.db.clone(), err })?;
+        let ingest = Arc::new(Ingest::new(store));
         let api = Arc::new(Api {
-            store: Mutex::new(store),
+            ingest: ingest.clone(),
             readers,
-            metrics: metrics::Metrics::default(),
             stale_ns: cfg.stale.as_nanos() as u64,
             auth: std::sync::RwLock::new(cfg.auth.clone()),
             transport: Arc::new(ServerStats::default()),
@@ -190,7 +192,7 @@ impl Collector {
             }
             if let Some(c) = &k.consume {
                 let t = kafka::consume(
-                    api.clone(),
+                    ingest.clone(),
                     k.kafka.clone(),
                     c.clone(),
                     api.kafka.clone(),
@@ -201,7 +203,7 @@ impl Collector {
             }
         }
         if !cfg.flows.listen.is_empty() || !cfg.flows.listen_tcp.is_empty() {
-            let t = flow_listen::start(api.clone(), &cfg.flows, api.flows.clone(), stop.clone())
+            let t = flow_listen::start(ingest.clone(), &cfg.flows, api.flows.clone(), stop.clone())
                 .map_err(StartError::Flows)?;
             threads.extend(t);
         }
@@ -224,7 +226,7 @@ impl Collector {
                         let before = now_ns().saturating_sub(keep.as_nanos() as u64);
                         let mut st = api.store();
                         if st.expire(before).is_err() {
-                            api.metrics.count_error("retention");
+                            api.ingest.metrics.count_error("retention");
                         }
                     }
                     std::thread::sleep(Duration::from_millis(200));

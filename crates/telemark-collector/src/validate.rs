@@ -108,7 +108,7 @@ fn flow(f: &Flow) -> Result<(), String> {
 }
 
 fn name(what: &str, s: &str) -> Result<(), String> {
-    if crate::api::valid_name(s) {
+    if telemark_core::records::valid_agent_name(s) {
         Ok(())
     } else {
         Err(format!("{what} {:?}: 1-64 of letters, digits and - _ . :", short(s)))

@@ -130,7 +130,7 @@ fn restart_loses_and_duplicates_nothing() {
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!((v["accepted"].as_u64(), v["duplicates"].as_u64()), (Some(0), Some(1)));
     // What is stored is what was sent, once each.
-    let (stored_loss, _) = c.api.store.lock().unwrap().counts().unwrap();
+    let (stored_loss, _) = c.api.store().counts().unwrap();
     assert_eq!(stored_loss, 800);
     let q = "src=10.0.0.1&dst=10.0.0.7&sport=40000&dport=5201&proto=17&bucket_ns=1000000000000";
     let (s, body) = get(addr, &format!("/api/v1/loss?{q}"));
@@ -262,7 +262,7 @@ fn bad_input_gets_clear_errors_and_counters() {
     let mut ex = Exporter::new(&format!("http://{a}"), "good", 1, 10);
     ex.push(loss("good", "ingress", None, 1, 3));
     assert_eq!(ex.flush().unwrap(), 1);
-    assert_eq!(c.api.store.lock().unwrap().counts().unwrap().0, 1);
+    assert_eq!(c.api.store().counts().unwrap().0, 1);
     // The page is served, and draws from the API.
     let (s, page) = get(a, "/");
     assert_eq!(s, 200);
@@ -357,9 +357,9 @@ fn retention_deletes_old_records_only() {
     ex.push(loss("sw-b", "ingress", None, 1, 1));
     ex.flush().unwrap();
     let cut = base_ns() - 1_000_000_000;
-    let removed = c.api.store.lock().unwrap().expire(cut).unwrap();
+    let removed = c.api.store().expire(cut).unwrap();
     assert_eq!(removed, 1);
-    assert_eq!(c.api.store.lock().unwrap().counts().unwrap().0, 1);
+    assert_eq!(c.api.store().counts().unwrap().0, 1);
 }
 
 /// The loss counters come from what is stored: a request posted three times (retries) counts

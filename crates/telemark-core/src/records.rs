@@ -4,6 +4,13 @@
 use serde::{Deserialize, Serialize};
 use telemark_wire::FlowKey;
 
+/// Whether `s` may name an agent (the name every record carries, and a token's holder): 1 to
+/// 64 ASCII letters, digits and `-_.:`. The agent's config and the collector check it alike.
+pub fn valid_agent_name(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+}
+
 /// A flow key as it appears in records.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Flow {
