@@ -9,6 +9,7 @@ pub mod config;
 pub mod control;
 mod metrics;
 mod service;
+mod stats;
 
 pub use config::{offline, sender_allowed, Args, Offline};
 pub use service::run;

@@ -2,7 +2,7 @@
 //! saw, and the control API (`/api/v1/detectors`) when a control token is configured.
 
 use crate::control::{Control, Refused};
-use crate::service::{Shared, WorkerStats};
+use crate::stats::{Shared, WorkerStats};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use telemark_core::int::collect::Refusal;

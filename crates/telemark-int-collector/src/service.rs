@@ -5,14 +5,15 @@
 use crate::config::{self, Args, Config};
 use crate::control::Control;
 use crate::metrics::Listener;
+use crate::stats::{Shared, WorkerStats};
 use anyhow::{Context, Result};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use telemark_collector::flow_listen::Prefix;
-use telemark_core::int::collect::{Collector, Counts};
+use telemark_core::int::collect::Collector;
 use telemark_core::int::sequence::Sequences;
 use telemark_core::int::{DetectRule, Detectors, Event};
 use telemark_core::records::Record;
@@ -21,34 +22,6 @@ use telemark_datapath::xdp::{udp_payload, XdpProgram, XskRx};
 use telemark_socket::udp::{RxOptions, UdpRx};
 use telemark_transport::exporter::Exporter;
 use telemark_transport::server::{Limits, Server, ServerConfig, ServerStats};
-
-/// What the workers publish for /metrics and the exporter.
-#[derive(Default)]
-pub(crate) struct Shared {
-    /// Per worker: its collector's counters, kernel drops.
-    pub(crate) workers: Mutex<Vec<WorkerStats>>,
-    /// Every worker's datagrams' sequence numbers: a sender may spread its datagrams over the
-    /// workers (SO_REUSEPORT and RSS hash its source port), so they are followed together.
-    pub(crate) sequences: Mutex<Sequences>,
-    pub(crate) ring_dropped: AtomicU64,
-    pub(crate) exported: AtomicU64,
-    pub(crate) export_dropped: AtomicU64,
-    pub(crate) export_failures: AtomicU64,
-    pub(crate) export_pending: AtomicU64,
-}
-
-#[derive(Default, Clone)]
-pub(crate) struct WorkerStats {
-    /// `udp` or `xdp`.
-    pub(crate) path: &'static str,
-    pub(crate) counts: Counts,
-    pub(crate) kernel_drops: u64,
-    pub(crate) truncated: u64,
-    pub(crate) flows: u64,
-    /// (flow, rule) detector states held.
-    pub(crate) states: u64,
-    pub(crate) evicted: u64,
-}
 
 /// Runs until SIGINT/SIGTERM.
 pub fn run(a: Args) -> Result<()> {
@@ -250,7 +223,7 @@ fn worker(
         let now = telemark_transport::now_ns();
         let r = rx.batch(|d, cut, src| {
             // Reports carry no credentials: the sender's address is what keeps strangers out.
-            if !allowed(allow, src) {
+            if !config::allowed(allow, src) {
                 c.not_allowed();
                 return;
             }
@@ -306,12 +279,6 @@ fn worker(
             }
         }
     }
-}
-
-/// Whether a datagram from `src` is read: any sender when the list is empty (loopback only).
-/// The receiver gives an IPv4-mapped sender as IPv4 already.
-pub(crate) fn allowed(allow: &[Prefix], src: Option<IpAddr>) -> bool {
-    allow.is_empty() || src.is_some_and(|ip| allow.iter().any(|p| p.contains(ip)))
 }
 
 /// Drains the workers' rings into the exporter, flushing every 200 ms, until stopped; then
