@@ -8,7 +8,7 @@ use crate::egress::RuledEvent;
 use crate::flow_export;
 use crate::kafka_out::KafkaOut;
 use crate::output::{emit, Out};
-use crate::shared::{PathStats, Shared};
+use crate::shared::{PathStats, PointTable, Shared};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use telemark_core::loss::{Aggregator, BatchEvent};
@@ -265,14 +265,15 @@ impl Aggregation {
                 }
             }
         }
-        let before =
-            |pt: u8| last.points.iter().find(|x| x.0 == pt).map(|x| x.1).unwrap_or_default();
+        let before = |pt: u8| {
+            last.points.iter().find(|x| x.point == pt).map(|x| x.stats).unwrap_or_default()
+        };
         let points = snap
             .points
             .iter()
-            .filter_map(|&(pt, st, held, cap)| {
-                let spec = specs.get(usize::from(pt))?;
-                let b = before(pt);
+            .filter_map(|t: &PointTable| {
+                let spec = specs.get(usize::from(t.point))?;
+                let (st, b) = (t.stats, before(t.point));
                 Some(PointHealth {
                     point: spec.name.clone(),
                     port: spec.port.clone(),
@@ -280,8 +281,8 @@ impl Aggregation {
                     flows_evicted: st.evicted.saturating_sub(b.evicted),
                     packets_refused: st.refused.saturating_sub(b.refused),
                     packets_unselected: st.unselected.saturating_sub(b.unselected),
-                    flows: held,
-                    capacity: cap,
+                    flows: t.flows,
+                    capacity: t.capacity,
                 })
             })
             .collect();

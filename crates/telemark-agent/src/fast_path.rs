@@ -10,7 +10,7 @@ use crate::datapath::{Datapath, PortPoints, Started};
 use crate::egress::{Egress, IntStage, RuledEvent};
 use crate::error::AgentError;
 use crate::flow_export::PortInfo;
-use crate::shared::{PathStats, Shared};
+use crate::shared::{PathStats, PointTable, Shared};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -350,15 +350,20 @@ impl FastPath {
                     s.learned += st.learned;
                     s.unlearned += st.unlearned;
                     // Both points share the switch's flow table.
-                    let (held, cap) = (sw.routes() as u64, sw.capacity() as u64);
+                    let (flows, capacity) = (sw.routes() as u64, sw.capacity() as u64);
                     if let (Some([i, e]), Some(eg)) = (sw.point_stats(), pp.egress) {
-                        s.points.push((pp.ingress, i, held, cap));
-                        s.points.push((eg, e, held, cap));
+                        s.points.push(PointTable { point: pp.ingress, stats: i, flows, capacity });
+                        s.points.push(PointTable { point: eg, stats: e, flows, capacity });
                     }
                 }
                 Proc::Tap(t, _) => {
-                    let (held, cap) = (t.occupancy() as u64, t.capacity() as u64);
-                    s.points.push((pp.ingress, t.stats(), held, cap));
+                    let (flows, capacity) = (t.occupancy() as u64, t.capacity() as u64);
+                    s.points.push(PointTable {
+                        point: pp.ingress,
+                        stats: t.stats(),
+                        flows,
+                        capacity,
+                    });
                 }
             }
         }

@@ -25,4 +25,4 @@ mod shared;
 
 pub use agent::{Agent, AgentError};
 pub use config::{AgentConfig, FileConfig};
-pub use shared::{AgentStats, ExportStats, FlowExportStats, PathStats};
+pub use shared::{AgentStats, ExportStats, FlowExportStats, PathStats, PointTable};

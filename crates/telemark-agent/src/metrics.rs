@@ -7,15 +7,12 @@
 //! controller). Both need the control token; without one configured the API is off.
 
 use crate::config::IntRulesSection;
-use crate::shared::{AgentStats, Shared};
+use crate::shared::{AgentStats, PointTable, Shared};
 use std::sync::Arc;
 use telemark_core::loss::PointSpec;
 use telemark_transport::http::{Handler, Request, Response};
 use telemark_transport::metrics::Exposition;
 use telemark_transport::server::ServerStats;
-
-/// One point's row as the fast path publishes it: point number, counters, flows held, capacity.
-type PointRow = (u8, telemark_core::loss::PointStats, u64, u64);
 
 /// The handler behind the agent's listener.
 pub(crate) struct AgentMetrics {
@@ -172,45 +169,45 @@ impl AgentMetrics {
             let (name, port) = spec.map_or(("?", "?"), |s| (s.name.as_str(), s.port.as_str()));
             [name, port]
         };
-        let per_point = |f: &dyn Fn(&PointRow) -> u64| {
-            p.points.iter().map(|x| (point(x.0), f(x))).collect::<Vec<_>>()
+        let per_point = |f: &dyn Fn(&PointTable) -> u64| {
+            p.points.iter().map(|x| (point(x.point), f(x))).collect::<Vec<_>>()
         };
         o.counter(
             "telemark_agent_point_packets_refused_total",
             "Packets of flows a point's full table had no room for (not measured there).",
             &["point", "port"],
         )
-        .samples(per_point(&|x| x.1.refused));
+        .samples(per_point(&|x| x.stats.refused));
         o.counter(
             "telemark_agent_point_flows_admitted_total",
             "Flows a point's table admitted.",
             &["point", "port"],
         )
-        .samples(per_point(&|x| x.1.admitted));
+        .samples(per_point(&|x| x.stats.admitted));
         o.counter(
             "telemark_agent_point_flows_evicted_total",
             "Flows a point's table retired.",
             &["point", "port"],
         )
-        .samples(per_point(&|x| x.1.evicted));
+        .samples(per_point(&|x| x.stats.evicted));
         o.counter(
             "telemark_agent_point_batches_total",
             "Batches a point closed.",
             &["point", "port"],
         )
-        .samples(per_point(&|x| x.1.batches));
+        .samples(per_point(&|x| x.stats.batches));
         o.gauge(
             "telemark_agent_point_flows",
             "Flows a point's table holds now.",
             &["point", "port"],
         )
-        .samples(per_point(&|x| x.2));
+        .samples(per_point(&|x| x.flows));
         o.gauge(
             "telemark_agent_point_flows_capacity",
             "Flows a point's table can hold.",
             &["point", "port"],
         )
-        .samples(per_point(&|x| x.3));
+        .samples(per_point(&|x| x.capacity));
         let e = &s.export;
         o.counter("telemark_agent_records_total", "Loss records the aggregator produced.", &[])
             .value(e.records);

@@ -41,9 +41,9 @@ pub struct PathStats {
     /// Of `rx_ring_drops`, each port's (ports in configuration order).
     #[serde(skip)]
     pub rx_ring_drops_by_port: Vec<u64>,
-    /// Each observation point's table: point number, counters, flows held, capacity.
+    /// Each observation point's table.
     #[serde(skip)]
-    pub points: Vec<(u8, PointStats, u64, u64)>,
+    pub points: Vec<PointTable>,
     /// The INT stage's counters, when INT is configured.
     #[serde(skip)]
     pub int: Option<IntStats>,
@@ -72,6 +72,19 @@ impl PathStats {
         v.extend(hh.map(|ns| ("heavy_hitters", ns)));
         v
     }
+}
+
+/// One observation point's table, as the fast path publishes it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PointTable {
+    /// The point's number (its place in the aggregation's points).
+    pub point: u8,
+    /// The point's counters.
+    pub stats: PointStats,
+    /// Flows the table holds now.
+    pub flows: u64,
+    /// Flows the table can hold.
+    pub capacity: u64,
 }
 
 /// Counters of the aggregator and exporter.
