@@ -27,11 +27,12 @@
 
 use crate::aggregation::Aggregation;
 use crate::config::AgentConfig;
+use crate::control::Control;
 use crate::datapath::layout;
 pub use crate::error::AgentError;
 use crate::fast_path;
 use crate::flow_export;
-use crate::metrics::AgentMetrics;
+use crate::metrics::{AgentMetrics, Listener};
 use crate::shared::{AgentStats, Shared};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -67,14 +68,16 @@ impl Agent {
             None => None,
             Some((listen, token)) => {
                 let transport = Arc::new(ServerStats::default());
-                let handler = Arc::new(AgentMetrics {
-                    agent: cfg.agent.clone(),
-                    shared: stats.clone(),
-                    points: points.clone(),
-                    ports: cfg.port_names().iter().map(|n| n.to_string()).collect(),
-                    token: token.clone(),
-                    control_token: cfg.control_token.clone(),
-                    transport: transport.clone(),
+                let handler = Arc::new(Listener {
+                    metrics: AgentMetrics {
+                        agent: cfg.agent.clone(),
+                        shared: stats.clone(),
+                        points: points.clone(),
+                        ports: cfg.port_names().iter().map(|n| n.to_string()).collect(),
+                        token: token.clone(),
+                        transport: transport.clone(),
+                    },
+                    control: Control { shared: stats.clone(), token: cfg.control_token.clone() },
                 });
                 let max_body = if cfg.control_token.is_some() { 64 * 1024 } else { 0 };
                 let scfg = ServerConfig {

@@ -6,13 +6,15 @@
 //!   (with `egress`: output queues and the INT stage).
 //! - `aggregation`: the aggregator thread (records every interval); `output`: where records go
 //!   (the collector, [`kafka_out`], stdout); [`flow_export`]: sFlow and IPFIX.
-//! - `metrics`: the `/metrics` listener and the control API.
+//! - `metrics`: the `/metrics` page, and the listener that serves it with `control`, the
+//!   control API (`GET`/`PUT /api/v1/int`).
 //! - `shared`: each thread's counters and the rules mailboxes, read by the others.
 //! - [`config`]: the TOML file and flags, checked.
 
 pub mod agent;
 mod aggregation;
 pub mod config;
+mod control;
 mod datapath;
 mod egress;
 mod error;

@@ -2,11 +2,10 @@
 //! from what the fast path and the aggregator publish (no lock on the fast path: it publishes
 //! ten times a second into a mutex only this page and the aggregator read).
 //!
-//! On the same listener, the control API (docs/int.md, "Control API"): `GET /api/v1/int`
-//! shows the INT rules in force, `PUT /api/v1/int` replaces them (the INT paper's SDN
-//! controller). Both need the control token; without one configured the API is off.
+//! The [`Listener`] serves this page and, on the same socket, the control API
+//! ([`crate::control`]).
 
-use crate::config::IntRulesSection;
+use crate::control::{Control, INT};
 use crate::shared::{AgentStats, PointTable, Shared};
 use std::sync::Arc;
 use telemark_core::loss::PointSpec;
@@ -14,28 +13,21 @@ use telemark_transport::http::{Handler, Request, Response};
 use telemark_transport::metrics::Exposition;
 use telemark_transport::server::ServerStats;
 
-/// The handler behind the agent's listener.
-pub(crate) struct AgentMetrics {
-    pub(crate) agent: String,
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) points: Vec<PointSpec>,
-    /// Port names in the fast path's order.
-    pub(crate) ports: Vec<String>,
-    /// The token scrapers must send, when set.
-    pub(crate) token: Option<String>,
-    /// The token a controller must send; `None`: no control API.
-    pub(crate) control_token: Option<String>,
-    pub(crate) transport: Arc<ServerStats>,
+/// The listener: `/metrics`, and the control API (`/api/v1/int`) when a control token is
+/// configured.
+pub(crate) struct Listener {
+    pub(crate) metrics: AgentMetrics,
+    pub(crate) control: Control,
 }
 
-impl Handler for AgentMetrics {
+impl Handler for Listener {
     fn handle(&self, req: &Request<'_>, _now: u64) -> Response {
         if let Err(r) = self.access(req.method, req.path(), req.token) {
             return r;
         }
         match (req.method, req.path()) {
-            ("GET", "/metrics") => self.render(&self.shared.snapshot()),
-            (_, _) => self.control(req),
+            ("GET", "/metrics") => self.metrics.render(&self.metrics.shared.snapshot()),
+            (_, _) => self.control.handle(req),
         }
     }
 
@@ -46,67 +38,49 @@ impl Handler for AgentMetrics {
     fn route(&self, path: &str) -> &'static str {
         match path {
             "/metrics" => "/metrics",
-            "/api/v1/int" => "/api/v1/int",
+            INT => INT,
             _ => "other",
         }
     }
 }
 
-impl AgentMetrics {
+impl Listener {
     /// Whether a request may be made, from its method, path and token alone: the listener's
-    /// access rules, all here. The server asks this before it reads a body (so a local user
-    /// without the control token cannot hold the listener's body budget), and
-    /// [`Handler::handle`] asks again.
+    /// access rules, each path's from its owner. The server asks this before it reads a body
+    /// (so a local user without the control token cannot hold the listener's body budget),
+    /// and [`Handler::handle`] asks again.
     fn access(&self, method: &str, path: &str, token: Option<&str>) -> Result<(), Response> {
-        match (method, path) {
-            (_, "/metrics") if !self.authorised(token) => Err(Response::unauthenticated()),
-            ("GET", "/metrics") => Ok(()),
-            (_, "/metrics") => Err(Response::error(405, "only GET is allowed on /metrics")),
-            (_, "/api/v1/int") => {
-                let Some(want) = &self.control_token else {
-                    return Err(Response::error(
-                        404,
-                        "the control API is off: set metrics.control_token_file and [int]",
-                    ));
-                };
-                if !token.is_some_and(|t| telemark_transport::http::token_eq(want, t)) {
-                    return Err(Response::unauthenticated());
-                }
-                match method {
-                    "GET" | "PUT" => Ok(()),
-                    _ => Err(Response::error(405, "GET or PUT /api/v1/int")),
-                }
-            }
-            (_, p) => Err(Response::error(
+        match path {
+            "/metrics" => self.metrics.access(method, token),
+            INT => self.control.access(method, token),
+            p => Err(Response::error(
                 404,
                 format!("no such endpoint: {p} (the agent serves /metrics)"),
             )),
         }
     }
+}
 
-    /// `GET` or `PUT /api/v1/int`, once [`AgentMetrics::access`] let it through.
-    fn control(&self, req: &Request<'_>) -> Response {
-        match req.method {
-            "GET" => {
-                let rules = self.shared.int_rules();
-                Response::json(200, &rules.map(|r| r.text).unwrap_or_default())
-            }
-            "PUT" => {
-                let body: IntRulesSection = match serde_json::from_slice(req.body) {
-                    Ok(b) => b,
-                    Err(e) => return Response::error(400, format!("body: {e}")),
-                };
-                match body.validate() {
-                    Ok(rules) => {
-                        let text = rules.text.clone();
-                        self.shared.set_int_rules(rules);
-                        tracing::info!("INT rules replaced through the control API");
-                        Response::json(200, &text)
-                    }
-                    Err(e) => Response::error(400, e),
-                }
-            }
-            _ => Response::error(405, "GET or PUT /api/v1/int"),
+/// The `/metrics` page.
+pub(crate) struct AgentMetrics {
+    pub(crate) agent: String,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) points: Vec<PointSpec>,
+    /// Port names in the fast path's order.
+    pub(crate) ports: Vec<String>,
+    /// The token scrapers must send, when set.
+    pub(crate) token: Option<String>,
+    pub(crate) transport: Arc<ServerStats>,
+}
+
+impl AgentMetrics {
+    /// Whether a request to `/metrics` may be made: `GET`, with the scrape token when one is
+    /// set.
+    fn access(&self, method: &str, token: Option<&str>) -> Result<(), Response> {
+        match method {
+            _ if !self.authorised(token) => Err(Response::unauthenticated()),
+            "GET" => Ok(()),
+            _ => Err(Response::error(405, "only GET is allowed on /metrics")),
         }
     }
 
@@ -399,14 +373,17 @@ mod tests {
     #[test]
     fn slow_bodies_without_the_control_token_do_not_hold_the_controller() {
         let transport = Arc::new(ServerStats::default());
-        let handler = Arc::new(AgentMetrics {
-            agent: "sw".into(),
-            shared: Arc::new(Shared::default()),
-            points: Vec::new(),
-            ports: Vec::new(),
-            token: None,
-            control_token: Some(CONTROL.into()),
-            transport: transport.clone(),
+        let shared = Arc::new(Shared::default());
+        let handler = Arc::new(Listener {
+            metrics: AgentMetrics {
+                agent: "sw".into(),
+                shared: shared.clone(),
+                points: Vec::new(),
+                ports: Vec::new(),
+                token: None,
+                transport: transport.clone(),
+            },
+            control: Control { shared, token: Some(CONTROL.into()) },
         });
         // As run.rs starts it.
         let cfg = ServerConfig {
