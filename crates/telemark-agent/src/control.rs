@@ -27,7 +27,7 @@ impl Control {
         let Some(want) = &self.token else {
             return Err(Response::error(
                 404,
-                "the control API is off: set metrics.control_token_file and [int]",
+                "the control API is off: set [control] token_file and [int]",
             ));
         };
         if !token.is_some_and(|t| telemark_transport::http::token_eq(want, t)) {
