@@ -39,7 +39,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use telemark_core::loss::Aggregator;
-use telemark_transport::server::{Limits, Server, ServerConfig, ServerStats};
+use telemark_transport::server::{Server, ServerConfig, ServerStats};
 
 /// A running agent.
 pub struct Agent {
@@ -79,13 +79,7 @@ impl Agent {
                     },
                     control: Control { shared: stats.clone(), token: cfg.control_token.clone() },
                 });
-                let max_body = if cfg.control_token.is_some() { 64 * 1024 } else { 0 };
-                let scfg = ServerConfig {
-                    listen: *listen,
-                    tls: None,
-                    limits: Limits { max_body, max_connections: 64, ..Limits::default() },
-                    workers: 1,
-                };
+                let scfg = ServerConfig::metrics_listener(*listen, cfg.control_token.is_some());
                 Some(Server::start(scfg, handler, transport).map_err(AgentError::Metrics)?)
             }
         };

@@ -23,7 +23,7 @@ use telemark_datapath::flow_meter::FlowMeter;
 use telemark_datapath::heavy_hitters::HeavyHitters;
 use telemark_datapath::int_roles::IntRoles;
 use telemark_datapath::queue::EgressQueue;
-use telemark_datapath::switch::{Action, Switch, SwitchConfig, SwitchStats, Tx, BURST};
+use telemark_datapath::switch::{Action, Points, Switch, SwitchConfig, SwitchStats, Tx, BURST};
 use telemark_datapath::Pkt;
 use telemark_transport::now_ns;
 use telemark_wire::flow::{self, LinkType};
@@ -83,7 +83,7 @@ pub(crate) fn open(cfg: &AgentConfig, per_port: &[PortPoints]) -> Result<Started
                     mark: pp.marker.is_some(),
                     default_port: (i ^ 1) as u16,
                     learn: true,
-                    points: (pp.marker.unwrap_or(0), pp.ingress, egress),
+                    points: Points { marker: pp.marker.unwrap_or(0), ingress: pp.ingress, egress },
                     int_port,
                 },
                 cfg.loss.table_size,
@@ -146,15 +146,18 @@ pub(crate) fn open(cfg: &AgentConfig, per_port: &[PortPoints]) -> Result<Started
         }
         None => (None, None),
     };
-    let path = FastPath {
+    let stages = Stages {
+        sink: RingSink::new(prod),
+        egress: Egress::new(txs, queues, int),
+        watch: cfg.watch.clone(),
         meter,
         hh,
+    };
+    let path = FastPath {
         points: per_port.to_vec(),
         rxs,
-        egress: Egress::new(txs, queues, int),
         procs,
-        watch: cfg.watch.clone(),
-        sink: RingSink::new(prod),
+        stages,
         idle_check_ns: (cfg.loss.idle_ns / 4).clamp(10_000_000, 1_000_000_000),
     };
     Ok(Started { path: Box::new(path), ports, events, int_events, hh_windows, meter_rings })
@@ -164,11 +167,20 @@ struct FastPath {
     /// Each input port's points.
     points: Vec<PortPoints>,
     rxs: Vec<RxRing>,
-    egress: Egress,
+    /// What processes each port's packets (by port number).
     procs: Vec<Proc>,
-    watch: telemark_core::watch::Watch,
-    sink: RingSink,
+    stages: Stages,
     idle_check_ns: u64,
+}
+
+/// What every burst passes through besides its port's processor.
+struct Stages {
+    /// Batch events, to the aggregation.
+    sink: RingSink,
+    /// Out: queues, the INT stage, TX rings.
+    egress: Egress,
+    /// The flows a tap measures (a switch direction has its own copy).
+    watch: telemark_core::watch::Watch,
     /// sFlow sampling and the IPFIX cache, when configured.
     meter: Option<FlowMeter>,
     /// The heavy-hitter pipelines, when configured.
@@ -204,20 +216,21 @@ impl FastPath {
                 }
             }
             let now = now_ns();
-            self.egress.drain_due(now);
-            self.egress.kick();
+            self.stages.egress.drain_due(now);
+            self.stages.egress.kick();
             if got > 0 {
                 busy_ns += t0.elapsed().as_nanos() as u64;
             } else {
                 // Asleep until a frame arrives or the next queued one is due (10 ms at most).
                 let wait_ms = self
+                    .stages
                     .egress
                     .next_due_ns()
                     .map_or(10, |due| due.saturating_sub(now).div_ceil(1_000_000).min(10));
                 afpacket::wait_readable(&fds, wait_ms as i32);
             }
             let now = now_ns();
-            if let Some(h) = &mut self.hh {
+            if let Some(h) = &mut self.stages.hh {
                 h.tick(now);
             }
             if now >= next_idle {
@@ -226,7 +239,7 @@ impl FastPath {
             }
             if last_pub.elapsed() >= Duration::from_millis(100) {
                 last_pub = Instant::now();
-                if let Some(m) = &mut self.meter {
+                if let Some(m) = &mut self.stages.meter {
                     // The whole cache every second.
                     m.sweep(now, m.cache_capacity() / 10 + 1);
                 }
@@ -238,7 +251,7 @@ impl FastPath {
                 if let Some((r, table)) =
                     shared.int.try_lock().ok().and_then(|mut m| m.pending.take())
                 {
-                    if let Some(int) = &mut self.egress.int {
+                    if let Some(int) = &mut self.stages.egress.int {
                         int.set_rules(&r, table);
                     }
                 }
@@ -248,25 +261,25 @@ impl FastPath {
         // dropped and counted); then close every open batch, upstream first, so nothing
         // counted is lost.
         let deadline = now_ns() + 1_000_000_000;
-        while let Some(due) = self.egress.next_due_ns() {
+        while let Some(due) = self.stages.egress.next_due_ns() {
             if due > deadline {
-                self.egress.drop_queued();
+                self.stages.egress.drop_queued();
                 break;
             }
             std::thread::sleep(Duration::from_nanos(due.saturating_sub(now_ns()).min(10_000_000)));
-            self.egress.drain_due(now_ns());
-            self.egress.kick();
+            self.stages.egress.drain_due(now_ns());
+            self.stages.egress.kick();
         }
         for p in &mut self.procs {
             match p {
-                Proc::Switch(sw) => sw.flush(&mut self.sink, |_| {}),
-                Proc::Tap(t, _) => t.flush(&mut self.sink),
+                Proc::Switch(sw) => sw.flush(&mut self.stages.sink, |_| {}),
+                Proc::Tap(t, _) => t.flush(&mut self.stages.sink),
             }
         }
-        if let Some(m) = &mut self.meter {
+        if let Some(m) = &mut self.stages.meter {
             m.flush();
         }
-        if let Some(h) = &mut self.hh {
+        if let Some(h) = &mut self.stages.hh {
             h.flush(now_ns());
         }
         self.publish(&shared.path, busy_ns);
@@ -275,15 +288,7 @@ impl FastPath {
 
     /// Reads one RX block of port `pi` in bursts through its processor; frames read.
     fn read_block(&mut self, pi: usize, burst: &mut [Pkt], out: &mut Outbox) -> usize {
-        let (rxs, procs, egress, sink, watch, meter, hh) = (
-            &mut self.rxs,
-            &mut self.procs,
-            &mut self.egress,
-            &mut self.sink,
-            &self.watch,
-            &mut self.meter,
-            &mut self.hh,
-        );
+        let (rxs, procs, stages) = (&mut self.rxs, &mut self.procs, &mut self.stages);
         let Some(rx) = rxs.get_mut(pi) else { return 0 };
         let Some(proc) = procs.get_mut(pi) else { return 0 };
         let mut n = 0;
@@ -295,12 +300,12 @@ impl FastPath {
                 n += 1;
             }
             if n == BURST {
-                run_burst(proc, pi as u16, &mut burst[..n], sink, out, egress, watch, meter, hh);
+                run_burst(proc, pi as u16, &mut burst[..n], out, stages);
                 n = 0;
             }
         });
         if n > 0 {
-            run_burst(proc, pi as u16, &mut burst[..n], sink, out, egress, watch, meter, hh);
+            run_burst(proc, pi as u16, &mut burst[..n], out, stages);
         }
         got
     }
@@ -308,9 +313,9 @@ impl FastPath {
     fn expire(&mut self, now: u64) {
         for p in &mut self.procs {
             match p {
-                Proc::Switch(sw) => sw.expire(now, &mut self.sink),
+                Proc::Switch(sw) => sw.expire(now, &mut self.stages.sink),
                 Proc::Tap(t, _) => {
-                    t.expire(now, &mut self.sink);
+                    t.expire(now, &mut self.stages.sink);
                 }
             }
         }
@@ -323,12 +328,13 @@ impl FastPath {
                 sw.set_watch(w.clone());
             }
         }
-        self.watch = w;
+        self.stages.watch = w;
     }
 
     fn publish(&mut self, shared: &Mutex<PathStats>, busy_ns: u64) {
-        self.sink.send_gap();
-        let mut s = PathStats { busy_ns, event_drops: self.sink.dropped, ..Default::default() };
+        self.stages.sink.send_gap();
+        let mut s =
+            PathStats { busy_ns, event_drops: self.stages.sink.dropped, ..Default::default() };
         for r in &mut self.rxs {
             let st = r.stats();
             s.rx += st.rx;
@@ -336,7 +342,7 @@ impl FastPath {
             s.rx_ring_drops_by_port.push(st.rx_ring_drops);
             s.rx_truncated += st.rx_truncated;
         }
-        for t in &self.egress.txs {
+        for t in &self.stages.egress.txs {
             let st = t.stats();
             s.tx += st.tx;
             s.tx_drops += st.tx_full + st.tx_too_big + st.tx_errors;
@@ -367,10 +373,10 @@ impl FastPath {
                 }
             }
         }
-        s.int = self.egress.int.as_ref().map(IntStage::stats);
-        s.meter = self.meter.as_ref().map(FlowMeter::stats);
-        s.hh = self.hh.as_ref().map(HeavyHitters::stats);
-        s.queues = self.egress.queue_stats();
+        s.int = self.stages.egress.int.as_ref().map(IntStage::stats);
+        s.meter = self.stages.meter.as_ref().map(FlowMeter::stats);
+        s.hh = self.stages.hh.as_ref().map(HeavyHitters::stats);
+        s.queues = self.stages.egress.queue_stats();
         // Never wait for the lock: the aggregator holds it only to copy.
         if let Ok(mut g) = shared.try_lock() {
             *g = s;
@@ -381,18 +387,14 @@ impl FastPath {
 /// One burst, arrived on port `in_port`, through a switch direction (then the flow meter and
 /// the heavy-hitter stage, then out by Egress) or a tap (then the same two stages).
 #[inline]
-#[allow(clippy::too_many_arguments)]
 fn run_burst(
     proc: &mut Proc,
     in_port: u16,
     pkts: &mut [Pkt],
-    sink: &mut RingSink,
     out: &mut Outbox,
-    egress: &mut Egress,
-    watch: &telemark_core::watch::Watch,
-    meter: &mut Option<FlowMeter>,
-    hh: &mut Option<HeavyHitters>,
+    stages: &mut Stages,
 ) {
+    let Stages { sink, egress, watch, meter, hh } = stages;
     match proc {
         Proc::Switch(sw) => {
             out.0.clear();

@@ -40,6 +40,17 @@ macro_rules! each_core {
 /// Packets per burst.
 pub const BURST: usize = 32;
 
+/// A switch's observation points, numbered as the aggregator's point specs are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Points {
+    /// Where it colours arriving traffic (used with [`SwitchConfig::mark`]).
+    pub marker: u8,
+    /// Where arriving packets are counted in.
+    pub ingress: u8,
+    /// Where forwarded packets are counted out.
+    pub egress: u8,
+}
+
 /// What the switch does to a packet besides forwarding it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -423,8 +434,8 @@ pub struct SwitchConfig {
     /// upcall installs a flow), so it is measured from its next packet on; learned flows idle
     /// for `loss.idle_ns` are retired by [`Switch::expire`].
     pub learn: bool,
-    /// Point numbers of (marker, ingress, egress) for the aggregator.
-    pub points: (u8, u8, u8),
+    /// The switch's observation points, as the aggregator numbers them.
+    pub points: Points,
     /// The UDP port that signals INT in this domain, if one does: packets carrying INT by it
     /// are keyed by their own destination port, kept in the shim
     /// ([`int_frame::key_as_sourced`]).
@@ -478,11 +489,11 @@ pub struct Switch {
 }
 
 fn parts<C: Counter>(cfg: SwitchConfig, flows: usize) -> (Core<C>, Option<PairTable<C>>) {
-    let (m, i, e) = cfg.points;
+    let Points { marker, ingress, egress } = cfg.points;
     let fib = Fib::with_capacity(flows);
-    let loss = cfg.loss.map(|l| PairTable::new(&l, fib.slots(), (i, e)));
+    let loss = cfg.loss.map(|l| PairTable::new(&l, fib.slots(), (ingress, egress)));
     let core = Core {
-        marker: cfg.loss.filter(|_| cfg.mark).map(|l| Marker::new(&l, m)),
+        marker: cfg.loss.filter(|_| cfg.mark).map(|l| Marker::new(&l, marker)),
         fib,
         meta: [Meta::default(); BURST],
         visits: [Visit::default(); BURST],
@@ -920,7 +931,7 @@ mod tests {
             mark,
             default_port: port,
             learn: true,
-            points: (0, 1, 2),
+            points: Points { marker: 0, ingress: 1, egress: 2 },
             int_port: None,
         }
     }

@@ -21,7 +21,7 @@ use telemark_core::spsc;
 use telemark_datapath::xdp::{udp_payload, XdpProgram, XskRx};
 use telemark_socket::udp::{RxOptions, UdpRx};
 use telemark_transport::exporter::Exporter;
-use telemark_transport::server::{Limits, Server, ServerConfig, ServerStats};
+use telemark_transport::server::{Server, ServerConfig, ServerStats};
 
 /// Runs until SIGINT/SIGTERM.
 pub fn run(a: Args) -> Result<()> {
@@ -96,14 +96,7 @@ pub fn run(a: Args) -> Result<()> {
                 control: control.clone(),
                 transport: transport.clone(),
             });
-            // Bodies only for the control API, and small: 64 KiB holds hundreds of rules.
-            let max_body = if cfg.control_token.is_some() { 64 * 1024 } else { 0 };
-            let scfg = ServerConfig {
-                listen: *listen,
-                tls: None,
-                limits: Limits { max_body, max_connections: 64, ..Limits::default() },
-                workers: 1,
-            };
+            let scfg = ServerConfig::metrics_listener(*listen, cfg.control_token.is_some());
             Some(Server::start(scfg, handler, transport)?)
         }
         None => None,

@@ -10,7 +10,7 @@ use telemark_core::rng::Rng;
 use telemark_core::spsc::{self, Consumer, Producer};
 use telemark_core::FlowKey;
 use telemark_datapath::flow_meter::{FlowMeter, IpfixSettings, MeterRings, SflowSettings};
-use telemark_datapath::switch::{Action, Switch, SwitchConfig, Tx, BURST};
+use telemark_datapath::switch::{Action, Points, Switch, SwitchConfig, Tx, BURST};
 use telemark_datapath::Pkt;
 use telemark_wire::flow::build_frame;
 use telemark_wire::flow::LinkType;
@@ -167,7 +167,7 @@ impl Case {
             mark: false,
             default_port: 0,
             learn: false,
-            points: (0, 1, 2),
+            points: Points { marker: 0, ingress: 1, egress: 2 },
             int_port: None,
         };
         let mut switch = Switch::new(cfg, flows);

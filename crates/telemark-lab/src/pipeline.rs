@@ -23,7 +23,7 @@ use telemark_core::loss::{
 };
 use telemark_core::sketch::sfcmon::{ExactFlows, HhConfig, HhWindow, Sfcmon};
 use telemark_core::{flow_hash, FlowKey};
-use telemark_datapath::switch::{Action, Switch, SwitchConfig, SwitchStats, Tx, BURST};
+use telemark_datapath::switch::{Action, Points, Switch, SwitchConfig, SwitchStats, Tx, BURST};
 use telemark_datapath::Pkt;
 use telemark_wire::flow::{self, LinkType};
 
@@ -230,7 +230,11 @@ impl Replay {
                 mark: false,
                 default_port: 1,
                 learn: true,
-                points: (points::MARKER, points::INGRESS, points::EGRESS),
+                points: Points {
+                    marker: points::MARKER,
+                    ingress: points::INGRESS,
+                    egress: points::EGRESS,
+                },
                 int_port: None,
             },
             loss.table_size,

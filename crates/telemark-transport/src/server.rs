@@ -102,6 +102,22 @@ pub struct ServerConfig {
     pub workers: usize,
 }
 
+impl ServerConfig {
+    /// A service's own small listener for `/metrics` and, when `control` is true, its control
+    /// API: no TLS (so it is loopback-only whenever a control token is set, which the services'
+    /// configs check), one handler thread, 64 connections, and bodies only for the control API,
+    /// small (64 KiB holds hundreds of rules).
+    pub fn metrics_listener(listen: SocketAddr, control: bool) -> ServerConfig {
+        let max_body = if control { 64 * 1024 } else { 0 };
+        ServerConfig {
+            listen,
+            tls: None,
+            limits: Limits { max_body, max_connections: 64, ..Limits::default() },
+            workers: 1,
+        }
+    }
+}
+
 /// A failure to start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {

@@ -412,14 +412,7 @@ impl<C: Counter> PairTable<C> {
         key: &FlowKey,
         sink: &mut S,
     ) {
-        for at in 0..2 {
-            if let (true, Some(st)) =
-                (self.close(at, hot, slot, key, Tail::Cut, sink), self.stats.get_mut(at))
-            {
-                st.deselected += 1;
-            }
-        }
-        self.clear(hot, slot);
+        self.retire_both(hot, (slot, key), Tail::Cut, sink, |st| st.deselected += 1);
     }
 
     /// Whether `hot` holds a flow idle for longer than the idle timeout at `now`.
@@ -465,11 +458,24 @@ impl<C: Counter> PairTable<C> {
         key: &FlowKey,
         sink: &mut S,
     ) {
+        self.retire_both(hot, (slot, key), Tail::End, sink, |st| st.evicted += 1);
+    }
+
+    /// Closes the flow's open batches at both points, ingress first, with `tail`; `count`
+    /// is told of each point that had one; then frees the slot.
+    fn retire_both<S: EventSink>(
+        &mut self,
+        hot: &mut PairState<C>,
+        (slot, key): (usize, &FlowKey),
+        tail: Tail,
+        sink: &mut S,
+        count: impl Fn(&mut PointStats),
+    ) {
         for at in 0..2 {
             if let (true, Some(st)) =
-                (self.close(at, hot, slot, key, Tail::End, sink), self.stats.get_mut(at))
+                (self.close(at, hot, slot, key, tail, sink), self.stats.get_mut(at))
             {
-                st.evicted += 1;
+                count(st);
             }
         }
         self.clear(hot, slot);
