@@ -65,47 +65,8 @@ pub struct FlowListenConfig {
     pub allow: Vec<Prefix>,
 }
 
-/// An address prefix, `192.0.2.0/24` or `2001:db8::/32` (a bare address is its /32 or /128).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Prefix {
-    addr: IpAddr,
-    len: u8,
-}
-
-impl std::str::FromStr for Prefix {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Prefix, String> {
-        let (a, l) = s.split_once('/').map_or((s, None), |(a, l)| (a, Some(l)));
-        let addr: IpAddr = a.parse().map_err(|_| format!("{s:?}: not an address or prefix"))?;
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        let len = match l {
-            None => max,
-            Some(l) => l
-                .parse()
-                .ok()
-                .filter(|l| *l <= max)
-                .ok_or(format!("{s:?}: prefix length 0-{max}"))?,
-        };
-        Ok(Prefix { addr, len })
-    }
-}
-
-impl Prefix {
-    /// Whether `ip` is in it.
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        let bits = |ip: IpAddr| match ip {
-            IpAddr::V4(a) => (u128::from(u32::from(a)) << 96, 32),
-            IpAddr::V6(a) => (u128::from(a), 128),
-        };
-        let ((p, pmax), (x, xmax)) = (bits(self.addr), bits(ip));
-        if pmax != xmax {
-            return false;
-        }
-        let mask = if self.len == 0 { 0 } else { u128::MAX << (128 - u32::from(self.len)) };
-        p & mask == x & mask
-    }
-}
+/// The allow-lists' address prefix (written once, in `telemark-socket`).
+pub use telemark_socket::Prefix;
 
 impl Default for FlowListenConfig {
     fn default() -> Self {

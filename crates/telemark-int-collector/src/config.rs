@@ -8,10 +8,10 @@ use serde::Deserialize;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use telemark_collector::flow_listen::Prefix;
 use telemark_core::int::sequence::Limits as SeqLimits;
 use telemark_core::int::{DetectRule, DetectSection};
 use telemark_datapath::xdp::XdpMode;
+use telemark_socket::Prefix;
 use telemark_wire::dialect::Mode;
 
 /// `telemark int-collector` flags (each overrides the config file's value).

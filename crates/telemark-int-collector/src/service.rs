@@ -12,7 +12,6 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use telemark_collector::flow_listen::Prefix;
 use telemark_core::int::collect::Collector;
 use telemark_core::int::sequence::Sequences;
 use telemark_core::int::{DetectRule, Detectors, Event};
@@ -20,6 +19,7 @@ use telemark_core::records::Record;
 use telemark_core::spsc;
 use telemark_datapath::xdp::{udp_payload, XdpProgram, XskRx};
 use telemark_socket::udp::{RxOptions, UdpRx};
+use telemark_socket::Prefix;
 use telemark_transport::exporter::Exporter;
 use telemark_transport::server::{Server, ServerConfig, ServerStats};
 

@@ -2,7 +2,8 @@
 //! `setsockopt(2)` wrapper ([`setsockopt`]), conversions between [`SocketAddr`] and the
 //! kernel's `sockaddr` ([`sockaddr`], [`peer`]), and the one UDP batch receiver ([`udp::UdpRx`]:
 //! `recvmmsg`, sender addresses, the kernel's overflow counter, truncation, EINTR) that the
-//! collector's flow listener, the INT collector and the tests read datagrams with.
+//! collector's flow listener, the INT collector and the tests read datagrams with; and the
+//! address prefixes their allow-lists are written in ([`Prefix`]).
 
 pub mod udp;
 
@@ -92,5 +93,70 @@ pub fn peer(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
             Some(SocketAddr::new(ip, u16::from_be(a.sin6_port)))
         }
         _ => None,
+    }
+}
+
+/// An address prefix, `192.0.2.0/24` or `2001:db8::/32` (a bare address is its /32 or /128).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prefix {
+    addr: IpAddr,
+    len: u8,
+}
+
+impl std::str::FromStr for Prefix {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Prefix, String> {
+        let (a, l) = s.split_once('/').map_or((s, None), |(a, l)| (a, Some(l)));
+        let addr: IpAddr = a.parse().map_err(|_| format!("{s:?}: not an address or prefix"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let len = match l {
+            None => max,
+            Some(l) => l
+                .parse()
+                .ok()
+                .filter(|l| *l <= max)
+                .ok_or(format!("{s:?}: prefix length 0-{max}"))?,
+        };
+        Ok(Prefix { addr, len })
+    }
+}
+
+impl Prefix {
+    /// Whether `ip` is in it.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let bits = |ip: IpAddr| match ip {
+            IpAddr::V4(a) => (u128::from(u32::from(a)) << 96, 32),
+            IpAddr::V6(a) => (u128::from(a), 128),
+        };
+        let ((p, pmax), (x, xmax)) = (bits(self.addr), bits(ip));
+        if pmax != xmax {
+            return false;
+        }
+        let mask = if self.len == 0 { 0 } else { u128::MAX << (128 - u32::from(self.len)) };
+        p & mask == x & mask
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_parse_and_contain_what_they_say() {
+        let p: Prefix = "192.0.2.0/24".parse().unwrap();
+        assert!(p.contains("192.0.2.200".parse().unwrap()));
+        assert!(!p.contains("192.0.3.1".parse().unwrap()));
+        // An IPv4 prefix never holds an IPv6 address, even a mapped one (the receiver gives
+        // those as IPv4 already).
+        assert!(!p.contains("::ffff:192.0.2.1".parse().unwrap()));
+        let host: Prefix = "2001:db8::7".parse().unwrap();
+        assert!(host.contains("2001:db8::7".parse().unwrap()));
+        assert!(!host.contains("2001:db8::8".parse().unwrap()));
+        let all: Prefix = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains("203.0.113.9".parse().unwrap()));
+        for bad in ["192.0.2.0/33", "2001:db8::/129", "host", "10.0.0.0/x", ""] {
+            assert!(bad.parse::<Prefix>().is_err(), "{bad:?}");
+        }
     }
 }
