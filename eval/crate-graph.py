@@ -8,8 +8,9 @@
 
 One row per crate: lines of Rust in src/ (tests under tests/ and benches/ not counted; unit tests
 inside src/ are), what it owns (its Cargo.toml description) and the workspace crates it depends
-on. A file's dependencies are the `crate::module` paths it names; two files that name each
-other, directly or round a longer loop, are a circle.
+on. A file's dependencies are the modules it names (`crate::a::b`, `super::x`, grouped
+`use crate::{a, b}`; comments and unit tests left out); two files that name each other,
+directly or round a longer loop, are a circle (a module and its own child are not).
 """
 
 import json
@@ -56,8 +57,18 @@ def circles(crate_src: pathlib.Path):
         text = f.read_text()
         # Unit tests may reach anywhere in their crate: only the code above them counts.
         text = text.split("#[cfg(test)]")[0]
+        # Comments name modules without needing them.
+        text = re.sub(r"//[^\n]*", "", text)
+        # Grouped imports, `use crate::{a, b::c}` and `use super::{x, y}`, as one path each.
+        for root, body in re.findall(r"\b(crate|super)::\{([^}]*)\}", text):
+            text += " " + " ".join(f"{root}::{item.strip()}" for item in body.split(","))
+        paths = re.findall(r"\bcrate::((?:[a-z_][a-z0-9_]*::)*[a-z_][a-z0-9_]*)", text)
+        # `super::x` from module a::b::c is a::b::x (from a file at the root, the crate root).
+        parent = m.split("::")[:-1] if m else []
+        for path in re.findall(r"\bsuper::((?:[a-z_][a-z0-9_]*::)*[a-z_][a-z0-9_]*)", text):
+            paths.append("::".join(parent + path.split("::")))
         names = set()
-        for path in re.findall(r"crate::((?:[a-z_][a-z0-9_]*::)*[a-z_][a-z0-9_]*)", text):
+        for path in paths:
             parts = path.split("::")
             # The longest prefix that is a module of this crate.
             for k in range(len(parts), 0, -1):
@@ -66,8 +77,10 @@ def circles(crate_src: pathlib.Path):
                     names.add(cand)
                     break
         names.discard(m)
-        # A parent module naming its children is structure, not a dependency.
-        edges[m] = {n for n in names if not (m == "" or n.startswith(m + "::"))}
+        # A parent module naming its children, or a child its parent, is structure, not a
+        # dependency between peers.
+        edges[m] = {n for n in names
+                    if not (m == "" or n.startswith(m + "::") or m.startswith(n + "::"))}
     found, state, stack = [], {}, []
 
     def visit(m):

@@ -385,7 +385,7 @@ mod tests {
             },
             control: Control { shared, token: Some(CONTROL.into()) },
         });
-        // As run.rs starts it.
+        // As agent.rs starts it.
         let cfg = ServerConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
             tls: None,

@@ -387,18 +387,11 @@ impl RxRing {
     /// Counters; adds the kernel's ring drops since the last call (`PACKET_STATISTICS` resets).
     pub fn stats(&mut self) -> RxStats {
         let mut st = TpacketStats::default();
-        let mut len = core::mem::size_of::<TpacketStats>() as libc::socklen_t;
-        // SAFETY: `st` is a live tpacket_stats of the size passed.
+        // SAFETY: tpacket_stats(_v3) is three u32s: any bits are valid.
         let r = unsafe {
-            libc::getsockopt(
-                self.fd(),
-                SOL_PACKET,
-                PACKET_STATISTICS,
-                &mut st as *mut TpacketStats as *mut libc::c_void,
-                &mut len,
-            )
+            telemark_socket::getsockopt(self.fd(), SOL_PACKET, PACKET_STATISTICS, &mut st)
         };
-        if r == 0 {
+        if r.is_ok() {
             self.stats.rx_ring_drops += u64::from(st.drops);
         }
         self.stats
@@ -500,18 +493,8 @@ pub fn wait_readable(fds: &[RawFd], timeout_ms: i32) {
     let readable = p[..n].iter().any(|f| f.revents & libc::POLLIN != 0);
     if ready > 0 && !readable && p[..n].iter().any(broken) {
         for f in p[..n].iter().filter(|f| broken(f)) {
-            let mut err: libc::c_int = 0;
-            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-            // SAFETY: getsockopt writes at most `len` bytes into `err`.
-            unsafe {
-                libc::getsockopt(
-                    f.fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_ERROR,
-                    (&mut err as *mut libc::c_int).cast(),
-                    &mut len,
-                )
-            };
+            // Reading SO_ERROR clears the pending error.
+            let _ = telemark_socket::getsockopt_int(f.fd, libc::SOL_SOCKET, libc::SO_ERROR);
         }
         std::thread::sleep(std::time::Duration::from_millis(timeout_ms.max(0) as u64));
     }

@@ -394,21 +394,10 @@ impl XskRx {
         sockopt(raw, XDP_UMEM_COMPLETION_RING, &RING).map_err(|e| ctx(e, "completion ring"))?;
         sockopt(raw, XDP_RX_RING, &RING).map_err(|e| ctx(e, "RX ring"))?;
         let mut off = MmapOffsets::default();
-        let mut len = core::mem::size_of::<MmapOffsets>() as libc::socklen_t;
-        // SAFETY: `off` is sized as the kernel's struct.
-        let r = unsafe {
-            libc::getsockopt(
-                raw,
-                SOL_XDP,
-                XDP_MMAP_OFFSETS,
-                (&mut off as *mut MmapOffsets).cast(),
-                &mut len,
-            )
-        };
-        if r < 0 {
-            return Err(ctx(io::Error::last_os_error(), "XDP_MMAP_OFFSETS"));
-        }
-        if len as usize != core::mem::size_of::<MmapOffsets>() {
+        // SAFETY: xdp_mmap_offsets is u64s only: any bits are valid.
+        let len = unsafe { telemark_socket::getsockopt(raw, SOL_XDP, XDP_MMAP_OFFSETS, &mut off) }
+            .map_err(|e| ctx(e, "XDP_MMAP_OFFSETS"))?;
+        if len != core::mem::size_of::<MmapOffsets>() {
             // Kernels before 5.4 answer without the flags words.
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -507,16 +496,10 @@ impl XskRx {
     /// The kernel's counters for this socket.
     pub fn stats(&self) -> XdpStats {
         let mut s = XdpStats::default();
-        let mut len = core::mem::size_of::<XdpStats>() as libc::socklen_t;
-        // SAFETY: `s` is sized as the kernel's struct (it fills what it has).
-        unsafe {
-            libc::getsockopt(
-                self.fd.as_raw_fd(),
-                SOL_XDP,
-                XDP_STATISTICS,
-                (&mut s as *mut XdpStats).cast(),
-                &mut len,
-            )
+        // SAFETY: xdp_statistics is u64s only: any bits are valid (the kernel fills what it
+        // has; an error leaves zeros).
+        let _ = unsafe {
+            telemark_socket::getsockopt(self.fd.as_raw_fd(), SOL_XDP, XDP_STATISTICS, &mut s)
         };
         s
     }

@@ -245,7 +245,7 @@ pub fn for_each_packet(cfg: &GenConfig, plans: &[FlowPlan], mut f: impl FnMut(u6
 }
 
 /// Generates the packets of `plans` in time order. With `cfg.mark`, packets carry alternate
-/// marking colors (B per color, or period T) and `Pkt::batch` says which batch.
+/// marking colors (B per color, or period T).
 pub fn packets(cfg: &GenConfig, plans: &[FlowPlan]) -> Vec<Pkt> {
     let mut out = Vec::with_capacity(plans.iter().map(|p| p.packets as usize).sum());
     walk(cfg, plans, |t, p, n, payload| {

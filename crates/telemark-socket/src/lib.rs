@@ -29,16 +29,32 @@ pub fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, v: &T) ->
     Ok(())
 }
 
-/// `getsockopt(2)` of a `c_int` option.
-pub fn getsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<i32> {
-    let mut v: libc::c_int = 0;
-    let mut len = core::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `v` and `len` are live and sized for a c_int option.
-    let r =
-        unsafe { libc::getsockopt(fd, level, name, (&mut v as *mut libc::c_int).cast(), &mut len) };
+/// `getsockopt(2)` into `v`: the kernel writes what it has of the option, at most
+/// `size_of::<T>()` bytes (a newer struct's tail keeps what `v` held); how many it wrote.
+///
+/// # Safety
+/// `T` must be a plain C struct or integer the option's value is laid out as: every bit
+/// pattern the kernel may write must be a valid `T`.
+pub unsafe fn getsockopt<T>(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    v: &mut T,
+) -> io::Result<usize> {
+    let mut len = core::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: `v` is live and `len` bytes long; the caller vouches for T's bit patterns.
+    let r = unsafe { libc::getsockopt(fd, level, name, (v as *mut T).cast(), &mut len) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(len as usize)
+}
+
+/// `getsockopt(2)` of a `c_int` option.
+pub fn getsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<i32> {
+    let mut v: libc::c_int = 0;
+    // SAFETY: every bit pattern is a valid c_int.
+    unsafe { getsockopt(fd, level, name, &mut v) }?;
     Ok(v)
 }
 
