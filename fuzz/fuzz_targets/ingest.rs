@@ -4,9 +4,9 @@
 //! 200 stored at most as many records as it sent. The collector runs on an in-memory database
 //! with no tokens, as a loopback collector does.
 use libfuzzer_sys::fuzz_target;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use telemark_collector::api::{Api, Request};
-use telemark_collector::metrics::Metrics;
+use telemark_collector::ingest::Ingest;
 use telemark_collector::store::Store;
 
 const NOW: u64 = 1_790_000_000_000_000_000;
@@ -14,9 +14,8 @@ const NOW: u64 = 1_790_000_000_000_000_000;
 fuzz_target!(|data: &[u8]| {
     let Ok(store) = Store::open(std::path::Path::new(":memory:")) else { return };
     let api = Api {
-        store: Mutex::new(store),
+        ingest: Arc::new(Ingest::new(store)),
         readers: Default::default(),
-        metrics: Metrics::default(),
         stale_ns: 15_000_000_000,
         auth: RwLock::new(None),
         transport: Arc::new(Default::default()),
