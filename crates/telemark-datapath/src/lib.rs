@@ -4,6 +4,7 @@
 
 pub mod afpacket;
 pub mod capture;
+pub mod ebpf;
 pub mod events;
 pub mod flow_meter;
 pub mod heavy_hitters;

@@ -1,0 +1,540 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * Telemark's eBPF datapath (docs/ebpf.md): the loss paper's measurement at the tc hooks of
+ * interfaces a host already has, and the kernel's own drop reasons.
+ *
+ * - tm_ingress / tm_egress (tcx or clsact): alternate marking per RFC 9341 §3.2 (time-based:
+ *   the colour of period k = floor(t / T) is k mod 2, carried in one DSCP bit), and at every
+ *   attached port per-flow, per-colour packet and byte counts of each period at an ingress and
+ *   an egress point. A packet of the other colour than the current period's belongs to the
+ *   period before: counted in time within the guard, as late after it. User space reads a
+ *   period once its guard has passed (telemark_datapath::ebpf).
+ * - tm_drop (tp_btf/kfree_skb): drops per flow and drop reason, and per reason for all.
+ *
+ * Times are CLOCK_TAI so that hosts synchronised by NTP or PTP agree on the periods.
+ * Every layout below is mirrored in crates/telemark-datapath/src/ebpf/maps.rs.
+ *
+ * Rebuild: make -C crates/telemark-datapath/bpf (CI checks the committed object is what this
+ * source builds to).
+ */
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/pkt_cls.h>
+
+#include "telemark_bpf.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* A point id meaning "no point here". */
+#define TM_NO_POINT 0xff
+
+/* What a port does to the traffic arriving on it. */
+enum tm_ingress_action {
+	TM_IN_COUNT = 0, /* count it at the port's ingress point */
+	TM_IN_MARK = 1,  /* the measured domain starts here: colour it, count it (the marker) */
+};
+
+/* What a port does to the traffic leaving by it. */
+enum tm_egress_action {
+	TM_OUT_COUNT = 0,  /* count it at the port's egress point */
+	TM_OUT_UNMARK = 1, /* the domain ends here: count it, then give the DSCP bit back */
+};
+
+/* What the hooks of an attached interface do (map "ports", by ifindex). */
+struct tm_port {
+	__u8 in_point;
+	__u8 out_point;
+	__u8 in_action;  /* enum tm_ingress_action */
+	__u8 out_action; /* enum tm_egress_action */
+};
+
+/* Whether some flow arrived at a marker with the colour bit already set (map "settings"). */
+enum tm_restore {
+	TM_RESTORE_NONE = 0,
+	TM_RESTORE_SOME = 1, /* look flows up in "original" when unmarking */
+};
+
+struct tm_settings {
+	__u64 period_ns;
+	__u64 guard_ns;
+	__u8 colour_bit; /* DSCP bit 0..5 */
+	__u8 restore;    /* enum tm_restore */
+	__u8 pad[6];
+};
+
+/* A flow at a point in one colour. IPv4 addresses are IPv4-mapped IPv6 (::ffff:a.b.c.d). */
+struct tm_key {
+	__u8 src[16];
+	__u8 dst[16];
+	__u16 sport; /* host order */
+	__u16 dport;
+	__u8 proto;
+	__u8 point;
+	__u8 colour;
+	__u8 pad;
+};
+
+/* One period's counts at one point, on one CPU. */
+struct tm_batch {
+	__u64 period; /* k: the batch covers [kT, (k+1)T) at the marker */
+	__u64 packets;
+	__u64 bytes;
+	__u64 first_ns;
+	__u64 last_ns; /* last in-time packet */
+	__u64 late;    /* packets after the guard */
+};
+
+/* The period being counted and the one of the same colour before it (two periods back): user
+ * space has until the period after next of a colour starts to read one. */
+struct tm_slots {
+	struct tm_batch cur;
+	struct tm_batch prev;
+};
+
+/* A drop the kernel reported, per flow (point and colour 0) and reason. */
+struct tm_drop_key {
+	struct tm_key flow;
+	__u32 reason;
+};
+
+/* Counters (map "stats", per CPU). */
+enum tm_stat {
+	TM_STAT_IN = 0,          /* packets seen at ingress hooks */
+	TM_STAT_OUT,             /* at egress hooks */
+	TM_STAT_NOT_IP,          /* not IPv4/IPv6 over Ethernet: passed, not counted */
+	TM_STAT_MARKED,          /* coloured by a marker */
+	TM_STAT_UNMARKED,        /* colour bit given back at a domain exit */
+	TM_STAT_REFUSED,         /* no room in "counts": a flow not measured there */
+	TM_STAT_LATE,            /* counted late (after the guard) */
+	TM_STAT_LATE_LOST,       /* late for a period no longer held: not counted */
+	TM_STAT_ORIGINAL_FULL,   /* no room to remember a flow's own colour bit */
+	TM_STAT_DROPS,           /* drops the kernel reported (all flows) */
+	TM_STAT_DROPS_UNPARSED,  /* of those, not IPv4/IPv6 */
+	TM_STAT_DROPS_FULL,      /* no room in "drops" for the flow */
+	TM_STAT_UNATTACHED,      /* a hook ran on an interface not in "ports" */
+	TM_STAT_OVERRUN,         /* a period user space had not read was overwritten */
+	TM_STAT_COUNT,
+};
+
+/* Drop reasons counted per reason (enum skb_drop_reason is smaller on every kernel so far;
+ * larger values are counted in the last slot). */
+#define TM_REASONS 512
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32); /* ifindex: one agent's interfaces have distinct indexes */
+	__type(value, struct tm_port);
+} ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct tm_settings);
+} settings SEC(".maps");
+
+/* Sized by the agent at load ([ebpf] flows). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct tm_key);
+	__type(value, struct tm_slots);
+} counts SEC(".maps");
+
+/* Flows whose own DSCP had the colour bit set when they were marked (value unused). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct tm_key);
+	__type(value, __u8);
+} original SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct tm_drop_key);
+	__type(value, __u64);
+} drops SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, TM_REASONS);
+	__type(key, __u32);
+	__type(value, __u64);
+} reasons SEC(".maps");
+
+/* The last period user space has read everywhere (a slot of a later one overwritten before
+ * it was read is an overrun). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} reader SEC(".maps");
+
+/* Flows refused for lack of room in "counts", per point. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 256);
+	__type(key, __u32);
+	__type(value, __u64);
+} refused SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, TM_STAT_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+static __always_inline void bump(__u32 stat)
+{
+	__u64 *v = bpf_map_lookup_elem(&stats, &stat);
+	if (v)
+		*v += 1;
+}
+
+/* Where the IP header is and what it says. */
+struct tm_ip {
+	void *l3;
+	__u8 version; /* 4 or 6 */
+};
+
+static __always_inline void v4_mapped(__u8 *out, __u32 addr)
+{
+	__builtin_memset(out, 0, 10);
+	out[10] = 0xff;
+	out[11] = 0xff;
+	__builtin_memcpy(out + 12, &addr, 4);
+}
+
+/* The flow key of an IPv4 packet whose header is in [ip, end). Ports of non-first fragments
+ * and of protocols without ports are 0. */
+static __always_inline int key_v4(struct iphdr *ip, void *end, struct tm_key *k)
+{
+	if ((void *)(ip + 1) > end || ip->ihl < 5)
+		return -1;
+	v4_mapped(k->src, ip->saddr);
+	v4_mapped(k->dst, ip->daddr);
+	k->proto = ip->protocol;
+	if (ip->frag_off & bpf_htons(0x1fff))
+		return 0;
+	if (ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP ||
+	    ip->protocol == IPPROTO_SCTP || ip->protocol == IPPROTO_UDPLITE) {
+		__u16 *l4 = (void *)ip + ip->ihl * 4;
+		if ((void *)(l4 + 2) > end)
+			return 0;
+		k->sport = bpf_ntohs(l4[0]);
+		k->dport = bpf_ntohs(l4[1]);
+	}
+	return 0;
+}
+
+static __always_inline int key_v6(struct ipv6hdr *ip, void *end, struct tm_key *k)
+{
+	if ((void *)(ip + 1) > end)
+		return -1;
+	__builtin_memcpy(k->src, &ip->saddr, 16);
+	__builtin_memcpy(k->dst, &ip->daddr, 16);
+	k->proto = ip->nexthdr;
+	if (ip->nexthdr == IPPROTO_TCP || ip->nexthdr == IPPROTO_UDP ||
+	    ip->nexthdr == IPPROTO_SCTP || ip->nexthdr == IPPROTO_UDPLITE) {
+		__u16 *l4 = (void *)(ip + 1);
+		if ((void *)(l4 + 2) > end)
+			return 0;
+		k->sport = bpf_ntohs(l4[0]);
+		k->dport = bpf_ntohs(l4[1]);
+	}
+	return 0;
+}
+
+/* Parses an Ethernet frame (one VLAN tag allowed) in the skb's linear data. */
+static __always_inline int parse(struct __sk_buff *skb, struct tm_ip *ip, struct tm_key *k)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return -1;
+	__u16 proto = eth->h_proto;
+	void *l3 = eth + 1;
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
+		__u16 *tag = l3;
+		if ((void *)(tag + 2) > end)
+			return -1;
+		proto = tag[1];
+		l3 = tag + 2;
+	}
+	ip->l3 = l3;
+	if (proto == bpf_htons(ETH_P_IP)) {
+		ip->version = 4;
+		return key_v4(l3, end, k);
+	}
+	if (proto == bpf_htons(ETH_P_IPV6)) {
+		ip->version = 6;
+		return key_v6(l3, end, k);
+	}
+	return -1;
+}
+
+/* The DSCP bit, as a mask of the IPv4 TOS byte / the IPv6 traffic class. */
+static __always_inline __u8 tos_mask(const struct tm_settings *s)
+{
+	return (__u8)(1u << (s->colour_bit + 2));
+}
+
+static __always_inline int colour_of(struct tm_ip *ip, void *end, __u8 mask)
+{
+	if (ip->version == 4) {
+		struct iphdr *h = ip->l3;
+		if ((void *)(h + 1) > end)
+			return 0;
+		return (h->tos & mask) != 0;
+	}
+	__u8 *b = ip->l3;
+	if ((void *)(b + 2) > end)
+		return 0;
+	__u8 tclass = (__u8)((b[0] << 4) | (b[1] >> 4));
+	return (tclass & mask) != 0;
+}
+
+/* Sets the colour bit to `on`, keeping the IPv4 header checksum right (RFC 1624, eqn. 3). */
+static __always_inline int set_colour(struct tm_ip *ip, void *end, __u8 mask, int on)
+{
+	if (ip->version == 4) {
+		struct iphdr *h = ip->l3;
+		if ((void *)(h + 1) > end)
+			return 0;
+		__u8 tos = on ? (h->tos | mask) : (h->tos & ~mask);
+		if (tos == h->tos)
+			return 0;
+		__u16 *w = (__u16 *)h;
+		__u16 old = w[0];
+		h->tos = tos;
+		__u32 sum = (__u16)~h->check + (__u32)(__u16)~old + w[0];
+		sum = (sum & 0xffff) + (sum >> 16);
+		sum = (sum & 0xffff) + (sum >> 16);
+		h->check = (__u16)~sum;
+		return 1;
+	}
+	__u8 *b = ip->l3;
+	if ((void *)(b + 2) > end)
+		return 0;
+	/* Traffic class: the low nibble of byte 0 and the high nibble of byte 1. */
+	__u8 tclass = (__u8)((b[0] << 4) | (b[1] >> 4));
+	__u8 next = on ? (tclass | mask) : (tclass & ~mask);
+	if (next == tclass)
+		return 0;
+	b[0] = (b[0] & 0xf0) | (next >> 4);
+	b[1] = (b[1] & 0x0f) | (__u8)(next << 4);
+	return 1;
+}
+
+/* Counts one packet of colour `colour` at `point`: in the period it belongs to, or as late. */
+static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u32 len,
+				  __u64 now, const struct tm_settings *s)
+{
+	__u64 k_now = now / s->period_ns;
+	__u64 period = k_now;
+	int late = 0;
+	if ((k_now & 1) != colour) {
+		/* The period before: its stragglers are in time until the guard has passed. */
+		period = k_now - 1;
+		late = now - k_now * s->period_ns >= s->guard_ns;
+	}
+	k->point = point;
+	k->colour = colour;
+	struct tm_slots *v = bpf_map_lookup_elem(&counts, k);
+	if (!v) {
+		struct tm_slots fresh = {};
+		if (bpf_map_update_elem(&counts, k, &fresh, BPF_NOEXIST) != 0) {
+			v = bpf_map_lookup_elem(&counts, k);
+			if (!v) {
+				__u32 p = point;
+				__u64 *n = bpf_map_lookup_elem(&refused, &p);
+				if (n)
+					*n += 1;
+				bump(TM_STAT_REFUSED);
+				return;
+			}
+		} else {
+			v = bpf_map_lookup_elem(&counts, k);
+			if (!v)
+				return;
+		}
+	}
+	if (late) {
+		bump(TM_STAT_LATE);
+		if (v->cur.period == period)
+			v->cur.late += 1;
+		else if (v->prev.period == period)
+			v->prev.late += 1;
+		else
+			bump(TM_STAT_LATE_LOST);
+		return;
+	}
+	if (v->cur.period != period) {
+		if (v->prev.packets) {
+			__u32 zero = 0;
+			__u64 *read = bpf_map_lookup_elem(&reader, &zero);
+			if (read && v->prev.period > *read)
+				bump(TM_STAT_OVERRUN);
+		}
+		if (v->cur.packets || v->cur.late)
+			v->prev = v->cur;
+		v->cur.period = period;
+		v->cur.packets = 0;
+		v->cur.bytes = 0;
+		v->cur.late = 0;
+		v->cur.first_ns = now;
+	}
+	v->cur.packets += 1;
+	v->cur.bytes += len;
+	v->cur.last_ns = now;
+}
+
+static __always_inline struct tm_settings *get_settings(void)
+{
+	__u32 zero = 0;
+	struct tm_settings *s = bpf_map_lookup_elem(&settings, &zero);
+	if (!s || s->period_ns == 0)
+		return 0;
+	return s;
+}
+
+SEC("classifier")
+int tm_ingress(struct __sk_buff *skb)
+{
+	struct tm_settings *s = get_settings();
+	if (!s)
+		return TC_ACT_UNSPEC;
+	__u32 ifindex = skb->ifindex;
+	struct tm_port *port = bpf_map_lookup_elem(&ports, &ifindex);
+	if (!port) {
+		bump(TM_STAT_UNATTACHED);
+		return TC_ACT_UNSPEC;
+	}
+	bump(TM_STAT_IN);
+	struct tm_key k = {};
+	struct tm_ip ip = {};
+	if (parse(skb, &ip, &k) != 0) {
+		bump(TM_STAT_NOT_IP);
+		return TC_ACT_UNSPEC;
+	}
+	void *end = (void *)(long)skb->data_end;
+	__u8 mask = tos_mask(s);
+	__u64 now = bpf_ktime_get_tai_ns();
+	__u8 colour;
+	if (port->in_action == TM_IN_MARK) {
+		colour = (now / s->period_ns) & 1;
+		if (colour_of(&ip, end, mask)) {
+			/* The flow's own DSCP has the bit: remember it for the exit (rare). */
+			__u8 one = 1;
+			if (bpf_map_update_elem(&original, &k, &one, BPF_ANY) != 0)
+				bump(TM_STAT_ORIGINAL_FULL);
+			else
+				s->restore = TM_RESTORE_SOME;
+		}
+		set_colour(&ip, end, mask, colour);
+		bump(TM_STAT_MARKED);
+	} else {
+		colour = colour_of(&ip, end, mask);
+	}
+	if (port->in_point != TM_NO_POINT)
+		count(&k, port->in_point, colour, skb->len, now, s);
+	return TC_ACT_UNSPEC;
+}
+
+SEC("classifier")
+int tm_egress(struct __sk_buff *skb)
+{
+	struct tm_settings *s = get_settings();
+	if (!s)
+		return TC_ACT_UNSPEC;
+	__u32 ifindex = skb->ifindex;
+	struct tm_port *port = bpf_map_lookup_elem(&ports, &ifindex);
+	if (!port) {
+		bump(TM_STAT_UNATTACHED);
+		return TC_ACT_UNSPEC;
+	}
+	bump(TM_STAT_OUT);
+	struct tm_key k = {};
+	struct tm_ip ip = {};
+	if (parse(skb, &ip, &k) != 0) {
+		bump(TM_STAT_NOT_IP);
+		return TC_ACT_UNSPEC;
+	}
+	void *end = (void *)(long)skb->data_end;
+	__u8 mask = tos_mask(s);
+	__u8 colour = colour_of(&ip, end, mask);
+	if (port->out_action == TM_OUT_UNMARK) {
+		int own = 0;
+		if (s->restore == TM_RESTORE_SOME && bpf_map_lookup_elem(&original, &k))
+			own = 1;
+		if (set_colour(&ip, end, mask, own))
+			bump(TM_STAT_UNMARKED);
+	}
+	if (port->out_point != TM_NO_POINT)
+		count(&k, port->out_point, colour, skb->len, bpf_ktime_get_tai_ns(), s);
+	return TC_ACT_UNSPEC;
+}
+
+/* The parts of struct sk_buff read here; CO-RE finds them in the running kernel's layout. */
+struct sk_buff {
+	unsigned char *head;
+	__u16 network_header;
+	__u16 protocol;
+} __attribute__((preserve_access_index));
+
+/* SKB_CONSUMED: freed after use, not dropped (the same value on every kernel that has
+ * reasons). */
+#define TM_SKB_CONSUMED 1
+
+SEC("tp_btf/kfree_skb")
+int tm_drop(__u64 *ctx)
+{
+	struct sk_buff *skb = (struct sk_buff *)ctx[0];
+	__u32 reason = (__u32)ctx[2];
+	if (reason == TM_SKB_CONSUMED)
+		return 0;
+	bump(TM_STAT_DROPS);
+	__u32 slot = reason < TM_REASONS ? reason : TM_REASONS - 1;
+	__u64 *n = bpf_map_lookup_elem(&reasons, &slot);
+	if (n)
+		*n += 1;
+
+	unsigned char *head = skb->head;
+	__u16 nh = skb->network_header;
+	__u16 proto = skb->protocol;
+	/* A copy of the headers (IPv6 and the ports: 44 bytes, IPv4 with options: up to 64). */
+	__u8 buf[64] = {};
+	if (bpf_probe_read_kernel(buf, sizeof(buf), head + nh) != 0) {
+		bump(TM_STAT_DROPS_UNPARSED);
+		return 0;
+	}
+	struct tm_drop_key dk = {};
+	int ok = -1;
+	if (proto == bpf_htons(ETH_P_IP) && (buf[0] >> 4) == 4)
+		ok = key_v4((struct iphdr *)buf, buf + sizeof(buf), &dk.flow);
+	else if (proto == bpf_htons(ETH_P_IPV6) && (buf[0] >> 4) == 6)
+		ok = key_v6((struct ipv6hdr *)buf, buf + sizeof(buf), &dk.flow);
+	if (ok != 0) {
+		bump(TM_STAT_DROPS_UNPARSED);
+		return 0;
+	}
+	dk.reason = reason;
+	__u64 *c = bpf_map_lookup_elem(&drops, &dk);
+	if (c) {
+		*c += 1;
+		return 0;
+	}
+	__u64 one = 1;
+	if (bpf_map_update_elem(&drops, &dk, &one, BPF_NOEXIST) != 0)
+		bump(TM_STAT_DROPS_FULL);
+	return 0;
+}

@@ -1,0 +1,30 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The little of libbpf's bpf_helpers.h the programs need, declared here so that building
+ * them takes clang and the kernel's UAPI headers (linux-libc-dev) only. Helper numbers are
+ * the kernel's stable ABI (enum bpf_func_id in linux/bpf.h); the map macros produce the BTF
+ * map definitions (section ".maps") every loader reads.
+ */
+#ifndef TELEMARK_BPF_H
+#define TELEMARK_BPF_H
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+
+#define SEC(name) __attribute__((section(name), used))
+#undef __always_inline
+#define __always_inline inline __attribute__((always_inline))
+#define __uint(name, val) int (*name)[val]
+#define __type(name, val) __typeof__(val) *name
+
+static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_lookup_elem;
+static long (*bpf_map_update_elem)(void *map, const void *key, const void *value,
+				   __u64 flags) = (void *)BPF_FUNC_map_update_elem;
+static __u64 (*bpf_ktime_get_tai_ns)(void) = (void *)BPF_FUNC_ktime_get_tai_ns;
+static long (*bpf_probe_read_kernel)(void *dst, __u32 size,
+				     const void *src) = (void *)BPF_FUNC_probe_read_kernel;
+
+#define bpf_htons(x) __builtin_bswap16(x)
+#define bpf_ntohs(x) __builtin_bswap16(x)
+
+#endif

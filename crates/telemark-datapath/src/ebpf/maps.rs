@@ -1,0 +1,191 @@
+//! The layouts the programs share with user space, mirrored from `bpf/telemark.bpf.c` (the
+//! C is the reference: a change there is a change here, checked by the sizes below).
+
+use std::net::{IpAddr, Ipv6Addr};
+use telemark_wire::FlowKey;
+
+/// A point id meaning "no point here" (`TM_NO_POINT`).
+pub const NO_POINT: u8 = 0xff;
+
+/// `enum tm_ingress_action`: what a port does to the traffic arriving on it.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IngressAction {
+    /// Count it at the port's ingress point.
+    Count = 0,
+    /// The measured domain starts here: colour it and count it (the marker).
+    Mark = 1,
+}
+
+/// `enum tm_egress_action`: what a port does to the traffic leaving by it.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EgressAction {
+    /// Count it at the port's egress point.
+    Count = 0,
+    /// The domain ends here: count it, then give the flow its own DSCP bit back.
+    Unmark = 1,
+}
+
+/// `struct tm_port`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Port {
+    pub in_point: u8,
+    pub out_point: u8,
+    /// [`IngressAction`].
+    pub in_action: u8,
+    /// [`EgressAction`].
+    pub out_action: u8,
+}
+
+/// `struct tm_settings`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Settings {
+    pub period_ns: u64,
+    pub guard_ns: u64,
+    pub colour_bit: u8,
+    /// `enum tm_restore`, set by the kernel.
+    pub restore: u8,
+    pub pad: [u8; 6],
+}
+
+/// `struct tm_key`: a flow at a point in one colour.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Key {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub point: u8,
+    pub colour: u8,
+    pub pad: u8,
+}
+
+impl Key {
+    /// The flow (IPv4-mapped addresses back to IPv4).
+    pub fn flow(&self) -> FlowKey {
+        let ip = |b: [u8; 16]| -> IpAddr {
+            let a = Ipv6Addr::from(b);
+            match a.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => IpAddr::V6(a),
+            }
+        };
+        FlowKey {
+            src: ip(self.src),
+            dst: ip(self.dst),
+            sport: self.sport,
+            dport: self.dport,
+            proto: self.proto,
+            spi: None,
+            si: None,
+        }
+    }
+}
+
+/// `struct tm_batch`: one period's counts at one point, on one CPU.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Batch {
+    pub period: u64,
+    pub packets: u64,
+    pub bytes: u64,
+    pub first_ns: u64,
+    pub last_ns: u64,
+    pub late: u64,
+}
+
+/// `struct tm_slots`: the period being counted and the one of the same colour before it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Slots {
+    pub cur: Batch,
+    pub prev: Batch,
+}
+
+/// `struct tm_drop_key`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct DropKey {
+    pub flow: Key,
+    pub reason: u32,
+}
+
+/// `enum tm_stat`: the programs' counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stat {
+    In = 0,
+    Out,
+    NotIp,
+    Marked,
+    Unmarked,
+    Refused,
+    Late,
+    LateLost,
+    OriginalFull,
+    Drops,
+    DropsUnparsed,
+    DropsFull,
+    Unattached,
+    Overrun,
+}
+
+impl Stat {
+    /// Every counter, in map order.
+    pub const ALL: [Stat; 14] = [
+        Stat::In,
+        Stat::Out,
+        Stat::NotIp,
+        Stat::Marked,
+        Stat::Unmarked,
+        Stat::Refused,
+        Stat::Late,
+        Stat::LateLost,
+        Stat::OriginalFull,
+        Stat::Drops,
+        Stat::DropsUnparsed,
+        Stat::DropsFull,
+        Stat::Unattached,
+        Stat::Overrun,
+    ];
+}
+
+/// Drop reasons counted per reason (`TM_REASONS`).
+pub const REASONS: u32 = 512;
+
+// SAFETY (all): plain C layouts of integers, no padding the kernel could leave undefined
+// beyond the explicit `pad` fields; every bit pattern is valid.
+unsafe impl aya::Pod for Port {}
+unsafe impl aya::Pod for Settings {}
+unsafe impl aya::Pod for Key {}
+unsafe impl aya::Pod for Slots {}
+unsafe impl aya::Pod for DropKey {}
+
+const _: () = {
+    assert!(core::mem::size_of::<Port>() == 4);
+    assert!(core::mem::size_of::<Settings>() == 24);
+    assert!(core::mem::size_of::<Key>() == 40);
+    assert!(core::mem::size_of::<Batch>() == 48);
+    assert!(core::mem::size_of::<Slots>() == 96);
+    assert!(core::mem::size_of::<DropKey>() == 44);
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv4_mapped_keys_read_back_as_ipv4() {
+        let mut k = Key { sport: 5, dport: 6, proto: 17, ..Key::default() };
+        k.src[10..].copy_from_slice(&[0xff, 0xff, 10, 0, 0, 1]);
+        k.dst = "2001:db8::1".parse::<Ipv6Addr>().unwrap().octets();
+        let f = k.flow();
+        assert_eq!(f.src.to_string(), "10.0.0.1");
+        assert_eq!(f.dst.to_string(), "2001:db8::1");
+        assert_eq!((f.sport, f.dport, f.proto), (5, 6, 17));
+    }
+}

@@ -1,0 +1,265 @@
+//! The eBPF programs on real interfaces (needs root, iproute2 and nftables, as CI has):
+//! sender → router namespace → receiver, the programs attached inside the router namespace
+//! (marker at the ingress of the link in, unmarker at the egress of the link out), nftables
+//! dropping a share of the flow in the router's forward chain. Ground truth: the datagrams
+//! sent, nftables' own counter of what it dropped, and what the receiver got.
+
+use std::collections::HashMap;
+use std::net::UdpSocket;
+use std::process::Command;
+use std::time::Duration;
+use telemark_datapath::ebpf::maps::{EgressAction, IngressAction, Port, Settings, Stat, NO_POINT};
+use telemark_datapath::ebpf::periods::{PeriodReader, Reading};
+use telemark_datapath::ebpf::{self, btf, in_netns, Programs, Target};
+
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Netns {
+        let name = format!("tmb-{tag}-{}", std::process::id());
+        let _ = Command::new("ip")
+            .args(["netns", "del", &name])
+            .stderr(std::process::Stdio::null())
+            .status();
+        sh(&format!("ip netns add {name}"));
+        Netns(name)
+    }
+    fn exec(&self, cmd: &str) {
+        sh(&format!("ip netns exec {} {cmd}", self.0));
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").args(["-c", cmd]).output().expect("sh");
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed (these tests need root, iproute2, nftables): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// sender (10.77.1.1) — r-in | router | r-out — receiver (10.77.2.2).
+struct Line {
+    s: Netns,
+    r: Netns,
+    d: Netns,
+}
+
+fn line(tag: &str) -> Line {
+    let (s, r, d) = (
+        Netns::new(&format!("{tag}s")),
+        Netns::new(&format!("{tag}r")),
+        Netns::new(&format!("{tag}d")),
+    );
+    let pid = std::process::id();
+    sh(&format!("ip link add tmb{pid}a netns {} type veth peer name r-in netns {}", s.0, r.0));
+    sh(&format!("ip link add tmb{pid}b netns {} type veth peer name r-out netns {}", d.0, r.0));
+    s.exec(&format!("ip link set tmb{pid}a name s0"));
+    d.exec(&format!("ip link set tmb{pid}b name d0"));
+    for (ns, dev, addr, gw) in
+        [(&s, "s0", "10.77.1.1/24", "10.77.1.254"), (&d, "d0", "10.77.2.2/24", "10.77.2.254")]
+    {
+        ns.exec(&format!("ip addr add {addr} dev {dev}"));
+        ns.exec(&format!("ip link set {dev} up"));
+        ns.exec("ip link set lo up");
+        ns.exec(&format!("ip route add default via {gw}"));
+    }
+    r.exec("ip addr add 10.77.1.254/24 dev r-in");
+    r.exec("ip addr add 10.77.2.254/24 dev r-out");
+    r.exec("ip link set r-in up");
+    r.exec("ip link set r-out up");
+    r.exec("sysctl -qw net.ipv4.ip_forward=1");
+    Line { s, r, d }
+}
+
+fn set_int(sock: &UdpSocket, level: i32, name: i32, v: i32) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid socket and a c_int option value.
+    let rc =
+        unsafe { libc::setsockopt(sock.as_raw_fd(), level, name, (&v as *const i32).cast(), 4) };
+    assert_eq!(rc, 0, "setsockopt");
+}
+
+/// One datagram's TOS byte from its IP_TOS control message; `None` at the timeout.
+fn recv_tos(sock: &UdpSocket) -> Option<u8> {
+    use std::os::fd::AsRawFd;
+    let mut buf = [0u8; 2048];
+    let mut ctl = [0u64; 8];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: msghdr pointing at live buffers; recvmsg fills them.
+    unsafe {
+        let mut m: libc::msghdr = std::mem::zeroed();
+        m.msg_iov = &mut iov;
+        m.msg_iovlen = 1;
+        m.msg_control = ctl.as_mut_ptr().cast();
+        m.msg_controllen = std::mem::size_of_val(&ctl);
+        if libc::recvmsg(sock.as_raw_fd(), &mut m, 0) < 0 {
+            return None;
+        }
+        let c = libc::CMSG_FIRSTHDR(&m);
+        assert!(!c.is_null() && (*c).cmsg_type == libc::IP_TOS, "no IP_TOS control message");
+        Some(*libc::CMSG_DATA(c))
+    }
+}
+
+#[test]
+fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
+    let l = line("m");
+    // Drop about 10 % of the flow in the router, counted by nftables itself.
+    l.r.exec(
+        "nft 'add table inet tmb; add chain inet tmb fw { type filter hook forward priority 0; }; \
+         add rule inet tmb fw udp dport 7777 numgen random mod 10 == 0 counter drop'",
+    );
+    const T: u64 = 50_000_000;
+    let settings = Settings { period_ns: T, guard_ns: T / 2, colour_bit: 0, ..Settings::default() };
+    let mut p = Programs::load(4096, settings).expect("load the programs (root, BTF)");
+    assert_eq!(p.drops_unavailable, None, "kfree_skb program");
+    let ns = Some(l.r.0.clone());
+    let a_in = p
+        .attach(
+            &Target { netns: ns.clone(), iface: "r-in".into() },
+            Port {
+                in_point: 0,
+                out_point: NO_POINT,
+                in_action: IngressAction::Mark as u8,
+                out_action: EgressAction::Count as u8,
+            },
+        )
+        .expect("attach r-in");
+    let a_out = p
+        .attach(
+            &Target { netns: ns.clone(), iface: "r-out".into() },
+            Port {
+                in_point: NO_POINT,
+                out_point: 1,
+                in_action: IngressAction::Count as u8,
+                out_action: EgressAction::Unmark as u8,
+            },
+        )
+        .expect("attach r-out");
+
+    // The receiver, reading each datagram's TOS (IP_RECVTOS): the DSCP it was sent with.
+    let rx = |port: u16| {
+        let d = l.d.0.clone();
+        std::thread::spawn(move || {
+            in_netns(Some(&d), || {
+                let sock = UdpSocket::bind(("10.77.2.2", port)).unwrap();
+                sock.set_read_timeout(Some(Duration::from_millis(800))).unwrap();
+                set_int(&sock, libc::IPPROTO_IP, libc::IP_RECVTOS, 1);
+                let mut tos = std::collections::BTreeMap::<u8, u64>::new();
+                while let Some(t) = recv_tos(&sock) {
+                    *tos.entry(t).or_default() += 1;
+                }
+                tos
+            })
+            .unwrap()
+        })
+    };
+    let (rx_main, rx_own) = (rx(7777), rx(7778));
+    std::thread::sleep(Duration::from_millis(200));
+    const SENT: u64 = 3000;
+    // DSCP 10 (AF11, colour bit 0 clear) on the measured flow; DSCP 11 (bit 0 set) on another.
+    const TOS_MAIN: u8 = 10 << 2;
+    const TOS_OWN: u8 = 11 << 2;
+    let sender = std::thread::spawn({
+        let s = l.s.0.clone();
+        move || {
+            in_netns(Some(&s), || {
+                let main = UdpSocket::bind("10.77.1.1:6666").unwrap();
+                set_int(&main, libc::IPPROTO_IP, libc::IP_TOS, TOS_MAIN.into());
+                let own = UdpSocket::bind("10.77.1.1:6667").unwrap();
+                set_int(&own, libc::IPPROTO_IP, libc::IP_TOS, TOS_OWN.into());
+                for i in 0..SENT {
+                    main.send_to(&i.to_be_bytes(), "10.77.2.2:7777").unwrap();
+                    if i % 10 == 0 {
+                        own.send_to(&i.to_be_bytes(), "10.77.2.2:7778").unwrap();
+                    }
+                    if i % 50 == 0 {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                }
+            })
+            .unwrap()
+        }
+    });
+    // Read as the agent does, twice a period: a slot holds a colour's last two periods.
+    let mut reader = PeriodReader::new(T, T / 2);
+    let mut out = Vec::new();
+    let mut read = |p: &mut Programs, out: &mut Vec<Reading>| {
+        let now = ebpf::now_tai();
+        p.for_each_count(|k, cpus| reader.read(now, k, cpus, out)).unwrap();
+        p.set_read_upto(reader.final_upto(now)).unwrap();
+    };
+    while !sender.is_finished() {
+        read(&mut p, &mut out);
+        std::thread::sleep(Duration::from_nanos(T / 2));
+    }
+    sender.join().unwrap();
+    let (tos_main, tos_own) = (rx_main.join().unwrap(), rx_own.join().unwrap());
+    assert_eq!(
+        tos_main.keys().collect::<Vec<_>>(),
+        vec![&TOS_MAIN],
+        "the receiver sees the sender's DSCP"
+    );
+    assert_eq!(
+        tos_own.keys().collect::<Vec<_>>(),
+        vec![&TOS_OWN],
+        "a flow's own colour bit is given back"
+    );
+    let received: u64 = tos_main.values().sum();
+    let nft = sh(&format!("ip netns exec {} nft list chain inet tmb fw", l.r.0));
+    let dropped: u64 = nft
+        .split("packets ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .expect("nft counter");
+    assert_eq!(received + dropped, SENT, "every datagram received or dropped by the rule");
+    assert!(dropped > 100, "the rule dropped {dropped}");
+
+    // The last periods: per point, packets over all periods.
+    std::thread::sleep(Duration::from_nanos(2 * T));
+    read(&mut p, &mut out);
+    let overrun = p.stats().unwrap().into_iter().find(|(s, _)| *s == Stat::Overrun).unwrap().1;
+    assert_eq!(overrun, 0, "a period was overwritten before it was read");
+    let mut per_point: HashMap<u8, u64> = HashMap::new();
+    let mut periods: HashMap<u8, usize> = HashMap::new();
+    for r in &out {
+        if let Reading::Closed(c) = r {
+            let f = c.key.flow();
+            if f.dport == 7777 {
+                assert_eq!(f.src.to_string(), "10.77.1.1");
+                *per_point.entry(c.key.point).or_default() += c.packets;
+                *periods.entry(c.key.point).or_default() += 1;
+            }
+        }
+    }
+    assert_eq!(per_point.get(&0), Some(&SENT), "the marker counted every datagram");
+    assert_eq!(per_point.get(&1), Some(&received), "the exit counted what was delivered");
+    assert!(periods[&0] >= 3, "the flow spanned several periods: {periods:?}");
+
+    // Drop reasons: every drop of the flow is the rule's, named by the kernel's BTF.
+    let names = btf::drop_reasons();
+    let mut by_reason: HashMap<String, u64> = HashMap::new();
+    for (k, n) in p.drops().unwrap() {
+        if k.flow.flow().dport == 7777 {
+            *by_reason
+                .entry(names.get(&u64::from(k.reason)).cloned().unwrap_or_default())
+                .or_default() += n;
+        }
+    }
+    assert_eq!(by_reason, HashMap::from([("NETFILTER_DROP".to_string(), dropped)]));
+
+    p.detach(a_in);
+    p.detach(a_out);
+    let filters = sh(&format!("ip netns exec {} tc filter show dev r-in ingress", l.r.0));
+    assert!(!filters.contains("tm_ingress"), "left behind: {filters}");
+    drop(p);
+}
