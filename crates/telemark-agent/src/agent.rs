@@ -63,7 +63,10 @@ impl Agent {
             let mut m = stats.int.lock().unwrap_or_else(|p| p.into_inner());
             (m.in_force, m.flows) = (Some(i.rules.clone()), i.flows);
         }
-        let started = fast_path::open(&cfg, &per_port)?;
+        let started = match &cfg.ebpf {
+            Some(eb) => crate::ebpf_path::open(&cfg, eb, stats.clone())?,
+            None => fast_path::open(&cfg, &per_port)?,
+        };
         let metrics = match &cfg.metrics {
             None => None,
             Some((listen, token)) => {

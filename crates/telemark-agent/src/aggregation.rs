@@ -73,7 +73,21 @@ impl Aggregation {
         let forget_ns = self.cfg.loss.idle_ns.saturating_mul(4).max(30_000_000_000);
         loop {
             let finished = path_done.load(Ordering::Acquire);
-            let n = self.cons.drain(|ev| self.agg.handle(ev));
+            let agg = &mut self.agg;
+            let n = self.cons.drain(|ev| {
+                if usize::from(ev.point) >= agg.points().len() {
+                    // Points are published before the events that name them.
+                    for spec in shared
+                        .new_points
+                        .lock()
+                        .map(|mut v| std::mem::take(&mut *v))
+                        .unwrap_or_default()
+                    {
+                        agg.add_point(spec);
+                    }
+                }
+                agg.handle(ev)
+            });
             if finished && n == 0 {
                 break;
             }

@@ -447,6 +447,59 @@ pub struct FileConfig {
     pub ipfix: Option<IpfixSection>,
     /// Heavy hitters (docs/agent.md, "Heavy hitters").
     pub heavy_hitters: Option<HeavyHittersSection>,
+    /// Interfaces the eBPF datapath attaches to (docs/ebpf.md): the host's own ports,
+    /// measured where they are, instead of `[[pair]]`/`[[tap]]` through Telemark's switch.
+    #[serde(default)]
+    pub port: Vec<EbpfPortConfig>,
+    /// The eBPF datapath's settings.
+    pub ebpf: Option<EbpfSection>,
+}
+
+/// `[[port]]`: an interface (or every interface a pattern matches) the eBPF datapath's
+/// programs are attached to, at its ingress and egress (docs/ebpf.md).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct EbpfPortConfig {
+    /// An interface name, or a pattern with `*` (`tap*`, `veth*`): interfaces that appear
+    /// later are attached when they do.
+    pub interface: String,
+    /// Its network namespace (`ip netns` name, or a path such as `/proc/<pid>/ns/net`);
+    /// absent: the agent's `netns`, or its own.
+    pub netns: Option<String>,
+    /// Traffic arriving here enters the measured domain: colour it (this is the marker).
+    #[serde(default)]
+    pub mark: bool,
+    /// Traffic leaving here leaves the domain: give each flow its own DSCP bit back.
+    #[serde(default)]
+    pub unmark: bool,
+    /// Another agent's point upstream of this port's ingress (`h1/out:eth0`), when it does
+    /// not mark: names the link between the two in records.
+    pub upstream: Option<String>,
+}
+
+/// `[ebpf]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EbpfSection {
+    /// Marking period (default: `[loss] period`, else 100ms).
+    pub period: Option<String>,
+    /// How long after a period ends its packets still count as in time (default: half the
+    /// period; RFC 9341 §3.2 reads a colour's counters in the middle of the next period).
+    pub guard: Option<String>,
+    /// Room for (flow, point, colour) counters in the kernel (default 65536).
+    pub flows: Option<u32>,
+    /// How often interfaces are looked for (default 1s).
+    pub rescan: Option<String>,
+}
+
+/// Validated eBPF datapath settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EbpfSettings {
+    pub ports: Vec<EbpfPortConfig>,
+    pub period_ns: u64,
+    pub guard_ns: u64,
+    pub flows: u32,
+    pub rescan_ns: u64,
 }
 
 /// `[heavy_hitters]`: SFCMon's pipeline on each input port; each window's heavy flows become
@@ -708,6 +761,8 @@ pub struct AgentConfig {
     pub ipfix: Option<IpfixExport>,
     /// Heavy hitters.
     pub heavy_hitters: Option<HeavyHittersSettings>,
+    /// The eBPF datapath, when `[[port]]`s are given (instead of pairs and taps).
+    pub ebpf: Option<EbpfSettings>,
 }
 
 /// The one token in file `f` (whitespace around it ignored).
@@ -773,8 +828,21 @@ impl FileConfig {
                 self.agent
             )));
         }
-        if self.pair.is_empty() && self.tap.is_empty() {
-            return Err(invalid("nothing to do: give at least one [[pair]] or [[tap]]"));
+        if self.pair.is_empty() && self.tap.is_empty() && self.port.is_empty() {
+            return Err(invalid(
+                "nothing to do: give at least one [[pair]] or [[tap]] (Telemark's switch) or \
+                 [[port]] (eBPF at the host's interfaces)",
+            ));
+        }
+        let switch_ports = !self.pair.is_empty() || !self.tap.is_empty();
+        if !self.port.is_empty() && switch_ports {
+            return Err(invalid(
+                "[[port]] (eBPF) and [[pair]]/[[tap]] (AF_PACKET) are two datapaths; an agent \
+                 runs one: run two agents",
+            ));
+        }
+        if self.port.is_empty() && self.ebpf.is_some() {
+            return Err(invalid("[ebpf] without [[port]]: name the interfaces to attach to"));
         }
         let mut seen = std::collections::HashSet::new();
         let ports =
@@ -966,6 +1034,12 @@ impl FileConfig {
             }
             (k, _) => k,
         };
+        let ebpf = if self.port.is_empty() {
+            None
+        } else {
+            let section = self.ebpf.unwrap_or_default();
+            Some(section.validate(self.port, &self.netns, loss.period_ns)?)
+        };
         Ok(AgentConfig {
             agent: self.agent,
             netns: self.netns,
@@ -994,7 +1068,53 @@ impl FileConfig {
             sflow: self.sflow.map(SflowSection::validate).transpose()?,
             ipfix: self.ipfix.map(IpfixSection::validate).transpose()?,
             heavy_hitters: self.heavy_hitters.map(HeavyHittersSection::validate).transpose()?,
+            ebpf,
         })
+    }
+}
+
+impl EbpfSection {
+    fn validate(
+        self,
+        mut ports: Vec<EbpfPortConfig>,
+        netns: &Option<String>,
+        loss_period: Option<u64>,
+    ) -> Result<EbpfSettings, ConfigError> {
+        for p in &mut ports {
+            let bad = |why: &str| invalid(format!("[[port]] interface {:?}: {why}", p.interface));
+            let name = p.interface.replace('*', "");
+            if p.interface.is_empty() || p.interface.len() > 15 || name.contains(['/', ' ']) {
+                return Err(bad("interface names (and patterns) are 1-15 bytes, no '/' or space"));
+            }
+            if let Some(u) = &p.upstream {
+                if !u
+                    .split_once('/')
+                    .is_some_and(|(a, q)| valid_agent_name(a) && valid_agent_name(q))
+                {
+                    return Err(bad("upstream is agent/point, e.g. \"h1/out:eth0\""));
+                }
+                if p.mark {
+                    return Err(bad("a marking port is where the domain starts: no upstream"));
+                }
+            }
+            if p.netns.is_none() {
+                p.netns.clone_from(netns);
+            }
+        }
+        let period_ns = duration("ebpf.period", &self.period, loss_period.unwrap_or(100_000_000))?;
+        if period_ns < 1_000_000 {
+            return Err(invalid("ebpf.period: at least 1ms"));
+        }
+        let guard_ns = duration("ebpf.guard", &self.guard, period_ns / 2)?;
+        if guard_ns == 0 || guard_ns >= period_ns {
+            return Err(invalid("ebpf.guard: more than 0 and less than the period"));
+        }
+        let flows = self.flows.unwrap_or(65_536);
+        if !(16..=16_777_216).contains(&flows) {
+            return Err(invalid("ebpf.flows: 16 to 16777216"));
+        }
+        let rescan_ns = duration("ebpf.rescan", &self.rescan, 1_000_000_000)?;
+        Ok(EbpfSettings { ports, period_ns, guard_ns, flows, rescan_ns })
     }
 }
 

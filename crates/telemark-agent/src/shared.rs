@@ -129,6 +129,9 @@ pub(crate) struct Shared {
     pub(crate) int: Mutex<IntMailbox>,
     /// The flow-export thread's counters.
     pub(crate) flow_export: Mutex<FlowExportStats>,
+    /// Points a datapath added (the eBPF datapath, as it attaches interfaces and sees paths),
+    /// in order, for the aggregation to add before it reads events that name them.
+    pub(crate) new_points: Mutex<Vec<telemark_core::loss::PointSpec>>,
 }
 
 /// INT rules in force (what `GET /api/v1/int` shows) and those the fast path is to take next,

@@ -203,6 +203,21 @@ impl Aggregator {
         self.report_all = yes;
     }
 
+    /// Adds a point (a datapath that learns its points as interfaces and paths appear: the
+    /// eBPF datapath). Its upstream, if any, must be a point added before it. Returns its
+    /// number, or `None` when 255 points are taken or the upstream is unknown.
+    pub fn add_point(&mut self, spec: PointSpec) -> Option<u8> {
+        let id = u8::try_from(self.points.len()).ok().filter(|id| *id < u8::MAX)?;
+        if let Some(u) = spec.upstream {
+            self.downstream.get_mut(usize::from(u))?.push(id);
+        }
+        self.points.push(spec);
+        self.downstream.push(Vec::new());
+        self.interval.push(LossCounts::default());
+        self.refusing.push(false);
+        Some(id)
+    }
+
     /// The points.
     pub fn points(&self) -> &[PointSpec] {
         &self.points

@@ -1,0 +1,443 @@
+//! The eBPF datapath (docs/ebpf.md): the programs of `telemark_datapath::ebpf` attached to the
+//! host's own interfaces, their counters read twice a period and handed to the aggregation as
+//! batch events, exactly as the AF_PACKET switch hands its own (datapath.rs).
+//!
+//! Points. Each `[[port]]` interface has an ingress point (`mark:<if>` where the domain
+//! starts, else `in:<if>`) and an egress point `out:<if>`. Which ingress a flow leaving by an
+//! interface came in by depends on how the host forwards, which the agent does not know, so
+//! an egress point is one per (interface out, interface in) pair, added when a flow first
+//! shows the pair: `out:<if>` measured against the flow's ingress point in this agent.
+
+use crate::config::{AgentConfig, EbpfPortConfig, EbpfSettings};
+use crate::datapath::{Datapath, Started};
+use crate::error::AgentError;
+use crate::shared::Shared;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use telemark_core::loss::{BatchEvent, BatchEventKind, PointSpec};
+use telemark_core::spsc::{self, Producer};
+use telemark_datapath::ebpf::maps::{EgressAction, IngressAction, Port, Settings, Stat};
+use telemark_datapath::ebpf::periods::{PeriodReader, Reading};
+use telemark_datapath::ebpf::{self, Attached, Programs, Target};
+use telemark_wire::FlowKey;
+
+/// Interfaces the kernel programs tell apart: two points each (ingress 2i, egress 2i + 1).
+const MAX_PORTS: usize = 127;
+
+pub(crate) struct EbpfPath {
+    agent: String,
+    settings: EbpfSettings,
+    programs: Programs,
+    events: Producer<BatchEvent>,
+    reader: PeriodReader,
+    /// Attached interfaces by target.
+    attached: HashMap<Target, Attached>,
+    /// The slot each target got, kept so a re-created interface keeps its points.
+    slots: HashMap<Target, usize>,
+    /// Per slot: its target, the aggregator's ingress point, and the `[[port]]` it matched.
+    ports: Vec<(Target, u8, EbpfPortConfig)>,
+    /// Egress points by (slot out, ingress point it is measured against, if any).
+    out_points: HashMap<(usize, Option<u8>), u8>,
+    /// The aggregator's points so far (it adds the ones published in `shared.new_points`).
+    points: usize,
+    /// Each flow's ingress point, as last seen.
+    flow_in: HashMap<FlowKey, u8>,
+    /// Targets that failed to attach, so each failure is logged once.
+    failed: HashMap<Target, String>,
+    tai_offset_ns: u64,
+    refused_seen: Vec<u64>,
+    event_drops: u64,
+    shared: std::sync::Arc<Shared>,
+    next_scan: Instant,
+}
+
+/// Loads the programs and attaches them to the interfaces there are now.
+pub(crate) fn open(
+    cfg: &AgentConfig,
+    eb: &EbpfSettings,
+    shared: std::sync::Arc<Shared>,
+) -> Result<Started, AgentError> {
+    let settings = Settings {
+        period_ns: eb.period_ns,
+        guard_ns: eb.guard_ns,
+        colour_bit: cfg.loss.color_bit,
+        ..Settings::default()
+    };
+    let programs = Programs::load(eb.flows, settings)
+        .map_err(|e| AgentError::Port(std::io::Error::other(e.to_string())))?;
+    if let Some(why) = &programs.drops_unavailable {
+        tracing::warn!("drop reasons unavailable (skb:kfree_skb): {why}");
+    }
+    let (prod, events) = spsc::channel::<BatchEvent>(1 << 16);
+    let (_int_prod, int_events) = spsc::channel(16);
+    let mut path = EbpfPath {
+        agent: cfg.agent.clone(),
+        settings: eb.clone(),
+        programs,
+        events: prod,
+        reader: PeriodReader::new(eb.period_ns, eb.guard_ns),
+        attached: HashMap::new(),
+        slots: HashMap::new(),
+        ports: Vec::new(),
+        out_points: HashMap::new(),
+        points: 0,
+        flow_in: HashMap::new(),
+        failed: HashMap::new(),
+        tai_offset_ns: ebpf::tai_offset_ns(),
+        refused_seen: vec![0; 256],
+        event_drops: 0,
+        shared,
+        next_scan: Instant::now(),
+    };
+    path.scan();
+    if path.attached.is_empty() {
+        tracing::warn!("eBPF: no interface matches a [[port]] yet; looking again every rescan");
+    }
+    Ok(Started {
+        path: Box::new(path),
+        ports: Vec::new(),
+        events,
+        int_events,
+        hh_windows: None,
+        meter_rings: None,
+    })
+}
+
+/// Whether `name` matches `pattern` (`*` matches any run of characters).
+fn matches(pattern: &str, name: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == name;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !name.starts_with(first) || name.len() < first.len() + last.len() || !name.ends_with(last) {
+        return false;
+    }
+    let mut rest = &name[first.len()..name.len() - last.len()];
+    for mid in &parts[1..parts.len() - 1] {
+        match rest.find(mid) {
+            Some(i) => rest = &rest[i + mid.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// A point name from an interface label: letters, digits and `-_.:` (records' rule).
+fn point_name(prefix: &str, label: &str) -> String {
+    let clean: String = label
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || "-_.:".contains(c) { c } else { '_' })
+        .collect();
+    let mut n = format!("{prefix}:{clean}");
+    n.truncate(64);
+    n
+}
+
+impl EbpfPath {
+    /// Publishes a point to the aggregation; its number (`None`: 255 points taken).
+    fn add_point(&mut self, spec: PointSpec) -> Option<u8> {
+        if self.points >= usize::from(u8::MAX) {
+            return None;
+        }
+        let id = self.points as u8;
+        self.points += 1;
+        self.shared.new_points.lock().unwrap_or_else(|p| p.into_inner()).push(spec);
+        Some(id)
+    }
+
+    /// Attaches to interfaces that match a `[[port]]` and are not attached yet; forgets those
+    /// that are gone (the kernel has released their hooks with them).
+    fn scan(&mut self) {
+        let mut seen: Vec<(Target, EbpfPortConfig, u32)> = Vec::new();
+        let mut listed: HashMap<Option<String>, Vec<(String, u32)>> = HashMap::new();
+        for pc in &self.settings.ports {
+            let list = listed.entry(pc.netns.clone()).or_insert_with(|| {
+                ebpf::interfaces(pc.netns.as_deref()).unwrap_or_else(|e| {
+                    tracing::debug!("eBPF: listing interfaces of {:?}: {e}", pc.netns);
+                    Vec::new()
+                })
+            });
+            for (name, ifindex) in list.iter() {
+                let t = Target { netns: pc.netns.clone(), iface: name.clone() };
+                if matches(&pc.interface, name) && !seen.iter().any(|s| s.0 == t) {
+                    seen.push((t, pc.clone(), *ifindex));
+                }
+            }
+        }
+        // Gone, or re-created under the same name with another index.
+        let gone: Vec<Target> = self
+            .attached
+            .iter()
+            .filter(|(t, a)| !seen.iter().any(|(s, _, i)| s == *t && *i == a.ifindex))
+            .map(|(t, _)| t.clone())
+            .collect();
+        for t in gone {
+            if let Some(a) = self.attached.remove(&t) {
+                tracing::info!("eBPF: {} is gone; detached", t.label());
+                self.programs.detach(a);
+            }
+        }
+        for (t, pc, _) in seen {
+            if self.attached.contains_key(&t) {
+                continue;
+            }
+            if let Err(e) = self.attach(&t, &pc) {
+                if self.failed.get(&t) != Some(&e) {
+                    tracing::warn!("eBPF: {e}");
+                    self.failed.insert(t, e);
+                }
+            }
+        }
+    }
+
+    fn attach(&mut self, t: &Target, pc: &EbpfPortConfig) -> Result<(), String> {
+        let slot = match self.slots.get(t) {
+            Some(s) => *s,
+            None => {
+                if self.ports.len() >= MAX_PORTS {
+                    return Err(format!("{}: at most {MAX_PORTS} interfaces", t.label()));
+                }
+                let label = t.label();
+                let ingress = self
+                    .add_point(PointSpec {
+                        name: point_name(if pc.mark { "mark" } else { "in" }, &label),
+                        agent: self.agent.clone(),
+                        port: label.clone(),
+                        upstream: None,
+                        marker: pc.mark,
+                        skew_ns: 0,
+                        upstream_label: pc.upstream.clone(),
+                    })
+                    .ok_or("255 points taken")?;
+                self.ports.push((t.clone(), ingress, pc.clone()));
+                self.slots.insert(t.clone(), self.ports.len() - 1);
+                self.ports.len() - 1
+            }
+        };
+        let port = Port {
+            in_point: (2 * slot) as u8,
+            out_point: (2 * slot + 1) as u8,
+            in_action: if pc.mark { IngressAction::Mark } else { IngressAction::Count } as u8,
+            out_action: if pc.unmark { EgressAction::Unmark } else { EgressAction::Count } as u8,
+        };
+        let attached = self.programs.attach(t, port).map_err(|e| e.to_string())?;
+        tracing::info!("eBPF: attached to {} ({:?})", t.label(), attached.hook);
+        self.failed.remove(t);
+        self.attached.insert(t.clone(), attached);
+        Ok(())
+    }
+
+    /// The aggregator's egress point for flows leaving by `slot` that came in at `ingress`.
+    fn out_point(&mut self, slot: usize, ingress: Option<u8>) -> Option<u8> {
+        if let Some(p) = self.out_points.get(&(slot, ingress)) {
+            return Some(*p);
+        }
+        let label = self.ports[slot].0.label();
+        let p = self.add_point(PointSpec {
+            name: point_name("out", &label),
+            agent: self.agent.clone(),
+            port: label,
+            upstream: ingress,
+            marker: false,
+            skew_ns: 0,
+            upstream_label: None,
+        })?;
+        self.out_points.insert((slot, ingress), p);
+        Some(p)
+    }
+
+    fn send(&mut self, ev: BatchEvent) {
+        if self.events.push(ev).is_err() {
+            self.event_drops += 1;
+            // The aggregator learns that events were lost (their batches become uncertain).
+            let _ = self.events.push(BatchEvent { kind: BatchEventKind::Gap, ..ev });
+        }
+    }
+
+    /// Reads the counters: final periods become closed batches, late packets late events.
+    fn sweep(&mut self) {
+        let now = ebpf::now_tai();
+        let mut out = Vec::new();
+        let reader = &mut self.reader;
+        if let Err(e) = self.programs.for_each_count(|k, cpus| reader.read(now, k, cpus, &mut out))
+        {
+            tracing::warn!("eBPF: {e}");
+            return;
+        }
+        let _ = self.programs.set_read_upto(self.reader.final_upto(now));
+        // Ingress points first: a flow's ingress tells which egress point its exit is.
+        out.sort_by_key(|r| match r {
+            Reading::Closed(c) => (c.key.point % 2, c.period),
+            Reading::Late { key, period, .. } => (key.point % 2, *period),
+        });
+        for r in out {
+            let (key, period) = match &r {
+                Reading::Closed(c) => (c.key, c.period),
+                Reading::Late { key, period, .. } => (*key, *period),
+            };
+            let slot = usize::from(key.point / 2);
+            let Some((_, ingress, _)) = self.ports.get(slot) else { continue };
+            let ingress = *ingress;
+            let flow = key.flow();
+            let point = if key.point % 2 == 0 {
+                self.flow_in.insert(flow, ingress);
+                ingress
+            } else {
+                let from = self.flow_in.get(&flow).copied();
+                match self.out_point(slot, from) {
+                    Some(p) => p,
+                    None => continue,
+                }
+            };
+            let ordinal = (period as u32).max(1);
+            let ev = match r {
+                Reading::Closed(c) => BatchEvent {
+                    key: flow,
+                    point,
+                    kind: BatchEventKind::Closed,
+                    color: key.colour,
+                    ordinal,
+                    count: u32::try_from(c.packets).unwrap_or(u32::MAX),
+                    first_ns: c.first_ns.saturating_sub(self.tai_offset_ns),
+                    last_ns: c.last_ns.saturating_sub(self.tai_offset_ns),
+                    tail: false,
+                    head: false,
+                    cut: false,
+                },
+                Reading::Late { count, .. } => BatchEvent {
+                    key: flow,
+                    point,
+                    kind: BatchEventKind::Late,
+                    color: key.colour,
+                    ordinal,
+                    count: u32::try_from(count).unwrap_or(u32::MAX),
+                    first_ns: 0,
+                    last_ns: 0,
+                    tail: false,
+                    head: false,
+                    cut: false,
+                },
+            };
+            self.send(ev);
+        }
+        self.refusals();
+    }
+
+    /// Tells the aggregator which points have refused flows (it then treats a flow's first
+    /// batch there as possibly partial, never as loss).
+    fn refusals(&mut self) {
+        let Ok(refused) = self.programs.refused() else { return };
+        for (kp, n) in refused.iter().enumerate().take(2 * self.ports.len()) {
+            if *n <= self.refused_seen[kp] {
+                continue;
+            }
+            self.refused_seen[kp] = *n;
+            let slot = kp / 2;
+            let points: Vec<u8> = if kp % 2 == 0 {
+                vec![self.ports[slot].1]
+            } else {
+                self.out_points.iter().filter(|((s, _), _)| *s == slot).map(|(_, p)| *p).collect()
+            };
+            for point in points {
+                self.send(BatchEvent {
+                    key: FlowKey::default(),
+                    point,
+                    kind: BatchEventKind::Refused,
+                    color: 0,
+                    ordinal: 0,
+                    count: 0,
+                    first_ns: 0,
+                    last_ns: 0,
+                    tail: false,
+                    head: false,
+                    cut: false,
+                });
+            }
+        }
+    }
+
+    /// Forgets flows idle past the loss monitor's idle timeout (kernel entries included).
+    fn expire(&mut self, idle_ns: u64) {
+        let now = ebpf::now_tai();
+        let keys = self.reader.idle(now.saturating_sub(idle_ns), now);
+        if !keys.is_empty() {
+            let _ = self.programs.remove_counts(&keys);
+        }
+        if self.reader.is_empty() {
+            self.flow_in.clear();
+        }
+    }
+
+    fn publish(&self, shared: &Shared) {
+        let Ok(stats) = self.programs.stats() else { return };
+        let get = |s: Stat| stats.iter().find(|(k, _)| *k == s).map_or(0, |(_, v)| *v);
+        let mut p = shared.path.lock().unwrap_or_else(|p| p.into_inner());
+        p.rx = get(Stat::In);
+        p.tx = get(Stat::Out);
+        p.skipped = get(Stat::NotIp);
+        p.event_drops = self.event_drops;
+        p.learned = self.reader.len() as u64;
+    }
+}
+
+impl Datapath for EbpfPath {
+    fn run(mut self: Box<Self>, stop: &AtomicBool, done: &AtomicBool, shared: &Shared) {
+        let half = Duration::from_nanos(self.settings.period_ns / 2).max(Duration::from_millis(1));
+        let idle_ns = 2_000_000_000u64.max(4 * self.settings.period_ns);
+        let mut next_expire = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(half);
+            self.sweep();
+            if Instant::now() >= self.next_scan {
+                self.next_scan = Instant::now() + Duration::from_nanos(self.settings.rescan_ns);
+                self.scan();
+            }
+            if Instant::now() >= next_expire {
+                next_expire = Instant::now() + Duration::from_secs(1);
+                self.expire(idle_ns);
+            }
+            self.publish(shared);
+        }
+        // Every period that began before the stop is counted to its end and read, then the
+        // hooks are removed: a stop loses no finished period.
+        let t = self.settings.period_ns;
+        let end = (ebpf::now_tai() / t + 1) * t + self.settings.guard_ns;
+        let wait = end.saturating_sub(ebpf::now_tai()) + 2 * periods_settle();
+        std::thread::sleep(Duration::from_nanos(wait));
+        self.sweep();
+        for (_, a) in std::mem::take(&mut self.attached) {
+            self.programs.detach(a);
+        }
+        self.publish(shared);
+        done.store(true, Ordering::Release);
+    }
+}
+
+fn periods_settle() -> u64 {
+    telemark_datapath::ebpf::periods::SETTLE_NS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_as_globs() {
+        assert!(matches("tap*", "tap0"));
+        assert!(matches("tap*", "tap"));
+        assert!(!matches("tap*", "eth0"));
+        assert!(matches("*-in", "r-in"));
+        assert!(matches("veth*c*", "veth1c2"));
+        assert!(!matches("veth*c*x", "veth1c2"));
+        assert!(matches("eth0", "eth0") && !matches("eth0", "eth01"));
+    }
+
+    #[test]
+    fn point_names_follow_the_records_rule() {
+        let n = point_name("out", "h1:veth@x");
+        assert_eq!(n, "out:h1:veth_x");
+        assert!(telemark_core::records::valid_agent_name(&n));
+    }
+}
