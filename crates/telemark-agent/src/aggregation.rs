@@ -36,6 +36,21 @@ pub(crate) struct Aggregation {
     pub(crate) loss_tx: Option<std::sync::mpsc::SyncSender<telemark_core::records::LossRecord>>,
 }
 
+/// Names in a lossy record the kernel's drops of its flow not named yet (eBPF datapath).
+fn name_drops(l: &mut telemark_core::records::LossRecord, shared: &Shared) {
+    if l.lost == 0 && l.uncertain == 0 {
+        return;
+    }
+    let Ok(flow) = telemark_wire::FlowKey::try_from(&l.flow) else { return };
+    let mut pending = shared.pending_drops.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(d) = pending.remove(&flow) {
+        l.drops = d
+            .into_iter()
+            .map(|(reason, packets)| telemark_core::records::DropCount { reason, packets })
+            .collect();
+    }
+}
+
 impl Aggregation {
     /// Runs until the datapath is done (`path_done`) and every event it left is turned into
     /// records and handed on.
@@ -91,8 +106,11 @@ impl Aggregation {
             if finished && n == 0 {
                 break;
             }
-            while let Some(r) = self.agg.poll_record() {
+            while let Some(mut r) = self.agg.poll_record() {
                 records += 1;
+                if let Record::Loss(l) = &mut r {
+                    name_drops(l, shared);
+                }
                 self.offer_ipfix(&r, shared);
                 emit(&mut out, r);
             }

@@ -1123,6 +1123,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_ebpf_deploy_config_loads_and_bad_ports_say_what_is_wrong() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/agent-ebpf.toml");
+        let c = FileConfig::load(&path).unwrap().validate().unwrap();
+        let e = c.ebpf.expect("eBPF datapath");
+        assert_eq!((e.period_ns, e.guard_ns, e.flows), (100_000_000, 50_000_000, 65_536));
+        assert_eq!(e.ports.len(), 2);
+        assert!(e.ports[0].mark && e.ports[0].unmark && !e.ports[1].mark);
+        let base = "agent = \"h1\"\n";
+        for (extra, want) in [
+            ("[[port]]\ninterface = \"\"\n", "1-15 bytes"),
+            ("[[port]]\ninterface = \"a/b\"\n", "no '/'"),
+            ("[[port]]\ninterface = \"x\"\nupstream = \"nope\"\n", "agent/point"),
+            ("[[port]]\ninterface = \"x\"\nmark = true\nupstream = \"a/b\"\n", "no upstream"),
+            ("[ebpf]\nguard = \"2s\"\n[[port]]\ninterface = \"x\"\n", "ebpf.guard"),
+            ("[ebpf]\nflows = 1\n[[port]]\ninterface = \"x\"\n", "ebpf.flows"),
+            ("[ebpf]\nperiod = \"10us\"\n[[port]]\ninterface = \"x\"\n", "at least 1ms"),
+            ("[ebpf]\n", "[[port]] (eBPF"),
+            ("[[tap]]\nport = \"t0\"\n[ebpf]\n", "[ebpf] without [[port]]"),
+            ("[[tap]]\nport = \"t0\"\n[[port]]\ninterface = \"x\"\n", "two datapaths"),
+            ("[[port]]\ninterface = \"x\"\nmarks = true\n", "unknown field"),
+        ] {
+            let err = FileConfig::parse(&format!("{base}{extra}"))
+                .and_then(FileConfig::validate)
+                .expect_err(extra)
+                .to_string();
+            assert!(err.contains(want), "{extra}: {err}");
+        }
+    }
+
+    #[test]
     fn the_example_config_loads() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agent.toml");
         let c = FileConfig::load(&path).unwrap().validate().unwrap();

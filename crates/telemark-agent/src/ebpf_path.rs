@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use telemark_core::loss::{BatchEvent, BatchEventKind, PointSpec};
 use telemark_core::spsc::{self, Producer};
-use telemark_datapath::ebpf::maps::{EgressAction, IngressAction, Port, Settings, Stat};
+use telemark_datapath::ebpf::maps::{DropKey, EgressAction, IngressAction, Port, Settings, Stat};
 use telemark_datapath::ebpf::periods::{PeriodReader, Reading};
 use telemark_datapath::ebpf::{self, Attached, Programs, Target};
 use telemark_wire::FlowKey;
@@ -47,9 +47,15 @@ pub(crate) struct EbpfPath {
     failed: HashMap<Target, String>,
     tai_offset_ns: u64,
     refused_seen: Vec<u64>,
+    /// Periods the kernel overwrote before they were read, as last seen.
+    overruns: u64,
     event_drops: u64,
     shared: std::sync::Arc<Shared>,
     next_scan: Instant,
+    /// Drops per flow and reason as last read (the kernel's counts are cumulative).
+    drops_seen: HashMap<DropKey, u64>,
+    /// The kernel's drop reason names by number (its BTF).
+    reason_names: HashMap<u64, String>,
 }
 
 /// Loads the programs and attaches them to the interfaces there are now.
@@ -86,9 +92,12 @@ pub(crate) fn open(
         failed: HashMap::new(),
         tai_offset_ns: ebpf::tai_offset_ns(),
         refused_seen: vec![0; 256],
+        overruns: 0,
         event_drops: 0,
         shared,
         next_scan: Instant::now(),
+        drops_seen: HashMap::new(),
+        reason_names: ebpf::btf::drop_reasons(),
     };
     path.scan();
     if path.attached.is_empty() {
@@ -272,6 +281,17 @@ impl EbpfPath {
             Reading::Closed(c) => (c.key.point % 2, c.period),
             Reading::Late { key, period, .. } => (key.point % 2, *period),
         });
+        for r in &out {
+            if let Reading::Closed(c) = r {
+                if let Some((_, ingress, _)) = self.ports.get(usize::from(c.key.point / 2)) {
+                    if c.key.point % 2 == 0 {
+                        self.flow_in.insert(c.key.flow(), *ingress);
+                    }
+                }
+            }
+        }
+        // Drops before the batches they explain, so that their records can name them.
+        self.drops();
         for r in out {
             let (key, period) = match &r {
                 Reading::Closed(c) => (c.key, c.period),
@@ -282,7 +302,6 @@ impl EbpfPath {
             let ingress = *ingress;
             let flow = key.flow();
             let point = if key.point % 2 == 0 {
-                self.flow_in.insert(flow, ingress);
                 ingress
             } else {
                 let from = self.flow_in.get(&flow).copied();
@@ -323,6 +342,77 @@ impl EbpfPath {
             self.send(ev);
         }
         self.refusals();
+        self.overruns();
+    }
+
+    /// Periods overwritten before they were read make what the batches around them say
+    /// uncertain (a gap in the events, as a full event ring is), never loss.
+    fn overruns(&mut self) {
+        let Ok(stats) = self.programs.stats() else { return };
+        let n = stats.iter().find(|(s, _)| *s == Stat::Overrun).map_or(0, |(_, v)| *v);
+        if n > self.overruns {
+            tracing::warn!("eBPF: {} periods overwritten before they were read", n - self.overruns);
+            self.overruns = n;
+            let _ = self.events.push(BatchEvent {
+                key: FlowKey::default(),
+                point: 0,
+                kind: BatchEventKind::Gap,
+                color: 0,
+                ordinal: 0,
+                count: 0,
+                first_ns: 0,
+                last_ns: 0,
+                tail: false,
+                head: false,
+                cut: false,
+            });
+        }
+    }
+
+    fn reason_name(&self, reason: u32) -> String {
+        match self.reason_names.get(&u64::from(reason)) {
+            Some(n) => n.clone(),
+            None => format!("REASON_{reason}"),
+        }
+    }
+
+    /// Hands the kernel's new drops of measured flows to the aggregation (it names them in the
+    /// flow's next lossy record); forgets those of flows not measured here.
+    fn drops(&mut self) {
+        let Ok(now) = self.programs.drops() else { return };
+        let mut unwatched = Vec::new();
+        let mut fresh: Vec<(FlowKey, String, u64)> = Vec::new();
+        // Flows counted at some point here (the reader has read every key the kernel holds).
+        let measured: std::collections::HashSet<FlowKey> = if now.is_empty() {
+            Default::default()
+        } else {
+            self.reader.keys().map(|k| k.flow()).collect()
+        };
+        for (k, n) in now {
+            let flow = k.flow.flow();
+            if !measured.contains(&flow) {
+                unwatched.push(k);
+                self.drops_seen.remove(&k);
+                continue;
+            }
+            let seen = self.drops_seen.insert(k, n).unwrap_or(0);
+            if n > seen {
+                fresh.push((flow, self.reason_name(k.reason), n - seen));
+            }
+        }
+        if !unwatched.is_empty() {
+            let _ = self.programs.remove_drops(&unwatched);
+        }
+        if !fresh.is_empty() {
+            let mut pending = self.shared.pending_drops.lock().unwrap_or_else(|p| p.into_inner());
+            for (flow, reason, n) in fresh {
+                *pending.entry(flow).or_default().entry(reason).or_default() += n;
+            }
+        }
+        if let Ok(by_reason) = self.programs.reasons() {
+            let named = by_reason.into_iter().map(|(r, n)| (self.reason_name(r), n)).collect();
+            *self.shared.kernel_drops.lock().unwrap_or_else(|p| p.into_inner()) = named;
+        }
     }
 
     /// Tells the aggregator which points have refused flows (it then treats a flow's first
@@ -365,8 +455,13 @@ impl EbpfPath {
         if !keys.is_empty() {
             let _ = self.programs.remove_counts(&keys);
         }
-        if self.reader.is_empty() {
-            self.flow_in.clear();
+        if !keys.is_empty() {
+            // Flows no longer counted at any point are no longer measured here.
+            let live: std::collections::HashSet<FlowKey> =
+                self.reader.keys().map(|k| k.flow()).collect();
+            self.flow_in.retain(|f, _| live.contains(f));
+            let mut pending = self.shared.pending_drops.lock().unwrap_or_else(|p| p.into_inner());
+            pending.retain(|f, _| live.contains(f));
         }
     }
 

@@ -6,12 +6,14 @@
 use crate::config::{AgentConfig, IntRules};
 use crate::egress::IntStats;
 use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use telemark_core::int::Detectors;
 use telemark_core::loss::PointStats;
 use telemark_datapath::flow_meter::{MeterStats, PortCounters};
 use telemark_datapath::heavy_hitters::HhStats;
 use telemark_datapath::queue::QueueStats;
+use telemark_wire::FlowKey;
 
 /// Counters of the fast path, published by it ten times a second.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -132,6 +134,11 @@ pub(crate) struct Shared {
     /// Points a datapath added (the eBPF datapath, as it attaches interfaces and sees paths),
     /// in order, for the aggregation to add before it reads events that name them.
     pub(crate) new_points: Mutex<Vec<telemark_core::loss::PointSpec>>,
+    /// The kernel's drops of measured flows per reason (eBPF datapath), not yet named in a
+    /// loss record: the aggregation attaches a flow's to its next lossy record.
+    pub(crate) pending_drops: Mutex<HashMap<FlowKey, BTreeMap<String, u64>>>,
+    /// All drops the kernel reported since start, per reason, watched flows or not (eBPF).
+    pub(crate) kernel_drops: Mutex<Vec<(String, u64)>>,
 }
 
 /// INT rules in force (what `GET /api/v1/int` shows) and those the fast path is to take next,

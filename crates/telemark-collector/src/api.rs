@@ -596,9 +596,15 @@ impl Api {
                         s.agent
                     )
                 });
+                // "30 NETFILTER_DROP, 7 QDISC_DROP": what the kernel said it dropped there.
+                let mut reasons: Vec<(&String, &u64)> = s.drops.iter().collect();
+                reasons.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+                let reasons = (!reasons.is_empty()).then(|| {
+                    reasons.iter().map(|(r, n)| format!("{n} {r}")).collect::<Vec<_>>().join(", ")
+                });
                 json!({ "agent": s.agent, "point": s.point, "from": s.from, "where": place(s),
                         "lost": s.lost, "share": s.lost as f64 / total as f64,
-                        "caveat": caveat })
+                        "drops": s.drops, "reasons": reasons, "caveat": caveat })
             })
             .collect();
         drop(st);

@@ -45,6 +45,8 @@ pub struct PointRecords {
     pub lossy_batches: u64,
     /// It reported batches that lost nothing too: its batches are every batch it closed.
     pub every_batch: bool,
+    /// The kernel's drops of the flow its agent named in these records, per reason.
+    pub drops: std::collections::BTreeMap<String, u64>,
 }
 
 impl PointRecords {
@@ -89,6 +91,10 @@ pub struct Segment {
     pub expected: u64,
     /// Lossy batches.
     pub lossy_batches: u64,
+    /// Why the kernel of the segment's agent dropped packets of the flow, per drop reason
+    /// (the eBPF datapath's `skb:kfree_skb`), as its loss records named them.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub drops: std::collections::BTreeMap<String, u64>,
 }
 
 /// Each point's segment, most lost first.
@@ -107,6 +113,7 @@ pub fn segments(points: &[PointRecords]) -> Vec<Segment> {
                 uncertain,
                 expected,
                 lossy_batches,
+                drops: p.drops.clone(),
             };
             if p.scope == Scope::Segment {
                 let from = p.upstream.as_ref().map(|u| format!("{}/{u}", p.agent));
@@ -333,6 +340,7 @@ mod tests {
                     uncertain: 0,
                     lossy_batches: lossy,
                     every_batch: every,
+                    drops: Default::default(),
                 });
             }
         }

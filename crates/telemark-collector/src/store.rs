@@ -442,7 +442,7 @@ CREATE TABLE IF NOT EXISTS loss (
     color INTEGER NOT NULL, batch INTEGER NOT NULL, first_ns INTEGER NOT NULL,
     last_ns INTEGER NOT NULL, expected INTEGER, observed INTEGER NOT NULL,
     lost INTEGER NOT NULL, late INTEGER NOT NULL, uncertain INTEGER NOT NULL DEFAULT 0,
-    scope TEXT NOT NULL DEFAULT 'segment', tail INTEGER NOT NULL DEFAULT 0,
+    scope TEXT NOT NULL DEFAULT 'segment', tail INTEGER NOT NULL DEFAULT 0, drops TEXT,
     PRIMARY KEY (agent, boot, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS loss_flow ON loss (src, dst, sport, dport, proto, first_ns);
@@ -539,10 +539,27 @@ fn migrate_flow_state(db: &Connection) -> Result<(), StoreError> {
 const HOUR_NS: u64 = 3_600_000_000_000;
 
 /// Columns of `loss` added after its first release, oldest first.
-const ADDED_COLUMNS: [(&str, &str); 3] = [
+/// A loss record's drop reasons as stored: `{"NETFILTER_DROP": 30}`, or NULL for none.
+fn drops_json(d: &[telemark_core::records::DropCount]) -> Option<String> {
+    if d.is_empty() {
+        return None;
+    }
+    let m: std::collections::BTreeMap<&str, u64> =
+        d.iter().map(|c| (c.reason.as_str(), c.packets)).collect();
+    serde_json::to_string(&m).ok()
+}
+
+/// The stored form back (a row that does not parse names no reasons).
+fn drops_from_json(s: &str) -> std::collections::BTreeMap<String, u64> {
+    serde_json::from_str(s).unwrap_or_default()
+}
+
+const ADDED_COLUMNS: [(&str, &str); 4] = [
     ("uncertain", "INTEGER NOT NULL DEFAULT 0"),
     ("scope", "TEXT NOT NULL DEFAULT 'segment'"),
     ("tail", "INTEGER NOT NULL DEFAULT 0"),
+    // The kernel's drop reasons, as JSON ({"NETFILTER_DROP": 30}); NULL: none named.
+    ("drops", "TEXT"),
 ];
 
 /// A time window: records whose time (a batch's first packet, a summary's end) is in
@@ -963,9 +980,9 @@ impl Store {
             let mut loss = tx.prepare_cached(
                 "INSERT OR IGNORE INTO loss (agent, boot, seq, port, point, upstream,
                     src, dst, sport, dport, proto, spi, si, color, batch, first_ns, last_ns,
-                    expected, observed, lost, late, uncertain, scope, tail)
+                    expected, observed, lost, late, uncertain, scope, tail, drops)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)",
+                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)",
             )?;
             let mut other = tx.prepare_cached(
                 "INSERT OR IGNORE INTO other (agent, boot, seq, kind, time_ns, json)
@@ -1027,6 +1044,7 @@ impl Store {
                         i(l.uncertain),
                         l.scope.as_str(),
                         l.tail,
+                        drops_json(&l.drops),
                     ])?,
                     Record::Summary(x) => as_other("summary", x.interval_end_ns)?,
                     Record::FlowLoss(_) => as_other("flow_loss", now)?,
@@ -1292,7 +1310,7 @@ impl Store {
     pub fn points_in(&self, flow: &Flow, w: Window) -> Result<Vec<PointRecords>, StoreError> {
         let sql = format!(
             "SELECT agent, point, port, upstream, scope, color, first_ns, last_ns, observed,
-                    late, COALESCE(expected, 0), lost, uncertain, tail
+                    late, COALESCE(expected, 0), lost, uncertain, tail, drops
              FROM loss WHERE {FLOW_IN} ORDER BY agent, point, first_ns, seq"
         );
         let range = w.args();
@@ -1306,12 +1324,13 @@ impl Store {
                 late: u(r.get(9)?),
             };
             let sums = (u(r.get(10)?), u(r.get(11)?), u(r.get(12)?), r.get::<_, bool>(13)?);
-            Ok((head, r.get::<_, String>(2)?, r.get(3)?, r.get::<_, String>(4)?, batch, sums))
+            let drops = r.get::<_, Option<String>>(14)?;
+            let port = r.get::<_, String>(2)?;
+            Ok((head, port, r.get(3)?, r.get::<_, String>(4)?, batch, sums, drops))
         })?;
         let mut out: Vec<PointRecords> = Vec::new();
-        for ((agent, point), port, upstream, scope, batch, (expected, lost, uncertain, tail)) in
-            rows
-        {
+        for ((agent, point), port, upstream, scope, batch, sums, drops) in rows {
+            let (expected, lost, uncertain, tail) = sums;
             let p = match out.last_mut() {
                 Some(p) if p.agent == agent && p.point == point => p,
                 _ => {
@@ -1334,6 +1353,10 @@ impl Store {
             p.uncertain = p.uncertain.saturating_add(uncertain);
             p.lossy_batches += u64::from(lost > 0);
             p.every_batch |= lost == 0 && uncertain == 0;
+            for (reason, n) in drops.as_deref().map(drops_from_json).unwrap_or_default() {
+                let e = p.drops.entry(reason).or_default();
+                *e = e.saturating_add(n);
+            }
         }
         Ok(out)
     }
@@ -1851,6 +1874,7 @@ mod tests {
             uncertain: 0,
             scope: Scope::Segment,
             tail: false,
+            drops: Vec::new(),
         });
         let recs = vec![r.clone(), r.clone(), r.clone()];
         assert_eq!(

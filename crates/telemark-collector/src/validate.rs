@@ -92,8 +92,21 @@ fn loss(l: &LossRecord, now: u64) -> Result<(), String> {
     } else if l.lost > 0 {
         return Err(format!("lost {} with nothing expected", l.lost));
     }
+    if l.drops.len() > MAX_DROP_REASONS {
+        return Err(format!("{} drop reasons (at most {MAX_DROP_REASONS})", l.drops.len()));
+    }
+    for d in &l.drops {
+        let ok = (1..=64).contains(&d.reason.len())
+            && d.reason.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+        if !ok {
+            return Err(format!("drop reason {:?}: 1-64 of A-Z, 0-9 and _", short(&d.reason)));
+        }
+    }
     Ok(())
 }
+
+/// Drop reasons one loss record may name (the kernel has about a hundred).
+const MAX_DROP_REASONS: usize = 32;
 
 fn flow(f: &Flow) -> Result<(), String> {
     for (what, a) in [("src", &f.src), ("dst", &f.dst)] {
@@ -148,13 +161,16 @@ pub fn counts(r: &Record) -> Result<(), String> {
     };
     let mut all: Vec<(&str, u64)> = Vec::new();
     match r {
-        Record::Loss(l) => all.extend([
-            ("expected", l.expected.unwrap_or(0)),
-            ("observed", l.observed),
-            ("lost", l.lost),
-            ("late", l.late),
-            ("uncertain", l.uncertain),
-        ]),
+        Record::Loss(l) => {
+            all.extend([
+                ("expected", l.expected.unwrap_or(0)),
+                ("observed", l.observed),
+                ("lost", l.lost),
+                ("late", l.late),
+                ("uncertain", l.uncertain),
+            ]);
+            all.extend(l.drops.iter().map(|d| ("drops", d.packets)));
+        }
         Record::Summary(s) => {
             all.extend(loss(&s.counts));
             all.push(("rx_ring_drops", s.rx_ring_drops));

@@ -57,6 +57,7 @@ fn record(agent: &str, batch: u64) -> Record {
         uncertain: 0,
         scope: Scope::Path,
         tail: false,
+        drops: Vec::new(),
     })
 }
 

@@ -103,6 +103,21 @@ pub struct LossRecord {
     /// ended its watch of the flow with it (nothing of the flow follows until it starts again).
     #[serde(default, skip_serializing_if = "is_false")]
     pub tail: bool,
+    /// Why the kernel said it dropped packets of this flow here, per drop reason
+    /// (`skb:kfree_skb`, on the eBPF datapath): the drops the agent saw since the flow's last
+    /// lossy record at its points. Empty where the datapath cannot tell.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drops: Vec<DropCount>,
+}
+
+/// Packets the kernel dropped for one reason (its `enum skb_drop_reason` name without the
+/// `SKB_DROP_REASON_` prefix: `NETFILTER_DROP`, `QDISC_DROP`, …).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DropCount {
+    /// The reason.
+    pub reason: String,
+    /// Packets.
+    pub packets: u64,
 }
 
 fn is_false(v: &bool) -> bool {
@@ -634,6 +649,7 @@ mod tests {
             uncertain: 0,
             scope: Scope::Segment,
             tail: false,
+            drops: Vec::new(),
         });
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(v["scope"], "segment");

@@ -142,6 +142,7 @@ fn the_agent_finds_the_routers_loss_and_leaves_nothing_behind() {
     assert!(status.success(), "agent: {status}: {err}");
 
     let (mut lost, mut uncertain, mut lossy_elsewhere) = (0u64, 0u64, 0u64);
+    let mut reasons = std::collections::BTreeMap::<String, u64>::new();
     for l in &lines {
         let v: serde_json::Value = serde_json::from_str(l).unwrap();
         if v["kind"] != "loss" || v["flow"]["dport"] != 7777 {
@@ -151,6 +152,10 @@ fn the_agent_finds_the_routers_loss_and_leaves_nothing_behind() {
             assert_eq!(v["upstream"], format!("mark:{}:r-in", r.0), "{v}");
             lost += v["lost"].as_u64().unwrap();
             uncertain += v["uncertain"].as_u64().unwrap();
+            for d in v["drops"].as_array().into_iter().flatten() {
+                *reasons.entry(d["reason"].as_str().unwrap().to_string()).or_default() +=
+                    d["packets"].as_u64().unwrap();
+            }
         } else {
             lossy_elsewhere += v["lost"].as_u64().unwrap();
         }
@@ -163,6 +168,8 @@ fn the_agent_finds_the_routers_loss_and_leaves_nothing_behind() {
     );
     assert!(lost * 100 >= dropped * 97, "lost {lost} of {dropped}");
     assert_eq!(lossy_elsewhere, 0, "loss reported at another point");
+    // The kernel's reason for every drop: the nftables rule's.
+    assert_eq!(reasons, std::collections::BTreeMap::from([("NETFILTER_DROP".into(), dropped)]));
 
     // Nothing left behind: no program, no filter.
     let progs = sh("bpftool prog show");

@@ -452,6 +452,7 @@ fn loss_record(batch: u64) -> telemark_core::records::Record {
         late: 0,
         uncertain: 0,
         tail: false,
+        drops: Vec::new(),
     })
 }
 

@@ -554,6 +554,7 @@ impl Aggregator {
             late: b.late,
             uncertain,
             tail: b.tail,
+            drops: Vec::new(),
         }));
     }
 

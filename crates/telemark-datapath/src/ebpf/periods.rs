@@ -131,6 +131,11 @@ impl PeriodReader {
         keys
     }
 
+    /// The keys being tracked.
+    pub fn keys(&self) -> impl Iterator<Item = &Key> {
+        self.reported.keys()
+    }
+
     /// Keys being tracked.
     pub fn len(&self) -> usize {
         self.reported.len()

@@ -129,6 +129,7 @@ pub(crate) fn record(agent: &str, batch: u64, t: u64) -> Record {
         uncertain: 0,
         scope: Scope::Path,
         tail: false,
+        drops: Vec::new(),
     })
 }
 
