@@ -36,9 +36,11 @@ pub(crate) struct Aggregation {
     pub(crate) loss_tx: Option<std::sync::mpsc::SyncSender<telemark_core::records::LossRecord>>,
 }
 
-/// Names in a lossy record the kernel's drops of its flow not named yet (eBPF datapath).
+/// Names in a lossy record of a segment inside this agent the kernel's drops of its flow not
+/// named yet (eBPF datapath). A point measured against another agent's (a link in) is left
+/// out: the kernel here dropped nothing on the way to it.
 fn name_drops(l: &mut telemark_core::records::LossRecord, shared: &Shared) {
-    if l.lost == 0 && l.uncertain == 0 {
+    if (l.lost == 0 && l.uncertain == 0) || l.scope != telemark_core::records::Scope::Segment {
         return;
     }
     let Ok(flow) = telemark_wire::FlowKey::try_from(&l.flow) else { return };

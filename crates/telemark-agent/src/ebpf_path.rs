@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use telemark_core::loss::{BatchEvent, BatchEventKind, PointSpec};
 use telemark_core::spsc::{self, Producer};
-use telemark_datapath::ebpf::maps::{DropKey, EgressAction, IngressAction, Port, Settings, Stat};
+use telemark_datapath::ebpf::maps::{
+    DropKey, EgressAction, IngressAction, Key, Port, Settings, Stat,
+};
 use telemark_datapath::ebpf::periods::{PeriodReader, Reading};
 use telemark_datapath::ebpf::{self, Attached, Programs, Target};
 use telemark_wire::FlowKey;
@@ -49,6 +51,10 @@ pub(crate) struct EbpfPath {
     refused_seen: Vec<u64>,
     /// Periods the kernel overwrote before they were read, as last seen.
     overruns: u64,
+    /// Each kernel key's newest closed batch, held until the next one closes (then it is sent
+    /// as it is) or the flow goes idle or the agent stops (then it is sent as the tail: the
+    /// point's watch of the flow ended with it, so the batches upstream of it can be judged).
+    held: HashMap<Key, BatchEvent>,
     event_drops: u64,
     shared: std::sync::Arc<Shared>,
     next_scan: Instant,
@@ -93,6 +99,7 @@ pub(crate) fn open(
         tai_offset_ns: ebpf::tai_offset_ns(),
         refused_seen: vec![0; 256],
         overruns: 0,
+        held: HashMap::new(),
         event_drops: 0,
         shared,
         next_scan: Instant::now(),
@@ -339,7 +346,20 @@ impl EbpfPath {
                     cut: false,
                 },
             };
-            self.send(ev);
+            match ev.kind {
+                BatchEventKind::Closed => {
+                    if let Some(before) = self.held.insert(key, ev) {
+                        self.send(before);
+                    }
+                }
+                _ => {
+                    // Late packets of the held batch: it goes first.
+                    if let Some(before) = self.held.remove(&key) {
+                        self.send(before);
+                    }
+                    self.send(ev);
+                }
+            }
         }
         self.refusals();
         self.overruns();
@@ -452,6 +472,11 @@ impl EbpfPath {
     fn expire(&mut self, idle_ns: u64) {
         let now = ebpf::now_tai();
         let keys = self.reader.idle(now.saturating_sub(idle_ns), now);
+        for k in &keys {
+            if let Some(ev) = self.held.remove(k) {
+                self.send(BatchEvent { tail: true, ..ev });
+            }
+        }
         if !keys.is_empty() {
             let _ = self.programs.remove_counts(&keys);
         }
@@ -502,6 +527,9 @@ impl Datapath for EbpfPath {
         let wait = end.saturating_sub(ebpf::now_tai()) + 2 * periods_settle();
         std::thread::sleep(Duration::from_nanos(wait));
         self.sweep();
+        for (_, ev) in std::mem::take(&mut self.held) {
+            self.send(BatchEvent { tail: true, ..ev });
+        }
         for (_, a) in std::mem::take(&mut self.attached) {
             self.programs.detach(a);
         }

@@ -484,12 +484,44 @@ int tm_egress(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
-/* The parts of struct sk_buff read here; CO-RE finds them in the running kernel's layout. */
+/* The parts of the kernel's structures read here; CO-RE finds them in the running kernel's
+ * layout. */
+struct net {
+	__u64 net_cookie;
+} __attribute__((preserve_access_index));
+
+typedef struct {
+	struct net *net;
+} possible_net_t;
+
+struct net_device {
+	int ifindex;
+	possible_net_t nd_net;
+} __attribute__((preserve_access_index));
+
 struct sk_buff {
+	struct net_device *dev;
 	unsigned char *head;
 	__u16 network_header;
 	__u16 protocol;
+	unsigned int len;
 } __attribute__((preserve_access_index));
+
+/* Where a drop happened: the device the packet was on, by namespace and index. */
+struct tm_drop_port {
+	__u64 netns; /* the namespace's cookie (SO_NETNS_COOKIE) */
+	__u32 ifindex;
+	__u32 pad;
+};
+
+/* The attached interfaces as the drop program tells them apart (the tc programs cannot see a
+ * device's namespace; the tracepoint can). Value: the port, as in "ports". */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct tm_drop_port);
+	__type(value, struct tm_port);
+} drop_ports SEC(".maps");
 
 /* SKB_CONSUMED: freed after use, not dropped (the same value on every kernel that has
  * reasons). */
@@ -507,6 +539,15 @@ int tm_drop(__u64 *ctx)
 	__u64 *n = bpf_map_lookup_elem(&reasons, &slot);
 	if (n)
 		*n += 1;
+
+	/* Only drops on this agent's interfaces are its flows' drops. */
+	struct net_device *dev = skb->dev;
+	if (!dev)
+		return 0;
+	struct tm_drop_port where = { .netns = dev->nd_net.net->net_cookie, .ifindex = dev->ifindex };
+	struct tm_port *port = bpf_map_lookup_elem(&drop_ports, &where);
+	if (!port)
+		return 0;
 
 	unsigned char *head = skb->head;
 	__u16 nh = skb->network_header;

@@ -39,6 +39,9 @@ fn sh(cmd: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The tests here check that no program is left behind, so they run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs `f` on a thread inside namespace `ns`.
 fn in_ns<R: Send>(ns: &str, f: impl FnOnce() -> R + Send) -> R {
     telemark_datapath::ebpf::in_netns(Some(ns), f).expect("enter the namespace")
@@ -46,6 +49,7 @@ fn in_ns<R: Send>(ns: &str, f: impl FnOnce() -> R + Send) -> R {
 
 #[test]
 fn the_agent_finds_the_routers_loss_and_leaves_nothing_behind() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (s, r, d) = (Netns::new("s"), Netns::new("r"), Netns::new("d"));
     let pid = std::process::id();
     sh(&format!("ip link add tme{pid}a netns {} type veth peer name r-in netns {}", s.0, r.0));
@@ -180,4 +184,157 @@ fn the_agent_finds_the_routers_loss_and_leaves_nothing_behind() {
             assert!(!f.contains("tm_"), "{dev} {dir}: {f}");
         }
     }
+}
+
+/// sender → r1 (agent h1) → r2 (agent h2) → receiver, one collector. h1 marks at r1-in; a
+/// `tbf` on r1-out (after the tc egress hook) drops on the link between the hosts; nftables
+/// in r2's forward chain drops inside h2. The collector must find both segments, each with the
+/// kernel's count, and name the cross-host link.
+#[test]
+fn two_hosts_one_collector_find_the_lossy_link_and_the_lossy_host() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    use telemark_agent::{Agent, FileConfig};
+    use telemark_collector::api::Request;
+    use telemark_collector::{now_ns, Collector, Config};
+
+    let (s, r1, r2, d) = (Netns::new("s2"), Netns::new("r1"), Netns::new("r2"), Netns::new("d2"));
+    let pid = std::process::id();
+    sh(&format!("ip link add tmf{pid}a netns {} type veth peer name r1-in netns {}", s.0, r1.0));
+    sh(&format!("ip link add r1-out netns {} type veth peer name r2-in netns {}", r1.0, r2.0));
+    sh(&format!("ip link add tmf{pid}b netns {} type veth peer name r2-out netns {}", d.0, r2.0));
+    s.exec(&format!("ip link set tmf{pid}a name s0"));
+    d.exec(&format!("ip link set tmf{pid}b name d0"));
+    s.exec("ip addr add 10.79.1.1/24 dev s0");
+    d.exec("ip addr add 10.79.3.2/24 dev d0");
+    r1.exec("ip addr add 10.79.1.254/24 dev r1-in");
+    r1.exec("ip addr add 10.79.2.1/24 dev r1-out");
+    r2.exec("ip addr add 10.79.2.2/24 dev r2-in");
+    r2.exec("ip addr add 10.79.3.254/24 dev r2-out");
+    for (ns, devs) in [(&s, "s0"), (&d, "d0"), (&r1, "r1-in r1-out"), (&r2, "r2-in r2-out")] {
+        for dev in devs.split(' ') {
+            ns.exec(&format!("ip link set {dev} up"));
+        }
+    }
+    s.exec("ip route add default via 10.79.1.254");
+    d.exec("ip route add default via 10.79.3.254");
+    r1.exec("ip route add 10.79.3.0/24 via 10.79.2.2");
+    r2.exec("ip route add 10.79.1.0/24 via 10.79.2.1");
+    r1.exec("sysctl -qw net.ipv4.ip_forward=1");
+    r2.exec("sysctl -qw net.ipv4.ip_forward=1");
+    // The link: 20 Mbit/s with a short queue, fed at about twice that in bursts.
+    r1.exec("tc qdisc add dev r1-out root tbf rate 20mbit burst 16kb limit 30kb");
+    r2.exec(
+        "nft 'add table inet tmf; add chain inet tmf fw { type filter hook forward priority 0; }; \
+         add rule inet tmf fw udp dport 7777 numgen random mod 25 == 0 counter drop'",
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        db: dir.path().join("collector.db"),
+        ..Config::default()
+    };
+    let c = Collector::start(&cfg).unwrap();
+    let url = format!("http://{}", c.addr);
+    let agent = |name: &str, ns: &str, ports: &str| {
+        let toml = format!(
+            "agent = \"{name}\"\nnetns = \"{ns}\"\n[ebpf]\nperiod = \"50ms\"\n{ports}\n\
+             [export]\ncollector = \"{url}\"\ninterval = \"200ms\"\nreport_all = true\n"
+        );
+        Agent::start(FileConfig::parse(&toml).unwrap().validate().unwrap()).unwrap()
+    };
+    let h1 = agent(
+        "h1",
+        &r1.0,
+        "[[port]]\ninterface = \"r1-in\"\nmark = true\n[[port]]\ninterface = \"r1-out\"\n",
+    );
+    let h2 = agent(
+        "h2",
+        &r2.0,
+        &format!(
+            "[[port]]\ninterface = \"r2-in\"\nupstream = \"h1/out:{}:r1-out\"\n\
+             [[port]]\ninterface = \"r2-out\"\nunmark = true\n",
+            r1.0
+        ),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+
+    let rx = {
+        let d = d.0.clone();
+        std::thread::spawn(move || {
+            in_ns(&d, || {
+                let sock = UdpSocket::bind("10.79.3.2:7777").unwrap();
+                sock.set_read_timeout(Some(Duration::from_millis(1000))).unwrap();
+                let mut buf = [0u8; 2048];
+                let mut n = 0u64;
+                while sock.recv(&mut buf).is_ok() {
+                    n += 1;
+                }
+                n
+            })
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    const SENT: u64 = 8000;
+    in_ns(&s.0, || {
+        let sock = UdpSocket::bind("10.79.1.1:6666").unwrap();
+        let payload = [0u8; 1000];
+        for i in 0..SENT {
+            sock.send_to(&payload, "10.79.3.2:7777").unwrap();
+            // ~40 Mbit/s in bursts of 40 datagrams.
+            if i % 40 == 39 {
+                std::thread::sleep(Duration::from_millis(8));
+            }
+        }
+    });
+    let received = rx.join().unwrap();
+    let tbf = r1.exec("tc -s qdisc show dev r1-out");
+    let link_dropped: u64 = tbf
+        .split("dropped ")
+        .nth(1)
+        .and_then(|s| s.split([',', ' ']).next())
+        .and_then(|s| s.parse().ok())
+        .expect("tbf drop counter");
+    let nft = r2.exec("nft list chain inet tmf fw");
+    let host_dropped: u64 = nft
+        .split("packets ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .expect("nft counter");
+    assert_eq!(
+        received + link_dropped + host_dropped,
+        SENT,
+        "tbf {link_dropped}, nft {host_dropped}"
+    );
+    assert!(link_dropped > 50, "the link dropped only {link_dropped}");
+    let stop_and_flush = |a: Agent| {
+        a.stop();
+    };
+    stop_and_flush(h1);
+    stop_and_flush(h2);
+    std::thread::sleep(Duration::from_millis(500));
+
+    let q = "src=10.79.1.1&dst=10.79.3.2&sport=6666&dport=7777&proto=17";
+    let r = c.api.handle(&Request::get(&format!("/api/v1/localise?{q}")), now_ns());
+    assert_eq!(r.status, 200);
+    let loc: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    eprintln!("tbf dropped {link_dropped}, nft dropped {host_dropped}; localise: {loc:#}");
+    let segs = loc["segments"].as_array().unwrap();
+    let seg = |agent: &str, point: String| {
+        segs.iter()
+            .find(|s| s["agent"] == agent && s["point"] == point)
+            .unwrap_or_else(|| panic!("no segment ending at {agent}/{point}: {loc:#}"))
+    };
+    let link = seg("h2", format!("in:{}:r2-in", r2.0));
+    assert_eq!(link["from"], format!("h1/out:{}:r1-out", r1.0));
+    let lost =
+        |s: &serde_json::Value| s["lost"].as_u64().unwrap() + s["uncertain"].as_u64().unwrap();
+    let within = |got: u64, want: u64| got.abs_diff(want) * 100 <= want * 3;
+    assert!(within(lost(link), link_dropped), "link: {link} against tbf's {link_dropped}");
+    let inside = seg("h2", format!("out:{}:r2-out", r2.0));
+    assert!(within(lost(inside), host_dropped), "inside h2: {inside} against nft's {host_dropped}");
+    assert_eq!(inside["drops"]["NETFILTER_DROP"], host_dropped, "{inside}");
+    let clean = seg("h1", format!("out:{}:r1-out", r1.0));
+    assert_eq!(lost(clean), 0, "inside h1: {clean}");
 }

@@ -39,6 +39,16 @@ pub struct Port {
     pub out_action: u8,
 }
 
+/// `struct tm_drop_port`: an attached interface as the drop program tells them apart.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct DropPort {
+    /// The network namespace's cookie (`SO_NETNS_COOKIE`).
+    pub netns: u64,
+    pub ifindex: u32,
+    pub pad: u32,
+}
+
 /// `struct tm_settings`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -160,6 +170,7 @@ pub const REASONS: u32 = 512;
 // SAFETY (all): plain C layouts of integers, no padding the kernel could leave undefined
 // beyond the explicit `pad` fields; every bit pattern is valid.
 unsafe impl aya::Pod for Port {}
+unsafe impl aya::Pod for DropPort {}
 unsafe impl aya::Pod for Settings {}
 unsafe impl aya::Pod for Key {}
 unsafe impl aya::Pod for Slots {}
@@ -167,6 +178,7 @@ unsafe impl aya::Pod for DropKey {}
 
 const _: () = {
     assert!(core::mem::size_of::<Port>() == 4);
+    assert!(core::mem::size_of::<DropPort>() == 16);
     assert!(core::mem::size_of::<Settings>() == 24);
     assert!(core::mem::size_of::<Key>() == 40);
     assert!(core::mem::size_of::<Batch>() == 48);

@@ -19,7 +19,7 @@ use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMa
 use aya::programs::tc::{self, TcAttachOptions};
 use aya::programs::{BtfTracePoint, LinkOrder, SchedClassifier, TcAttachType};
 use aya::{Btf, Ebpf, EbpfLoader};
-use maps::{DropKey, Key, Port, Settings, Slots, Stat};
+use maps::{DropKey, DropPort, Key, Port, Settings, Slots, Stat};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -92,9 +92,17 @@ pub struct Attached {
     pub target: Target,
     /// The interface's index in its namespace (the programs tell ports apart by it).
     pub ifindex: u32,
+    /// Its namespace's cookie (the drop program tells namespaces apart by it).
+    pub netns_cookie: u64,
     pub hook: Hook,
     ingress: aya::programs::tc::SchedClassifierLinkId,
     egress: aya::programs::tc::SchedClassifierLinkId,
+}
+
+impl Attached {
+    fn drop_port(&self) -> DropPort {
+        DropPort { netns: self.netns_cookie, ifindex: self.ifindex, pad: 0 }
+    }
 }
 
 /// The loaded programs and their maps.
@@ -183,6 +191,7 @@ impl Programs {
         let attached = &self.attached;
         let result = in_netns(target.netns.as_deref(), || -> Result<_, Error> {
             let ifindex = ifindex(&target.iface).map_err(|e| ierr(e.to_string()))?;
+            let cookie = netns_cookie_here().map_err(|e| ierr(format!("SO_NETNS_COOKIE: {e}")))?;
             if let Some(other) = attached.get(&ifindex).filter(|o| *o != target) {
                 return Err(ierr(format!(
                     "has index {ifindex}, as {} has: an agent tells its interfaces apart by \
@@ -209,14 +218,14 @@ impl Programs {
                     .map_err(|e| ierr(format!("attaching {name}: {e:#}")))?;
                 ids.push(id);
             }
-            Ok((ifindex, ids))
+            Ok((ifindex, cookie, ids))
         })
         .map_err(|err| Error::Netns { ns: target.netns.clone().unwrap_or_default(), err })?;
-        let (ifindex, mut ids) = result?;
+        let (ifindex, netns_cookie, mut ids) = result?;
         let egress = ids.pop().expect("two links");
         let ingress = ids.pop().expect("two links");
         self.attached.insert(ifindex, target.clone());
-        let a = Attached { target: target.clone(), ifindex, hook, ingress, egress };
+        let a = Attached { target: target.clone(), ifindex, netns_cookie, hook, ingress, egress };
         if let Err(e) = self.set_port(&a, port) {
             self.detach(a);
             return Err(e);
@@ -229,7 +238,11 @@ impl Programs {
         let mut m: BpfHashMap<&mut MapData, u32, Port> =
             BpfHashMap::try_from(self.ebpf.map_mut("ports").expect("ports map"))
                 .map_err(map_err("ports"))?;
-        m.insert(a.ifindex, port, 0).map_err(map_err("ports"))
+        m.insert(a.ifindex, port, 0).map_err(map_err("ports"))?;
+        let mut d: BpfHashMap<&mut MapData, DropPort, Port> =
+            BpfHashMap::try_from(self.ebpf.map_mut("drop_ports").expect("drop_ports map"))
+                .map_err(map_err("drop_ports"))?;
+        d.insert(a.drop_port(), port, 0).map_err(map_err("drop_ports"))
     }
 
     /// Detaches the programs from `a` (an interface already gone is not an error).
@@ -240,6 +253,11 @@ impl Programs {
             let _ = m.remove(&a.ifindex);
         }
         self.attached.remove(&a.ifindex);
+        if let Ok(mut d) = BpfHashMap::<&mut MapData, DropPort, Port>::try_from(
+            self.ebpf.map_mut("drop_ports").expect("drop_ports map"),
+        ) {
+            let _ = d.remove(&a.drop_port());
+        }
         let ebpf = &mut self.ebpf;
         let _ = in_netns(a.target.netns.as_deref(), || {
             for (name, id) in [(INGRESS_PROGRAM, a.ingress), (EGRESS_PROGRAM, a.egress)] {
@@ -367,6 +385,29 @@ fn ifindex(name: &str) -> io::Result<u32> {
         0 => Err(io::Error::new(io::ErrorKind::NotFound, "no such interface")),
         i => Ok(i),
     }
+}
+
+/// The cookie of this thread's network namespace (`SO_NETNS_COOKIE`, Linux 5.14).
+fn netns_cookie_here() -> io::Result<u64> {
+    // SAFETY: plain socket(2); the fd is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh socket nobody else owns.
+    let sock = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    const SO_NETNS_COOKIE: libc::c_int = 71;
+    let mut cookie = 0u64;
+    // SAFETY: every bit pattern is a valid u64.
+    unsafe {
+        telemark_socket::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            &mut cookie,
+        )
+    }?;
+    Ok(cookie)
 }
 
 /// The interfaces of network namespace `ns` (`None`: this one), by name with their indexes.
