@@ -109,7 +109,10 @@ impl Agent {
             .name("tm-fastpath".into())
             .spawn(move || path.run(&s1, &d1, &st1))
             .map_err(AgentError::Thread)?;
-        let batch = Some(cfg.loss.batch).filter(|_| cfg.loss.period_ns.is_none());
+        // Batches of B packets only where the switch marks by count; the eBPF datapath's
+        // marking is by time, whatever `[loss]` says.
+        let by_count = cfg.loss.period_ns.is_none() && cfg.ebpf.is_none();
+        let batch = Some(cfg.loss.batch).filter(|_| by_count);
         let agg = Aggregator::new(points, batch, 0).report_all(cfg.report_all);
         let running = Mutex::new(cfg.clone());
         let aggregation = Aggregation {

@@ -51,9 +51,10 @@ pub(crate) struct EbpfPath {
     refused_seen: Vec<u64>,
     /// Periods the kernel overwrote before they were read, as last seen.
     overruns: u64,
-    /// Each kernel key's newest closed batch, held until the next one closes (then it is sent
-    /// as it is) or the flow goes idle or the agent stops (then it is sent as the tail: the
-    /// point's watch of the flow ended with it, so the batches upstream of it can be judged).
+    /// Each flow's newest closed batch at each kernel point (either colour: the key's colour
+    /// is 0 here), held until the next one closes (then it is sent as it is) or the flow goes
+    /// idle or the agent stops (then it is sent as the tail: the point's watch of the flow
+    /// ended with it, so the batches upstream of it can be judged).
     held: HashMap<Key, BatchEvent>,
     event_drops: u64,
     shared: std::sync::Arc<Shared>,
@@ -346,16 +347,19 @@ impl EbpfPath {
                     cut: false,
                 },
             };
+            let either = Key { colour: 0, ..key };
             match ev.kind {
                 BatchEventKind::Closed => {
-                    if let Some(before) = self.held.insert(key, ev) {
+                    if let Some(before) = self.held.insert(either, ev) {
                         self.send(before);
                     }
                 }
                 _ => {
                     // Late packets of the held batch: it goes first.
-                    if let Some(before) = self.held.remove(&key) {
-                        self.send(before);
+                    if self.held.get(&either).is_some_and(|h| h.ordinal == ev.ordinal) {
+                        if let Some(before) = self.held.remove(&either) {
+                            self.send(before);
+                        }
                     }
                     self.send(ev);
                 }
@@ -473,8 +477,13 @@ impl EbpfPath {
         let now = ebpf::now_tai();
         let keys = self.reader.idle(now.saturating_sub(idle_ns), now);
         for k in &keys {
-            if let Some(ev) = self.held.remove(k) {
-                self.send(BatchEvent { tail: true, ..ev });
+            let either = Key { colour: 0, ..*k };
+            // The flow's last batch here, once both colours' keys are idle.
+            if let Some(ev) = self.held.get(&either).copied() {
+                if u64::from(ev.color) == u64::from(k.colour) {
+                    self.held.remove(&either);
+                    self.send(BatchEvent { tail: true, ..ev });
+                }
             }
         }
         if !keys.is_empty() {
@@ -493,7 +502,27 @@ impl EbpfPath {
     fn publish(&self, shared: &Shared) {
         let Ok(stats) = self.programs.stats() else { return };
         let get = |s: Stat| stats.iter().find(|(k, _)| *k == s).map_or(0, |(_, v)| *v);
+        // Each port's points, with what the kernel refused there for lack of room (an egress's
+        // refusals are shown at the first of its points).
+        let refused = self.programs.refused().unwrap_or_default();
+        let capacity = u64::from(self.settings.flows);
+        let flows = self.reader.len() as u64;
+        let mut tables = Vec::new();
+        for (slot, (_, ingress, _)) in self.ports.iter().enumerate() {
+            let mut outs: Vec<u8> =
+                self.out_points.iter().filter(|((s, _), _)| *s == slot).map(|(_, p)| *p).collect();
+            outs.sort_unstable();
+            for (point, kp) in [(Some(*ingress), 2 * slot), (outs.first().copied(), 2 * slot + 1)] {
+                let Some(point) = point else { continue };
+                let stats = telemark_core::loss::PointStats {
+                    refused: refused.get(kp).copied().unwrap_or(0),
+                    ..Default::default()
+                };
+                tables.push(crate::shared::PointTable { point, stats, flows, capacity });
+            }
+        }
         let mut p = shared.path.lock().unwrap_or_else(|p| p.into_inner());
+        p.points = tables;
         p.rx = get(Stat::In);
         p.tx = get(Stat::Out);
         p.skipped = get(Stat::NotIp);

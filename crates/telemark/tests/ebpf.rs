@@ -176,8 +176,7 @@ fn the_agent_finds_the_routers_loss_and_leaves_nothing_behind() {
     assert_eq!(reasons, std::collections::BTreeMap::from([("NETFILTER_DROP".into(), dropped)]));
 
     // Nothing left behind: no program, no filter.
-    let progs = sh("bpftool prog show");
-    assert!(!progs.contains("tm_ingress") && !progs.contains("tm_egress"), "{progs}");
+    assert_eq!(our_programs(), 0, "programs left: {}", sh("bpftool prog show"));
     for dev in ["r-in", "r-out"] {
         for dir in ["ingress", "egress"] {
             let f = r.exec(&format!("tc filter show dev {dev} {dir}"));
@@ -337,4 +336,157 @@ fn two_hosts_one_collector_find_the_lossy_link_and_the_lossy_host() {
     assert_eq!(inside["drops"]["NETFILTER_DROP"], host_dropped, "{inside}");
     let clean = seg("h1", format!("out:{}:r1-out", r1.0));
     assert_eq!(lost(clean), 0, "inside h1: {clean}");
+}
+
+/// Datagrams from `ns` to 10.78.2.2:7777, one per source port in `sports` (each a new flow),
+/// then `steady` more from port 6666.
+fn send(ns: &str, sports: std::ops::Range<u16>, steady: u64) {
+    in_ns(ns, || {
+        for (i, p) in sports.enumerate() {
+            let sock = UdpSocket::bind(("10.78.1.1", p)).unwrap();
+            sock.send_to(b"x", "10.78.2.2:7777").unwrap();
+            if i % 20 == 19 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let sock = UdpSocket::bind("10.78.1.1:6666").unwrap();
+        for i in 0..steady {
+            sock.send_to(&i.to_be_bytes(), "10.78.2.2:7777").unwrap();
+            if i % 25 == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    });
+}
+
+/// The agent's records (stdout JSON lines) once it exits.
+fn records(agent: &mut std::process::Child) -> Vec<serde_json::Value> {
+    let lines: Vec<String> =
+        BufReader::new(agent.stdout.take().unwrap()).lines().map_while(Result::ok).collect();
+    let _ = agent.wait();
+    lines.iter().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
+/// Telemark's programs still loaded, once the kernel has had up to 3 s to free those of an
+/// exited agent (a program is freed after its last reference, asynchronously).
+fn our_programs() -> usize {
+    let mut n = 0;
+    for _ in 0..30 {
+        n = sh("bpftool prog show").matches("name tm_").count();
+        if n == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    n
+}
+
+/// A kernel map smaller than the flows (20,000 new flows a second against room for 512
+/// counters), an interface deleted and re-created under the agent, then the agent SIGKILLed
+/// and started again: no false loss anywhere, refusals counted, nothing left behind.
+#[test]
+fn churn_a_full_map_a_recreated_interface_and_a_kill_give_no_false_loss() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (s, r, d) = (Netns::new("cs"), Netns::new("cr"), Netns::new("cd"));
+    let pid = std::process::id();
+    sh(&format!("ip link add tmc{pid}a netns {} type veth peer name r-in netns {}", s.0, r.0));
+    s.exec(&format!("ip link set tmc{pid}a name s0"));
+    s.exec("ip addr add 10.78.1.1/24 dev s0");
+    s.exec("ip link set s0 up");
+    s.exec("ip route add default via 10.78.1.254");
+    r.exec("ip addr add 10.78.1.254/24 dev r-in");
+    r.exec("ip link set r-in up");
+    r.exec("sysctl -qw net.ipv4.ip_forward=1");
+    let link_out = || {
+        sh(&format!("ip link add tmc{pid}b netns {} type veth peer name r-out netns {}", d.0, r.0));
+        d.exec(&format!("ip link set tmc{pid}b name d0"));
+        d.exec("ip addr add 10.78.2.2/24 dev d0");
+        d.exec("ip link set d0 up");
+        d.exec("ip route add default via 10.78.2.254");
+        r.exec("ip addr add 10.78.2.254/24 dev r-out");
+        r.exec("ip link set r-out up");
+    };
+    link_out();
+    // Something to receive the datagrams (else ICMP port unreachable is all that comes back).
+    d.exec("nft 'add table inet tmc; add chain inet tmc in { type filter hook input priority 0; }; add rule inet tmc in udp dport 7777 counter accept'");
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "agent = \"h1\"\n[ebpf]\nperiod = \"50ms\"\nflows = 512\nrescan = \"200ms\"\n\
+             [[port]]\ninterface = \"r-in\"\nnetns = \"{0}\"\nmark = true\n\
+             [[port]]\ninterface = \"r-out\"\nnetns = \"{0}\"\nunmark = true\n\
+             [export]\nsummary_interval = \"200ms\"\n",
+            r.0
+        ),
+    )
+    .unwrap();
+    let start = || {
+        let c = Command::new(env!("CARGO_BIN_EXE_telemark"))
+            .args(["agent", "--config", cfg.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(800));
+        c
+    };
+
+    // Run 1: churn, then the interface out deleted and re-created, then a steady flow.
+    let mut agent = start();
+    send(&s.0, 20_000..40_000, 1000);
+    sh(&format!("ip -n {} link del r-out", r.0));
+    std::thread::sleep(Duration::from_millis(300));
+    link_out();
+    std::thread::sleep(Duration::from_millis(1200));
+    send(&s.0, 0..0, 2000);
+    std::thread::sleep(Duration::from_millis(300));
+    sh(&format!("kill -TERM {}", agent.id()));
+    let mut all = records(&mut agent);
+    assert_eq!(our_programs(), 0, "programs left after SIGTERM");
+
+    // Run 2: SIGKILL mid-flow; the kernel releases the links and programs with the process.
+    let mut agent = start();
+    send(&s.0, 0..0, 1500);
+    sh(&format!("kill -KILL {}", agent.id()));
+    all.extend(records(&mut agent));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(our_programs(), 0, "programs left after SIGKILL");
+    let filters = r.exec("tc filter show dev r-in ingress");
+    assert!(!filters.contains("tm_"), "{filters}");
+
+    // Run 3: started again after the kill, measures again.
+    let mut agent = start();
+    send(&s.0, 0..0, 1500);
+    std::thread::sleep(Duration::from_millis(300));
+    sh(&format!("kill -TERM {}", agent.id()));
+    let run3 = records(&mut agent);
+    all.extend(run3.iter().cloned());
+
+    let lost: u64 =
+        all.iter().filter(|v| v["kind"] == "loss").map(|v| v["lost"].as_u64().unwrap()).sum();
+    assert_eq!(
+        lost,
+        0,
+        "false loss: {:?}",
+        all.iter().filter(|v| v["kind"] == "loss" && v["lost"] != 0).take(5).collect::<Vec<_>>()
+    );
+    let refused: u64 = all
+        .iter()
+        .filter(|v| v["kind"] == "health")
+        .flat_map(|v| v["points"].as_array().cloned().unwrap_or_default())
+        .map(|p| p["packets_refused"].as_u64().unwrap_or(0))
+        .sum();
+    eprintln!("refused {refused} packets; {} records", all.len());
+    assert!(refused > 1000, "refusals counted: {refused}");
+    let summaries: u64 = run3
+        .iter()
+        .filter(|v| {
+            v["kind"] == "summary" && v["point"].as_str().is_some_and(|p| p.starts_with("out:"))
+        })
+        .map(|v| v["batches"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(summaries > 0, "the restarted agent measured nothing: {run3:?}");
 }
