@@ -113,7 +113,11 @@ impl Agent {
         // marking is by time, whatever `[loss]` says.
         let by_count = cfg.loss.period_ns.is_none() && cfg.ebpf.is_none();
         let batch = Some(cfg.loss.batch).filter(|_| by_count);
-        let agg = Aggregator::new(points, batch, 0).report_all(cfg.report_all);
+        // The eBPF datapath dates a batch by its first and last packet at each point: one of a
+        // single packet is an instant, later downstream by the path's delay, so two points'
+        // views of it may lie up to the guard apart (a switch dates both ends alike).
+        let tol_ns = cfg.ebpf.as_ref().map_or(0, |e| e.guard_ns / 2);
+        let agg = Aggregator::new(points, batch, tol_ns).report_all(cfg.report_all);
         let running = Mutex::new(cfg.clone());
         let aggregation = Aggregation {
             cfg,

@@ -79,6 +79,13 @@ pub(crate) fn open(
     };
     let programs = Programs::load(eb.flows, settings)
         .map_err(|e| AgentError::Port(std::io::Error::other(e.to_string())))?;
+    if ebpf::tai_offset_ns() == 0 {
+        tracing::warn!(
+            "the kernel's TAI offset is 0 (chrony, ntpd or ptp4l set it to 37 s; \
+             systemd-timesyncd does not): periods are on CLOCK_TAI, so every host on a measured \
+             path must have the same offset"
+        );
+    }
     if let Some(why) = &programs.drops_unavailable {
         tracing::warn!("drop reasons unavailable (skb:kfree_skb): {why}");
     }
@@ -475,19 +482,28 @@ impl EbpfPath {
     /// Forgets flows idle past the loss monitor's idle timeout (kernel entries included).
     fn expire(&mut self, idle_ns: u64) {
         let now = ebpf::now_tai();
-        let keys = self.reader.idle(now.saturating_sub(idle_ns), now);
+        let idle = self.reader.idle(now.saturating_sub(idle_ns), now);
+        if idle.is_empty() {
+            return;
+        }
+        let reader = &self.reader;
+        let keys = match self.programs.remove_quiet_counts(&idle, |k, c| reader.quiet(k, c)) {
+            Ok(keys) => keys,
+            Err(e) => {
+                tracing::warn!("eBPF: {e}");
+                return;
+            }
+        };
         for k in &keys {
+            self.reader.forget(k);
             let either = Key { colour: 0, ..*k };
             // The flow's last batch here, once both colours' keys are idle.
             if let Some(ev) = self.held.get(&either).copied() {
-                if u64::from(ev.color) == u64::from(k.colour) {
+                if ev.color == k.colour {
                     self.held.remove(&either);
                     self.send(BatchEvent { tail: true, ..ev });
                 }
             }
-        }
-        if !keys.is_empty() {
-            let _ = self.programs.remove_counts(&keys);
         }
         if !keys.is_empty() {
             // Flows no longer counted at any point are no longer measured here.

@@ -63,7 +63,9 @@ struct tm_settings {
 	__u64 guard_ns;
 	__u8 colour_bit; /* DSCP bit 0..5 */
 	__u8 restore;    /* enum tm_restore */
-	__u8 pad[6];
+	__u8 pad[2];
+	/* This kernel's SKB_CONSUMED (a free after use, not a drop; from its BTF), or ~0. */
+	__u32 consumed_reason;
 };
 
 /* A flow at a point in one colour. IPv4 addresses are IPv4-mapped IPv6 (::ffff:a.b.c.d). */
@@ -146,9 +148,10 @@ struct {
 	__type(value, struct tm_slots);
 } counts SEC(".maps");
 
-/* Flows whose own DSCP had the colour bit set when they were marked (value unused). */
+/* Flows whose own DSCP had the colour bit set when they were last marked (value unused); LRU,
+ * so a full map forgets the longest-quiet flow's bit, never refuses a new one. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
 	__type(key, struct tm_key);
 	__type(value, __u8);
@@ -335,17 +338,29 @@ static __always_inline int set_colour(struct tm_ip *ip, void *end, __u8 mask, in
 	return 1;
 }
 
-/* Counts one packet of colour `colour` at `point`: in the period it belongs to, or as late. */
+/* Counts `segs` packets of colour `colour` at `point`: in the period they belong to, or as
+ * late. A packet of the other colour than the current period's is a straggler of the period
+ * before within the guard after it began, early for the next one within as long before that
+ * one begins (this host's clock behind the marker's), and late in between. */
 static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u32 len,
-				  __u64 now, const struct tm_settings *s)
+				  __u32 segs, __u64 now, const struct tm_settings *s)
 {
 	__u64 k_now = now / s->period_ns;
 	__u64 period = k_now;
 	int late = 0;
 	if ((k_now & 1) != colour) {
-		/* The period before: its stragglers are in time until the guard has passed. */
-		period = k_now - 1;
-		late = now - k_now * s->period_ns >= s->guard_ns;
+		__u64 off = now - k_now * s->period_ns;
+		__u64 early = s->period_ns - s->guard_ns;
+		if (early > s->guard_ns)
+			early = s->guard_ns;
+		if (off < s->guard_ns) {
+			period = k_now - 1;
+		} else if (off >= s->period_ns - early) {
+			period = k_now + 1;
+		} else {
+			period = k_now - 1;
+			late = 1;
+		}
 	}
 	k->point = point;
 	k->colour = colour;
@@ -371,9 +386,9 @@ static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u
 	if (late) {
 		bump(TM_STAT_LATE);
 		if (v->cur.period == period)
-			v->cur.late += 1;
+			v->cur.late += segs;
 		else if (v->prev.period == period)
-			v->prev.late += 1;
+			v->prev.late += segs;
 		else
 			bump(TM_STAT_LATE_LOST);
 		return;
@@ -393,9 +408,17 @@ static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u
 		v->cur.late = 0;
 		v->cur.first_ns = now;
 	}
-	v->cur.packets += 1;
+	v->cur.packets += segs;
 	v->cur.bytes += len;
 	v->cur.last_ns = now;
+}
+
+/* Packets on the wire an skb stands for: a GSO or GRO skb is many (whether a host segments
+ * or aggregates differs, so counting skbs would disagree between hosts). */
+static __always_inline __u32 wire_packets(struct __sk_buff *skb)
+{
+	__u32 segs = skb->gso_segs;
+	return segs ? segs : 1;
 }
 
 static __always_inline struct tm_settings *get_settings(void)
@@ -439,6 +462,9 @@ int tm_ingress(struct __sk_buff *skb)
 				bump(TM_STAT_ORIGINAL_FULL);
 			else
 				s->restore = TM_RESTORE_SOME;
+		} else if (s->restore == TM_RESTORE_SOME) {
+			/* It no longer has it (or never had: the same ports reused by a new flow). */
+			bpf_map_delete_elem(&original, &k);
 		}
 		set_colour(&ip, end, mask, colour);
 		bump(TM_STAT_MARKED);
@@ -446,7 +472,7 @@ int tm_ingress(struct __sk_buff *skb)
 		colour = colour_of(&ip, end, mask);
 	}
 	if (port->in_point != TM_NO_POINT)
-		count(&k, port->in_point, colour, skb->len, now, s);
+		count(&k, port->in_point, colour, skb->len, wire_packets(skb), now, s);
 	return TC_ACT_UNSPEC;
 }
 
@@ -480,7 +506,7 @@ int tm_egress(struct __sk_buff *skb)
 			bump(TM_STAT_UNMARKED);
 	}
 	if (port->out_point != TM_NO_POINT)
-		count(&k, port->out_point, colour, skb->len, bpf_ktime_get_tai_ns(), s);
+		count(&k, port->out_point, colour, skb->len, wire_packets(skb), bpf_ktime_get_tai_ns(), s);
 	return TC_ACT_UNSPEC;
 }
 
@@ -499,8 +525,13 @@ struct net_device {
 	possible_net_t nd_net;
 } __attribute__((preserve_access_index));
 
+struct skb_shared_info {
+	unsigned short gso_segs;
+} __attribute__((preserve_access_index));
+
 struct sk_buff {
 	struct net_device *dev;
+	unsigned int end;
 	unsigned char *head;
 	__u16 network_header;
 	__u16 protocol;
@@ -523,22 +554,26 @@ struct {
 	__type(value, struct tm_port);
 } drop_ports SEC(".maps");
 
-/* SKB_CONSUMED: freed after use, not dropped (the same value on every kernel that has
- * reasons). */
-#define TM_SKB_CONSUMED 1
-
 SEC("tp_btf/kfree_skb")
 int tm_drop(__u64 *ctx)
 {
 	struct sk_buff *skb = (struct sk_buff *)ctx[0];
 	__u32 reason = (__u32)ctx[2];
-	if (reason == TM_SKB_CONSUMED)
+	__u32 zero = 0;
+	struct tm_settings *s = bpf_map_lookup_elem(&settings, &zero);
+	if (s && reason == s->consumed_reason)
 		return 0;
+	/* A GSO or GRO skb dropped whole: as many packets as it stands for. */
+	unsigned char *head = skb->head;
+	struct skb_shared_info *shinfo = (struct skb_shared_info *)(head + skb->end);
+	__u16 segs = 0;
+	bpf_probe_read_kernel(&segs, sizeof(segs), &shinfo->gso_segs);
+	__u64 packets = segs ? segs : 1;
 	bump(TM_STAT_DROPS);
 	__u32 slot = reason < TM_REASONS ? reason : TM_REASONS - 1;
 	__u64 *n = bpf_map_lookup_elem(&reasons, &slot);
 	if (n)
-		*n += 1;
+		*n += packets;
 
 	/* Only drops on this agent's interfaces are its flows' drops. */
 	struct net_device *dev = skb->dev;
@@ -549,7 +584,6 @@ int tm_drop(__u64 *ctx)
 	if (!port)
 		return 0;
 
-	unsigned char *head = skb->head;
 	__u16 nh = skb->network_header;
 	__u16 proto = skb->protocol;
 	/* A copy of the headers (IPv6 and the ports: 44 bytes, IPv4 with options: up to 64). */
@@ -571,11 +605,10 @@ int tm_drop(__u64 *ctx)
 	dk.reason = reason;
 	__u64 *c = bpf_map_lookup_elem(&drops, &dk);
 	if (c) {
-		*c += 1;
+		*c += packets;
 		return 0;
 	}
-	__u64 one = 1;
-	if (bpf_map_update_elem(&drops, &dk, &one, BPF_NOEXIST) != 0)
+	if (bpf_map_update_elem(&drops, &dk, &packets, BPF_NOEXIST) != 0)
 		bump(TM_STAT_DROPS_FULL);
 	return 0;
 }

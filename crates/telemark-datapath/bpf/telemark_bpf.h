@@ -20,6 +20,7 @@
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_lookup_elem;
 static long (*bpf_map_update_elem)(void *map, const void *key, const void *value,
 				   __u64 flags) = (void *)BPF_FUNC_map_update_elem;
+static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_delete_elem;
 static __u64 (*bpf_ktime_get_tai_ns)(void) = (void *)BPF_FUNC_ktime_get_tai_ns;
 static long (*bpf_probe_read_kernel)(void *dst, __u32 size,
 				     const void *src) = (void *)BPF_FUNC_probe_read_kernel;

@@ -83,6 +83,18 @@ pub fn drop_reasons() -> HashMap<u64, String> {
         .collect()
 }
 
+/// This kernel's `SKB_CONSUMED` (a free after use, reported by `kfree_skb` on kernels before
+/// 6.2 where it was not split off), or `u32::MAX` where it has none.
+pub fn consumed_reason() -> u32 {
+    let Ok(btf) = std::fs::read(VMLINUX) else { return u32::MAX };
+    let values = enum_values(&btf, "skb_drop_reason").ok().flatten().unwrap_or_default();
+    values
+        .iter()
+        .find(|(_, n)| n.as_str() == "SKB_CONSUMED")
+        .and_then(|(v, _)| u32::try_from(*v).ok())
+        .unwrap_or(u32::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

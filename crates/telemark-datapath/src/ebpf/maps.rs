@@ -58,7 +58,9 @@ pub struct Settings {
     pub colour_bit: u8,
     /// `enum tm_restore`, set by the kernel.
     pub restore: u8,
-    pub pad: [u8; 6],
+    pub pad: [u8; 2],
+    /// This kernel's `SKB_CONSUMED` (not a drop), or `u32::MAX`: set by the loader.
+    pub consumed_reason: u32,
 }
 
 /// `struct tm_key`: a flow at a point in one colour.

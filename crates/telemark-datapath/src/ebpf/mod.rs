@@ -31,6 +31,9 @@ struct Aligned<B: ?Sized>(B);
 /// source builds to).
 static OBJECT: &Aligned<[u8]> = &Aligned(*include_bytes!("../../bpf/telemark.bpf.o"));
 
+/// The most kernel memory the counters may take.
+const MAX_MAP_BYTES: u64 = 2 << 30;
+
 /// The tc programs' names in the object and in `tc filter show`.
 pub const INGRESS_PROGRAM: &str = "tm_ingress";
 pub const EGRESS_PROGRAM: &str = "tm_egress";
@@ -133,6 +136,17 @@ impl Programs {
             return Err(Error::NoBtf);
         }
         let btf = Btf::from_sys_fs().map_err(|_| Error::NoBtf)?;
+        // A per-CPU hash is allocated whole at load: 96 bytes of slots per CPU per entry.
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+        let bytes = u64::from(flows) * (96 * cpus + 128);
+        if bytes > MAX_MAP_BYTES {
+            return Err(load_err(format!(
+                "ebpf.flows = {flows} would take {} MiB of kernel memory on {cpus} CPUs (at most \
+                 {} MiB): give fewer",
+                bytes >> 20,
+                MAX_MAP_BYTES >> 20
+            )));
+        }
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
             .map_max_entries("counts", flows.max(16))
@@ -178,7 +192,8 @@ impl Programs {
             Array::try_from(self.ebpf.map_mut("settings").expect("settings map"))
                 .map_err(map_err("settings"))?;
         let old = a.get(&0, 0).unwrap_or_default();
-        a.set(0, Settings { restore: old.restore, ..s }, 0).map_err(map_err("settings"))
+        let s = Settings { restore: old.restore, consumed_reason: btf::consumed_reason(), ..s };
+        a.set(0, s, 0).map_err(map_err("settings"))
     }
 
     /// Attaches both programs to `target` with `port`'s points and actions. Filters a crashed
@@ -284,15 +299,30 @@ impl Programs {
         Ok(())
     }
 
-    /// Deletes counter entries (idle flows).
-    pub fn remove_counts(&mut self, keys: &[Key]) -> Result<(), Error> {
+    /// Deletes the counter entries of `keys` that `quiet` says have seen nothing since they
+    /// were last read (idle flows); returns those deleted.
+    pub fn remove_quiet_counts(
+        &mut self,
+        keys: &[Key],
+        quiet: impl Fn(&Key, &[Slots]) -> bool,
+    ) -> Result<Vec<Key>, Error> {
         let mut m: PerCpuHashMap<&mut MapData, Key, Slots> =
             PerCpuHashMap::try_from(self.ebpf.map_mut("counts").expect("counts map"))
                 .map_err(map_err("counts"))?;
+        let mut gone = Vec::new();
         for k in keys {
-            let _ = m.remove(k);
+            match m.get(k, 0) {
+                Ok(cpus) if quiet(k, &cpus) => {
+                    if m.remove(k).is_ok() {
+                        gone.push(*k);
+                    }
+                }
+                Ok(_) => {}
+                // Already gone.
+                Err(_) => gone.push(*k),
+            }
         }
-        Ok(())
+        Ok(gone)
     }
 
     /// Tells the programs every period up to `period` has been read (for the overrun count).

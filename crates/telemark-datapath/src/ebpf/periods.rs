@@ -116,19 +116,27 @@ impl PeriodReader {
     }
 
     /// Keys whose newest packet is older than `before_tai` and whose periods are all read:
-    /// the caller deletes them from the kernel's map, and they are forgotten here.
-    pub fn idle(&mut self, before_tai: u64, now_tai: u64) -> Vec<Key> {
+    /// candidates for deletion from the kernel's map. The caller checks each is still quiet
+    /// there ([`PeriodReader::quiet`]), deletes it, and [`PeriodReader::forget`]s it.
+    pub fn idle(&self, before_tai: u64, now_tai: u64) -> Vec<Key> {
         let upto = self.final_upto(now_tai);
-        let keys: Vec<Key> = self
-            .reported
+        self.reported
             .iter()
             .filter(|(_, r)| r.seen_ns < before_tai && r.seen_ns / self.period_ns <= upto)
             .map(|(k, _)| *k)
-            .collect();
-        for k in &keys {
-            self.reported.remove(k);
-        }
-        keys
+            .collect()
+    }
+
+    /// Whether the kernel's slots of `key` show no packet newer than the last read (a flow
+    /// that resumed since must not be deleted under its new packets).
+    pub fn quiet(&self, key: &Key, cpus: &[Slots]) -> bool {
+        let seen = self.reported.get(key).map_or(0, |r| r.seen_ns);
+        cpus.iter().all(|s| s.cur.last_ns <= seen && s.prev.last_ns <= seen)
+    }
+
+    /// Forgets a key deleted from the kernel's map.
+    pub fn forget(&mut self, key: &Key) {
+        self.reported.remove(key);
     }
 
     /// The keys being tracked.
@@ -217,8 +225,13 @@ mod tests {
         let mut out = Vec::new();
         r.read(10 * T + 1, &k, &[Slots { cur: batch(10, 1, 0), prev: Batch::default() }], &mut out);
         assert!(r.idle(20 * T, 10 * T + 2).is_empty(), "period 10 is not read yet");
-        r.read(12 * T, &k, &[Slots { cur: batch(10, 1, 0), prev: Batch::default() }], &mut out);
+        let cpus = [Slots { cur: batch(10, 1, 0), prev: Batch::default() }];
+        r.read(12 * T, &k, &cpus, &mut out);
         assert_eq!(r.idle(20 * T, 12 * T), vec![k]);
+        assert!(r.quiet(&k, &cpus));
+        let resumed = [Slots { cur: batch(12, 1, 0), prev: batch(10, 1, 0) }];
+        assert!(!r.quiet(&k, &resumed), "a packet since the last read");
+        r.forget(&k);
         assert!(r.is_empty());
     }
 }
