@@ -276,7 +276,7 @@ impl EbpfPath {
         if self.events.push(ev).is_err() {
             self.event_drops += 1;
             // The aggregator learns that events were lost (their batches become uncertain).
-            let _ = self.events.push(BatchEvent { kind: BatchEventKind::Gap, ..ev });
+            let _ = self.events.push(BatchEvent::gap());
         }
     }
 
@@ -347,11 +347,7 @@ impl EbpfPath {
                     color: key.colour,
                     ordinal,
                     count: u32::try_from(count).unwrap_or(u32::MAX),
-                    first_ns: 0,
-                    last_ns: 0,
-                    tail: false,
-                    head: false,
-                    cut: false,
+                    ..BatchEvent::gap()
                 },
             };
             let either = Key { colour: 0, ..key };
@@ -384,19 +380,7 @@ impl EbpfPath {
         if n > self.overruns {
             tracing::warn!("eBPF: {} periods overwritten before they were read", n - self.overruns);
             self.overruns = n;
-            let _ = self.events.push(BatchEvent {
-                key: FlowKey::default(),
-                point: 0,
-                kind: BatchEventKind::Gap,
-                color: 0,
-                ordinal: 0,
-                count: 0,
-                first_ns: 0,
-                last_ns: 0,
-                tail: false,
-                head: false,
-                cut: false,
-            });
+            let _ = self.events.push(BatchEvent::gap());
         }
     }
 
@@ -462,19 +446,7 @@ impl EbpfPath {
                 self.out_points.iter().filter(|((s, _), _)| *s == slot).map(|(_, p)| *p).collect()
             };
             for point in points {
-                self.send(BatchEvent {
-                    key: FlowKey::default(),
-                    point,
-                    kind: BatchEventKind::Refused,
-                    color: 0,
-                    ordinal: 0,
-                    count: 0,
-                    first_ns: 0,
-                    last_ns: 0,
-                    tail: false,
-                    head: false,
-                    cut: false,
-                });
+                self.send(BatchEvent::refused(&FlowKey::default(), point));
             }
         }
     }

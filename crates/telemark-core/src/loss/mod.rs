@@ -196,7 +196,7 @@ impl RefusedSet {
 
 impl BatchEvent {
     /// The [`BatchEventKind::Refused`] event of `key` at `point`.
-    pub(crate) fn refused(key: &FlowKey, point: u8) -> Self {
+    pub fn refused(key: &FlowKey, point: u8) -> Self {
         BatchEvent { key: *key, point, kind: BatchEventKind::Refused, ..BatchEvent::gap() }
     }
 
