@@ -47,7 +47,6 @@ pub(crate) struct EbpfPath {
     flow_in: HashMap<FlowKey, u8>,
     /// Targets that failed to attach, so each failure is logged once.
     failed: HashMap<Target, String>,
-    tai_offset_ns: u64,
     refused_seen: Vec<u64>,
     /// Periods the kernel overwrote before they were read, as last seen.
     overruns: u64,
@@ -79,13 +78,6 @@ pub(crate) fn open(
     };
     let programs = Programs::load(eb.flows, settings)
         .map_err(|e| AgentError::Port(std::io::Error::other(e.to_string())))?;
-    if ebpf::tai_offset_ns() == 0 {
-        tracing::warn!(
-            "the kernel's TAI offset is 0 (chrony, ntpd or ptp4l set it to 37 s; \
-             systemd-timesyncd does not): periods are on CLOCK_TAI, so every host on a measured \
-             path must have the same offset"
-        );
-    }
     if let Some(why) = &programs.drops_unavailable {
         tracing::warn!("drop reasons unavailable (skb:kfree_skb): {why}");
     }
@@ -104,7 +96,6 @@ pub(crate) fn open(
         points: 0,
         flow_in: HashMap::new(),
         failed: HashMap::new(),
-        tai_offset_ns: ebpf::tai_offset_ns(),
         refused_seen: vec![0; 256],
         overruns: 0,
         held: HashMap::new(),
@@ -282,7 +273,10 @@ impl EbpfPath {
 
     /// Reads the counters: final periods become closed batches, late packets late events.
     fn sweep(&mut self) {
-        let now = ebpf::now_tai();
+        if let Ok(true) = self.programs.refresh_tai_offset() {
+            tracing::info!("eBPF: the kernel's TAI offset changed (a leap second): followed");
+        }
+        let now = ebpf::now();
         let mut out = Vec::new();
         let reader = &mut self.reader;
         if let Err(e) = self.programs.for_each_count(|k, cpus| reader.read(now, k, cpus, &mut out))
@@ -334,8 +328,8 @@ impl EbpfPath {
                     color: key.colour,
                     ordinal,
                     count: u32::try_from(c.packets).unwrap_or(u32::MAX),
-                    first_ns: c.first_ns.saturating_sub(self.tai_offset_ns),
-                    last_ns: c.last_ns.saturating_sub(self.tai_offset_ns),
+                    first_ns: c.first_ns,
+                    last_ns: c.last_ns,
                     tail: false,
                     head: false,
                     cut: false,
@@ -453,7 +447,7 @@ impl EbpfPath {
 
     /// Forgets flows idle past the loss monitor's idle timeout (kernel entries included).
     fn expire(&mut self, idle_ns: u64) {
-        let now = ebpf::now_tai();
+        let now = ebpf::now();
         let idle = self.reader.idle(now.saturating_sub(idle_ns), now);
         if idle.is_empty() {
             return;
@@ -540,8 +534,8 @@ impl Datapath for EbpfPath {
         // Every period that began before the stop is counted to its end and read, then the
         // hooks are removed: a stop loses no finished period.
         let t = self.settings.period_ns;
-        let end = (ebpf::now_tai() / t + 1) * t + self.settings.guard_ns;
-        let wait = end.saturating_sub(ebpf::now_tai()) + 2 * periods_settle();
+        let end = (ebpf::now() / t + 1) * t + self.settings.guard_ns;
+        let wait = end.saturating_sub(ebpf::now()) + 2 * periods_settle();
         std::thread::sleep(Duration::from_nanos(wait));
         self.sweep();
         for (_, ev) in std::mem::take(&mut self.held) {

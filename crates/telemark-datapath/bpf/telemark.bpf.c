@@ -11,21 +11,16 @@
  *   period once its guard has passed (telemark_datapath::ebpf).
  * - tm_drop (tp_btf/kfree_skb): drops per flow and drop reason, and per reason for all.
  *
- * Times are CLOCK_TAI so that hosts synchronised by NTP or PTP agree on the periods.
+ * Times are Unix time (CLOCK_TAI less the kernel's TAI offset), so that hosts synchronised by
+ * NTP or PTP agree on the periods, with each other and with the AF_PACKET switch.
  * Every layout below is mirrored in crates/telemark-datapath/src/ebpf/maps.rs.
  *
  * Rebuild: make -C crates/telemark-datapath/bpf (CI checks the committed object is what this
  * source builds to).
  */
-#include <linux/types.h>
-#include <linux/bpf.h>
-#include <linux/if_ether.h>
-#include <linux/in.h>
-#include <linux/ip.h>
-#include <linux/ipv6.h>
 #include <linux/pkt_cls.h>
 
-#include "telemark_bpf.h"
+#include "tm_flow.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -44,12 +39,21 @@ enum tm_egress_action {
 	TM_OUT_UNMARK = 1, /* the domain ends here: count it, then give the DSCP bit back */
 };
 
-/* What the hooks of an attached interface do (map "ports", by ifindex). */
+/* What the hooks of an attached interface do. */
 struct tm_port {
 	__u8 in_point;
 	__u8 out_point;
 	__u8 in_action;  /* enum tm_ingress_action */
 	__u8 out_action; /* enum tm_egress_action */
+};
+
+/* Map "ports": an attached interface's port in slot ifindex mod TM_PORT_SLOTS, with the index
+ * it belongs to. An array, not a hash: the verifier inlines an array lookup, which saves about
+ * 40 ns a packet here; user space refuses an interface whose slot another one holds. */
+#define TM_PORT_SLOTS 65536
+struct tm_port_slot {
+	__u32 ifindex; /* 0: free */
+	struct tm_port port;
 };
 
 /* Whether some flow arrived at a marker with the colour bit already set (map "settings"). */
@@ -66,18 +70,10 @@ struct tm_settings {
 	__u8 pad[2];
 	/* This kernel's SKB_CONSUMED (a free after use, not a drop; from its BTF), or ~0. */
 	__u32 consumed_reason;
-};
-
-/* A flow at a point in one colour. IPv4 addresses are IPv4-mapped IPv6 (::ffff:a.b.c.d). */
-struct tm_key {
-	__u8 src[16];
-	__u8 dst[16];
-	__u16 sport; /* host order */
-	__u16 dport;
-	__u8 proto;
-	__u8 point;
-	__u8 colour;
-	__u8 pad;
+	/* CLOCK_TAI minus CLOCK_REALTIME (the kernel's leap seconds, maybe 0): taken off, so that
+	 * periods are on Unix time, as the AF_PACKET switch's packet timestamps are, and hosts
+	 * agree whether or not something set their TAI offset. */
+	__u64 tai_offset_ns;
 };
 
 /* One period's counts at one point, on one CPU. */
@@ -117,7 +113,7 @@ enum tm_stat {
 	TM_STAT_DROPS,           /* drops the kernel reported (all flows) */
 	TM_STAT_DROPS_UNPARSED,  /* of those, not IPv4/IPv6 */
 	TM_STAT_DROPS_FULL,      /* no room in "drops" for the flow */
-	TM_STAT_UNATTACHED,      /* a hook ran on an interface not in "ports" */
+	TM_STAT_UNATTACHED,      /* a hook ran on an interface not in "ports" (detached) */
 	TM_STAT_OVERRUN,         /* a period user space had not read was overwritten */
 	TM_STAT_COUNT,
 };
@@ -127,10 +123,10 @@ enum tm_stat {
 #define TM_REASONS 512
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32); /* ifindex: one agent's interfaces have distinct indexes */
-	__type(value, struct tm_port);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, TM_PORT_SLOTS);
+	__type(key, __u32);
+	__type(value, struct tm_port_slot);
 } ports SEC(".maps");
 
 struct {
@@ -202,89 +198,6 @@ static __always_inline void bump(__u32 stat)
 		*v += 1;
 }
 
-/* Where the IP header is and what it says. */
-struct tm_ip {
-	void *l3;
-	__u8 version; /* 4 or 6 */
-};
-
-static __always_inline void v4_mapped(__u8 *out, __u32 addr)
-{
-	__builtin_memset(out, 0, 10);
-	out[10] = 0xff;
-	out[11] = 0xff;
-	__builtin_memcpy(out + 12, &addr, 4);
-}
-
-/* The flow key of an IPv4 packet whose header is in [ip, end). Ports of non-first fragments
- * and of protocols without ports are 0. */
-static __always_inline int key_v4(struct iphdr *ip, void *end, struct tm_key *k)
-{
-	if ((void *)(ip + 1) > end || ip->ihl < 5)
-		return -1;
-	v4_mapped(k->src, ip->saddr);
-	v4_mapped(k->dst, ip->daddr);
-	k->proto = ip->protocol;
-	if (ip->frag_off & bpf_htons(0x1fff))
-		return 0;
-	if (ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP ||
-	    ip->protocol == IPPROTO_SCTP || ip->protocol == IPPROTO_UDPLITE) {
-		__u16 *l4 = (void *)ip + ip->ihl * 4;
-		if ((void *)(l4 + 2) > end)
-			return 0;
-		k->sport = bpf_ntohs(l4[0]);
-		k->dport = bpf_ntohs(l4[1]);
-	}
-	return 0;
-}
-
-static __always_inline int key_v6(struct ipv6hdr *ip, void *end, struct tm_key *k)
-{
-	if ((void *)(ip + 1) > end)
-		return -1;
-	__builtin_memcpy(k->src, &ip->saddr, 16);
-	__builtin_memcpy(k->dst, &ip->daddr, 16);
-	k->proto = ip->nexthdr;
-	if (ip->nexthdr == IPPROTO_TCP || ip->nexthdr == IPPROTO_UDP ||
-	    ip->nexthdr == IPPROTO_SCTP || ip->nexthdr == IPPROTO_UDPLITE) {
-		__u16 *l4 = (void *)(ip + 1);
-		if ((void *)(l4 + 2) > end)
-			return 0;
-		k->sport = bpf_ntohs(l4[0]);
-		k->dport = bpf_ntohs(l4[1]);
-	}
-	return 0;
-}
-
-/* Parses an Ethernet frame (one VLAN tag allowed) in the skb's linear data. */
-static __always_inline int parse(struct __sk_buff *skb, struct tm_ip *ip, struct tm_key *k)
-{
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	if ((void *)(eth + 1) > end)
-		return -1;
-	__u16 proto = eth->h_proto;
-	void *l3 = eth + 1;
-	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
-		__u16 *tag = l3;
-		if ((void *)(tag + 2) > end)
-			return -1;
-		proto = tag[1];
-		l3 = tag + 2;
-	}
-	ip->l3 = l3;
-	if (proto == bpf_htons(ETH_P_IP)) {
-		ip->version = 4;
-		return key_v4(l3, end, k);
-	}
-	if (proto == bpf_htons(ETH_P_IPV6)) {
-		ip->version = 6;
-		return key_v6(l3, end, k);
-	}
-	return -1;
-}
-
 /* The DSCP bit, as a mask of the IPv4 TOS byte / the IPv6 traffic class. */
 static __always_inline __u8 tos_mask(const struct tm_settings *s)
 {
@@ -306,8 +219,14 @@ static __always_inline int colour_of(struct tm_ip *ip, void *end, __u8 mask)
 	return (tclass & mask) != 0;
 }
 
-/* Sets the colour bit to `on`, keeping the IPv4 header checksum right (RFC 1624, eqn. 3). */
-static __always_inline int set_colour(struct tm_ip *ip, void *end, __u8 mask, int on)
+/* Sets the colour bit to `on`; returns whether the packet changed. Written through helpers, not
+ * direct packet access: a program that writes packets directly makes the kernel unclone every
+ * skb it runs on before it starts (TCP's are clones), while a helper copies a shared header
+ * only for the packets it changes. IPv4: the header checksum updated incrementally (RFC 1624);
+ * the two changes cancel in a CHECKSUM_COMPLETE sum. IPv6: no header checksum, so the
+ * complete sum is updated (BPF_F_RECOMPUTE_CSUM). Packet pointers are invalid afterwards. */
+static __always_inline int set_colour(struct __sk_buff *skb, struct tm_ip *ip, void *end,
+				      __u8 mask, int on)
 {
 	if (ip->version == 4) {
 		struct iphdr *h = ip->l3;
@@ -316,14 +235,13 @@ static __always_inline int set_colour(struct tm_ip *ip, void *end, __u8 mask, in
 		__u8 tos = on ? (h->tos | mask) : (h->tos & ~mask);
 		if (tos == h->tos)
 			return 0;
-		__u16 *w = (__u16 *)h;
-		__u16 old = w[0];
-		h->tos = tos;
-		__u32 sum = (__u16)~h->check + (__u32)(__u16)~old + w[0];
-		sum = (sum & 0xffff) + (sum >> 16);
-		sum = (sum & 0xffff) + (sum >> 16);
-		h->check = (__u16)~sum;
-		return 1;
+		__u16 old = *(__u16 *)h; /* version/IHL and TOS: one 16-bit word of the sum */
+		__u8 word[2] = { ((__u8 *)h)[0], tos };
+		__u16 next = *(__u16 *)word;
+		__u32 off = ip->l3_offset;
+		if (bpf_l3_csum_replace(skb, off + offsetof(struct iphdr, check), old, next, 2) != 0)
+			return 0;
+		return bpf_skb_store_bytes(skb, off + offsetof(struct iphdr, tos), &tos, 1, 0) == 0;
 	}
 	__u8 *b = ip->l3;
 	if ((void *)(b + 2) > end)
@@ -333,9 +251,8 @@ static __always_inline int set_colour(struct tm_ip *ip, void *end, __u8 mask, in
 	__u8 next = on ? (tclass | mask) : (tclass & ~mask);
 	if (next == tclass)
 		return 0;
-	b[0] = (b[0] & 0xf0) | (next >> 4);
-	b[1] = (b[1] & 0x0f) | (__u8)(next << 4);
-	return 1;
+	__u8 bytes[2] = { (b[0] & 0xf0) | (next >> 4), (b[1] & 0x0f) | (__u8)(next << 4) };
+	return bpf_skb_store_bytes(skb, ip->l3_offset, bytes, 2, BPF_F_RECOMPUTE_CSUM) == 0;
 }
 
 /* Counts `segs` packets of colour `colour` at `point`: in the period they belong to, or as
@@ -413,12 +330,10 @@ static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u
 	v->cur.last_ns = now;
 }
 
-/* Packets on the wire an skb stands for: a GSO or GRO skb is many (whether a host segments
- * or aggregates differs, so counting skbs would disagree between hosts). */
-static __always_inline __u32 wire_packets(struct __sk_buff *skb)
+/* Now, in Unix time (BPF has no CLOCK_REALTIME; TAI moves with it, a fixed offset apart). */
+static __always_inline __u64 unix_now(const struct tm_settings *s)
 {
-	__u32 segs = skb->gso_segs;
-	return segs ? segs : 1;
+	return bpf_ktime_get_tai_ns() - s->tai_offset_ns;
 }
 
 static __always_inline struct tm_settings *get_settings(void)
@@ -430,14 +345,23 @@ static __always_inline struct tm_settings *get_settings(void)
 	return s;
 }
 
+/* The port of the interface with index `ifindex`, if it is attached. */
+static __always_inline struct tm_port *port_of(__u32 ifindex)
+{
+	__u32 slot = ifindex % TM_PORT_SLOTS;
+	struct tm_port_slot *p = bpf_map_lookup_elem(&ports, &slot);
+	if (!p || p->ifindex != ifindex)
+		return 0;
+	return &p->port;
+}
+
 SEC("classifier")
 int tm_ingress(struct __sk_buff *skb)
 {
 	struct tm_settings *s = get_settings();
 	if (!s)
 		return TC_ACT_UNSPEC;
-	__u32 ifindex = skb->ifindex;
-	struct tm_port *port = bpf_map_lookup_elem(&ports, &ifindex);
+	struct tm_port *port = port_of(skb->ifindex);
 	if (!port) {
 		bump(TM_STAT_UNATTACHED);
 		return TC_ACT_UNSPEC;
@@ -451,7 +375,7 @@ int tm_ingress(struct __sk_buff *skb)
 	}
 	void *end = (void *)(long)skb->data_end;
 	__u8 mask = tos_mask(s);
-	__u64 now = bpf_ktime_get_tai_ns();
+	__u64 now = unix_now(s);
 	__u8 colour;
 	if (port->in_action == TM_IN_MARK) {
 		colour = (now / s->period_ns) & 1;
@@ -466,7 +390,7 @@ int tm_ingress(struct __sk_buff *skb)
 			/* It no longer has it (or never had: the same ports reused by a new flow). */
 			bpf_map_delete_elem(&original, &k);
 		}
-		set_colour(&ip, end, mask, colour);
+		set_colour(skb, &ip, end, mask, colour);
 		bump(TM_STAT_MARKED);
 	} else {
 		colour = colour_of(&ip, end, mask);
@@ -482,8 +406,7 @@ int tm_egress(struct __sk_buff *skb)
 	struct tm_settings *s = get_settings();
 	if (!s)
 		return TC_ACT_UNSPEC;
-	__u32 ifindex = skb->ifindex;
-	struct tm_port *port = bpf_map_lookup_elem(&ports, &ifindex);
+	struct tm_port *port = port_of(skb->ifindex);
 	if (!port) {
 		bump(TM_STAT_UNATTACHED);
 		return TC_ACT_UNSPEC;
@@ -502,11 +425,11 @@ int tm_egress(struct __sk_buff *skb)
 		int own = 0;
 		if (s->restore == TM_RESTORE_SOME && bpf_map_lookup_elem(&original, &k))
 			own = 1;
-		if (set_colour(&ip, end, mask, own))
+		if (set_colour(skb, &ip, end, mask, own))
 			bump(TM_STAT_UNMARKED);
 	}
 	if (port->out_point != TM_NO_POINT)
-		count(&k, port->out_point, colour, skb->len, wire_packets(skb), bpf_ktime_get_tai_ns(), s);
+		count(&k, port->out_point, colour, skb->len, wire_packets(skb), unix_now(s), s);
 	return TC_ACT_UNSPEC;
 }
 

@@ -21,10 +21,16 @@ static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)BPF_FU
 static long (*bpf_map_update_elem)(void *map, const void *key, const void *value,
 				   __u64 flags) = (void *)BPF_FUNC_map_update_elem;
 static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_delete_elem;
+static long (*bpf_skb_store_bytes)(struct __sk_buff *skb, __u32 offset, const void *from, __u32 len,
+				   __u64 flags) = (void *)BPF_FUNC_skb_store_bytes;
+static long (*bpf_l3_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 from, __u64 to,
+				   __u64 size) = (void *)BPF_FUNC_l3_csum_replace;
+static long (*bpf_skb_pull_data)(struct __sk_buff *skb, __u32 len) = (void *)BPF_FUNC_skb_pull_data;
 static __u64 (*bpf_ktime_get_tai_ns)(void) = (void *)BPF_FUNC_ktime_get_tai_ns;
 static long (*bpf_probe_read_kernel)(void *dst, __u32 size,
 				     const void *src) = (void *)BPF_FUNC_probe_read_kernel;
 
+#define offsetof(type, field) __builtin_offsetof(type, field)
 #define bpf_htons(x) __builtin_bswap16(x)
 #define bpf_ntohs(x) __builtin_bswap16(x)
 

@@ -193,7 +193,7 @@ fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
     let mut reader = PeriodReader::new(T, T / 2);
     let mut out = Vec::new();
     let mut read = |p: &mut Programs, out: &mut Vec<Reading>| {
-        let now = ebpf::now_tai();
+        let now = ebpf::now();
         p.for_each_count(|k, cpus| reader.read(now, k, cpus, out)).unwrap();
         p.set_read_upto(reader.final_upto(now)).unwrap();
     };

@@ -8,8 +8,8 @@ mod int_replay;
 use clap::{Parser, Subcommand};
 use telemark_datapath::input;
 use telemark_lab::cli::{
-    bench, bench_collector, bench_flows, bench_int, bench_kafka, bench_live, bench_sketch, demo,
-    eval, gen, replay,
+    bench, bench_collector, bench_ebpf, bench_flows, bench_int, bench_kafka, bench_live,
+    bench_sketch, demo, eval, gen, replay,
 };
 
 /// Per-flow packet loss measured inside the switch fast path, reported only when it happens.
@@ -32,6 +32,10 @@ enum Cmd {
     /// As root: packets per second through a Telemark switch on AF_PACKET with and without
     /// measurement, and through a Linux bridge on the same veth pair.
     BenchLive(bench_live::Args),
+    /// As root: what the eBPF datapath costs: each program's ns per packet by the kernel's own
+    /// statistics next to a counting-only reference program, and TCP and UDP through a Linux
+    /// bridge with it, with libpcap meters (softflowd, pmacctd) and with the AF_PACKET switch.
+    BenchEbpf(bench_ebpf::Args),
     /// The telemetry server: acknowledged ingest from agents, SQLite store, loss localisation,
     /// HTTP JSON API, Prometheus /metrics and a page.
     Collector(collector::Args),
@@ -94,6 +98,7 @@ fn main() {
         Cmd::BenchSketch(a) => bench_sketch::run(a),
         Cmd::BenchCollector(a) => bench_collector::run(a),
         Cmd::BenchLive(a) => bench_live::run(a),
+        Cmd::BenchEbpf(a) => bench_ebpf::run(a),
         Cmd::Eval(a) => eval::run(a),
         Cmd::Collector(a) => collector::run(a),
         Cmd::Agent(a) => agent::run(a),

@@ -29,7 +29,7 @@ pub enum EgressAction {
 
 /// `struct tm_port`.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Port {
     pub in_point: u8,
     pub out_point: u8,
@@ -37,6 +37,18 @@ pub struct Port {
     pub in_action: u8,
     /// [`EgressAction`].
     pub out_action: u8,
+}
+
+/// `TM_PORT_SLOTS`: map "ports" holds an interface's [`Port`] in slot `ifindex % PORT_SLOTS`.
+pub const PORT_SLOTS: u32 = 65536;
+
+/// `struct tm_port_slot`: a slot of map "ports".
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortSlot {
+    /// The interface the slot belongs to (0: free).
+    pub ifindex: u32,
+    pub port: Port,
 }
 
 /// `struct tm_drop_port`: an attached interface as the drop program tells them apart.
@@ -61,6 +73,8 @@ pub struct Settings {
     pub pad: [u8; 2],
     /// This kernel's `SKB_CONSUMED` (not a drop), or `u32::MAX`: set by the loader.
     pub consumed_reason: u32,
+    /// CLOCK_TAI minus CLOCK_REALTIME: set by the loader ([`super::tai_offset_ns`]).
+    pub tai_offset_ns: u64,
 }
 
 /// `struct tm_key`: a flow at a point in one colour.
@@ -172,6 +186,8 @@ pub const REASONS: u32 = 512;
 // SAFETY (all): plain C layouts of integers, no padding the kernel could leave undefined
 // beyond the explicit `pad` fields; every bit pattern is valid.
 unsafe impl aya::Pod for Port {}
+// SAFETY: as above.
+unsafe impl aya::Pod for PortSlot {}
 unsafe impl aya::Pod for DropPort {}
 unsafe impl aya::Pod for Settings {}
 unsafe impl aya::Pod for Key {}
@@ -181,7 +197,7 @@ unsafe impl aya::Pod for DropKey {}
 const _: () = {
     assert!(core::mem::size_of::<Port>() == 4);
     assert!(core::mem::size_of::<DropPort>() == 16);
-    assert!(core::mem::size_of::<Settings>() == 24);
+    assert!(core::mem::size_of::<Settings>() == 32);
     assert!(core::mem::size_of::<Key>() == 40);
     assert!(core::mem::size_of::<Batch>() == 48);
     assert!(core::mem::size_of::<Slots>() == 96);

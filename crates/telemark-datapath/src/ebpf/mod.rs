@@ -19,7 +19,7 @@ use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMa
 use aya::programs::tc::{self, TcAttachOptions};
 use aya::programs::{BtfTracePoint, LinkOrder, SchedClassifier, TcAttachType};
 use aya::{Btf, Ebpf, EbpfLoader};
-use maps::{DropKey, DropPort, Key, Port, Settings, Slots, Stat};
+use maps::{DropKey, DropPort, Key, Port, PortSlot, Settings, Slots, Stat, PORT_SLOTS};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -37,6 +37,8 @@ const MAX_MAP_BYTES: u64 = 2 << 30;
 /// The tc programs' names in the object and in `tc filter show`.
 pub const INGRESS_PROGRAM: &str = "tm_ingress";
 pub const EGRESS_PROGRAM: &str = "tm_egress";
+/// The drop-reason program's name.
+pub const DROP_PROGRAM: &str = "tm_drop";
 
 /// What can go wrong loading or attaching.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +89,19 @@ pub enum Hook {
     Tcx,
     /// clsact filters (before 6.6): removed by the agent at stop and at the next start.
     Clsact,
+}
+
+impl Hook {
+    /// tcx where the running kernel has it.
+    pub fn for_this_kernel() -> Hook {
+        use aya::util::KernelVersion;
+        let tcx = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
+        if tcx {
+            Hook::Tcx
+        } else {
+            Hook::Clsact
+        }
+    }
 }
 
 /// An interface the programs are attached to.
@@ -160,9 +175,7 @@ impl Programs {
                 .map_err(load_err)?;
             prog.load().map_err(|e| load_err(verifier(&e)))?;
         }
-        use aya::util::KernelVersion;
-        let tcx = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
-        let hook = if tcx { Hook::Tcx } else { Hook::Clsact };
+        let hook = Hook::for_this_kernel();
         let mut p = Programs { ebpf, hook, attached: Default::default(), drops_unavailable: None };
         p.set_settings(settings)?;
         p.drops_unavailable = p.attach_drops(&btf).err();
@@ -172,7 +185,7 @@ impl Programs {
     fn attach_drops(&mut self, btf: &Btf) -> Result<(), String> {
         let prog: &mut BtfTracePoint = self
             .ebpf
-            .program_mut("tm_drop")
+            .program_mut(DROP_PROGRAM)
             .ok_or("no program tm_drop")?
             .try_into()
             .map_err(|e: aya::programs::ProgramError| e.to_string())?;
@@ -192,8 +205,28 @@ impl Programs {
             Array::try_from(self.ebpf.map_mut("settings").expect("settings map"))
                 .map_err(map_err("settings"))?;
         let old = a.get(&0, 0).unwrap_or_default();
-        let s = Settings { restore: old.restore, consumed_reason: btf::consumed_reason(), ..s };
+        let s = Settings {
+            restore: old.restore,
+            consumed_reason: btf::consumed_reason(),
+            tai_offset_ns: tai_offset_ns(),
+            ..s
+        };
         a.set(0, s, 0).map_err(map_err("settings"))
+    }
+
+    /// Updates the programs' TAI offset if the kernel's changed (a leap second); true if so.
+    pub fn refresh_tai_offset(&mut self) -> Result<bool, Error> {
+        let mut a: Array<&mut MapData, Settings> =
+            Array::try_from(self.ebpf.map_mut("settings").expect("settings map"))
+                .map_err(map_err("settings"))?;
+        let mut s = a.get(&0, 0).map_err(map_err("settings"))?;
+        let offset = tai_offset_ns();
+        if s.tai_offset_ns == offset {
+            return Ok(false);
+        }
+        s.tai_offset_ns = offset;
+        a.set(0, s, 0).map_err(map_err("settings"))?;
+        Ok(true)
     }
 
     /// Attaches both programs to `target` with `port`'s points and actions. Filters a crashed
@@ -207,10 +240,15 @@ impl Programs {
         let result = in_netns(target.netns.as_deref(), || -> Result<_, Error> {
             let ifindex = ifindex(&target.iface).map_err(|e| ierr(e.to_string()))?;
             let cookie = netns_cookie_here().map_err(|e| ierr(format!("SO_NETNS_COOKIE: {e}")))?;
-            if let Some(other) = attached.get(&ifindex).filter(|o| *o != target) {
+            let slot_taken = attached.iter().find(|(i, o)| {
+                (**i == ifindex && *o != target)
+                    || (**i != ifindex && *i % PORT_SLOTS == ifindex % PORT_SLOTS)
+            });
+            if let Some((i, other)) = slot_taken {
                 return Err(ierr(format!(
-                    "has index {ifindex}, as {} has: an agent tells its interfaces apart by \
-                     index, so it cannot watch both (run one agent per namespace instead)",
+                    "has index {ifindex}, and {} has {i}: an agent tells its interfaces apart by \
+                     index (modulo {PORT_SLOTS}), so it cannot watch both (run one agent per \
+                     namespace instead)",
                     other.label()
                 )));
             }
@@ -218,20 +256,7 @@ impl Programs {
             for (name, kind) in
                 [(INGRESS_PROGRAM, TcAttachType::Ingress), (EGRESS_PROGRAM, TcAttachType::Egress)]
             {
-                let prog: &mut SchedClassifier =
-                    ebpf.program_mut(name).expect("loaded").try_into().expect("tc program");
-                let options = match hook {
-                    Hook::Tcx => TcAttachOptions::TcxOrder(LinkOrder::default()),
-                    Hook::Clsact => {
-                        let _ = tc::qdisc_detach_program(&target.iface, kind, name);
-                        let _ = tc::qdisc_add_clsact(&target.iface);
-                        TcAttachOptions::Netlink(Default::default())
-                    }
-                };
-                let id = prog
-                    .attach_with_options(&target.iface, kind, options)
-                    .map_err(|e| ierr(format!("attaching {name}: {e:#}")))?;
-                ids.push(id);
+                ids.push(attach_tc(ebpf, name, &target.iface, kind, hook).map_err(ierr)?);
             }
             Ok((ifindex, cookie, ids))
         })
@@ -250,10 +275,11 @@ impl Programs {
 
     /// Sets what `a`'s hooks do.
     pub fn set_port(&mut self, a: &Attached, port: Port) -> Result<(), Error> {
-        let mut m: BpfHashMap<&mut MapData, u32, Port> =
-            BpfHashMap::try_from(self.ebpf.map_mut("ports").expect("ports map"))
+        let mut m: Array<&mut MapData, PortSlot> =
+            Array::try_from(self.ebpf.map_mut("ports").expect("ports map"))
                 .map_err(map_err("ports"))?;
-        m.insert(a.ifindex, port, 0).map_err(map_err("ports"))?;
+        m.set(a.ifindex % PORT_SLOTS, PortSlot { ifindex: a.ifindex, port }, 0)
+            .map_err(map_err("ports"))?;
         let mut d: BpfHashMap<&mut MapData, DropPort, Port> =
             BpfHashMap::try_from(self.ebpf.map_mut("drop_ports").expect("drop_ports map"))
                 .map_err(map_err("drop_ports"))?;
@@ -262,10 +288,10 @@ impl Programs {
 
     /// Detaches the programs from `a` (an interface already gone is not an error).
     pub fn detach(&mut self, a: Attached) {
-        if let Ok(mut m) = BpfHashMap::<&mut MapData, u32, Port>::try_from(
+        if let Ok(mut m) = Array::<&mut MapData, PortSlot>::try_from(
             self.ebpf.map_mut("ports").expect("ports map"),
         ) {
-            let _ = m.remove(&a.ifindex);
+            let _ = m.set(a.ifindex % PORT_SLOTS, PortSlot::default(), 0);
         }
         self.attached.remove(&a.ifindex);
         if let Ok(mut d) = BpfHashMap::<&mut MapData, DropPort, Port>::try_from(
@@ -364,6 +390,14 @@ impl Programs {
         Ok(m.iter().filter_map(Result::ok).map(|(k, v)| (k, v.iter().sum())).collect())
     }
 
+    /// What each program has cost so far (ingress, egress, and the drop program if attached).
+    pub fn cost(&self) -> Vec<RunCost> {
+        [INGRESS_PROGRAM, EGRESS_PROGRAM, DROP_PROGRAM]
+            .into_iter()
+            .filter_map(|p| run_cost(&self.ebpf, p))
+            .collect()
+    }
+
     /// Forgets drop entries (flows no longer measured).
     pub fn remove_drops(&mut self, keys: &[DropKey]) -> Result<(), Error> {
         let mut m: PerCpuHashMap<&mut MapData, DropKey, u64> =
@@ -373,6 +407,147 @@ impl Programs {
             let _ = m.remove(k);
         }
         Ok(())
+    }
+}
+
+/// Attaches tc program `name` of `ebpf` (loaded) to this namespace's `iface` at `kind`, by
+/// `hook`. A clsact filter of that name a crashed run left there is removed first.
+fn attach_tc(
+    ebpf: &mut Ebpf,
+    name: &str,
+    iface: &str,
+    kind: TcAttachType,
+    hook: Hook,
+) -> Result<aya::programs::tc::SchedClassifierLinkId, String> {
+    let prog: &mut SchedClassifier = ebpf
+        .program_mut(name)
+        .ok_or_else(|| format!("no program {name}"))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+    let options = match hook {
+        Hook::Tcx => TcAttachOptions::TcxOrder(LinkOrder::default()),
+        Hook::Clsact => {
+            let _ = tc::qdisc_detach_program(iface, kind, name);
+            let _ = tc::qdisc_add_clsact(iface);
+            TcAttachOptions::Netlink(Default::default())
+        }
+    };
+    prog.attach_with_options(iface, kind, options).map_err(|e| format!("attaching {name}: {e:#}"))
+}
+
+/// What one program has cost since it was loaded, by the kernel's own statistics
+/// (`run_time_ns`, `run_cnt`), which count only while they are enabled: by
+/// `sysctl kernel.bpf_stats_enabled=1` or while an [`enable_run_stats`] handle is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RunCost {
+    pub program: &'static str,
+    pub runs: u64,
+    pub run_ns: u64,
+}
+
+impl RunCost {
+    /// Nanoseconds per run since `before` (NaN without runs).
+    pub fn ns_per_run_since(&self, before: &RunCost) -> f64 {
+        let runs = self.runs.saturating_sub(before.runs);
+        self.run_ns.saturating_sub(before.run_ns) as f64 / runs as f64
+    }
+}
+
+fn run_cost(ebpf: &Ebpf, program: &'static str) -> Option<RunCost> {
+    let info = ebpf.program(program)?.info().ok()?;
+    Some(RunCost {
+        program,
+        runs: info.run_count(),
+        run_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
+    })
+}
+
+/// The cost so far of every program loaded in the kernel under the name `program` (whoever
+/// loaded it), summed: how a benchmark reads an agent's programs from outside.
+pub fn loaded_cost(program: &'static str) -> RunCost {
+    let mut c = RunCost { program, ..Default::default() };
+    for info in aya::programs::loaded_programs().flatten() {
+        if info.name_as_str() == Some(program) {
+            c.runs += info.run_count();
+            c.run_ns += u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX);
+        }
+    }
+    c
+}
+
+/// Turns the kernel's per-program run statistics on for as long as the handle lives (the
+/// BPF_ENABLE_STATS command; the sysctl stays as it was). They cost about 20 ns a run.
+pub fn enable_run_stats() -> Result<OwnedFd, Error> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .map_err(|e| load_err(format!("enabling run statistics: {e}")))
+}
+
+/// The yardstick of the datapath's cost (`bpf/reference.bpf.c`): programs that only count
+/// packets and bytes per flow key, with the datapath's parser, key and map type, one per
+/// direction as [`Programs`] has. The benchmark attaches them alone at the same hooks.
+pub struct Reference {
+    ebpf: Ebpf,
+    hook: Hook,
+    links: Vec<(Target, &'static str, aya::programs::tc::SchedClassifierLinkId)>,
+}
+
+static REFERENCE_OBJECT: &Aligned<[u8]> = &Aligned(*include_bytes!("../../bpf/reference.bpf.o"));
+
+/// The reference programs' names (ingress, egress).
+pub const REFERENCE_PROGRAMS: [&str; 2] = ["tm_ref_ingress", "tm_ref_egress"];
+
+impl Reference {
+    /// Loads the reference programs (not attached).
+    pub fn load(hook: Hook) -> Result<Reference, Error> {
+        let mut ebpf =
+            EbpfLoader::new().load(&REFERENCE_OBJECT.0).map_err(|e| load_err(format!("{e:#}")))?;
+        for name in REFERENCE_PROGRAMS {
+            let prog: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .ok_or_else(|| load_err(format!("no program {name} in the object")))?
+                .try_into()
+                .map_err(load_err)?;
+            prog.load().map_err(|e| load_err(verifier(&e)))?;
+        }
+        Ok(Reference { ebpf, hook, links: Vec::new() })
+    }
+
+    /// Attaches them at `target`'s ingress and egress.
+    pub fn attach(&mut self, target: &Target) -> Result<(), Error> {
+        let (ebpf, hook) = (&mut self.ebpf, self.hook);
+        let ierr = |err: String| Error::Interface { target: target.label(), err };
+        for (name, kind) in
+            REFERENCE_PROGRAMS.into_iter().zip([TcAttachType::Ingress, TcAttachType::Egress])
+        {
+            let id = in_netns(target.netns.as_deref(), || {
+                attach_tc(ebpf, name, &target.iface, kind, hook)
+            })
+            .map_err(|err| Error::Netns { ns: target.netns.clone().unwrap_or_default(), err })?
+            .map_err(ierr)?;
+            self.links.push((target.clone(), name, id));
+        }
+        Ok(())
+    }
+
+    /// Their cost so far (ingress, egress; every interface together).
+    pub fn cost(&self) -> [RunCost; 2] {
+        REFERENCE_PROGRAMS.map(|p| {
+            run_cost(&self.ebpf, p).unwrap_or(RunCost { program: p, ..Default::default() })
+        })
+    }
+}
+
+impl Drop for Reference {
+    fn drop(&mut self) {
+        let ebpf = &mut self.ebpf;
+        for (target, name, id) in self.links.drain(..) {
+            let _ = in_netns(target.netns.as_deref(), || {
+                if let Some(Ok(prog)) = ebpf.program_mut(name).map(<&mut SchedClassifier>::try_from)
+                {
+                    let _ = prog.detach(id);
+                }
+            });
+        }
     }
 }
 
@@ -470,15 +645,17 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Now on the programs' clock (CLOCK_TAI).
-pub fn now_tai() -> u64 {
-    clock_ns(libc::CLOCK_TAI)
+/// Now on the programs' clock: Unix time (CLOCK_REALTIME), which they derive from CLOCK_TAI.
+pub fn now() -> u64 {
+    clock_ns(libc::CLOCK_REALTIME)
 }
 
-/// CLOCK_TAI minus CLOCK_REALTIME (the leap seconds, 37 s since 2017 where the system knows
-/// them, else 0): subtract from the programs' times for Unix time.
+/// The kernel's TAI offset (CLOCK_TAI minus CLOCK_REALTIME: 37 s since 2017 where chrony,
+/// ntpd or ptp4l set it, else 0), exact, from adjtimex(2).
 pub fn tai_offset_ns() -> u64 {
-    let (t, r) = (clock_ns(libc::CLOCK_TAI), clock_ns(libc::CLOCK_REALTIME));
-    // Rounded to the millisecond: the two reads are microseconds apart.
-    (t.saturating_sub(r) + 500_000) / 1_000_000 * 1_000_000
+    // SAFETY: an all-zero timex with modes 0 only reads the kernel's clock state.
+    let mut tx: libc::timex = unsafe { std::mem::zeroed() };
+    // SAFETY: tx is a valid out-pointer.
+    unsafe { libc::adjtimex(&mut tx) };
+    u64::try_from(tx.tai).unwrap_or(0) * 1_000_000_000
 }

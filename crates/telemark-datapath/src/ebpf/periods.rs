@@ -20,7 +20,7 @@ pub struct Closed {
     pub period: u64,
     pub packets: u64,
     pub bytes: u64,
-    /// CLOCK_TAI nanoseconds.
+    /// Unix time, nanoseconds.
     pub first_ns: u64,
     pub last_ns: u64,
 }
@@ -38,7 +38,7 @@ pub enum Reading {
 struct Reported {
     period: u64,
     late: u64,
-    /// Newest packet the key has seen (CLOCK_TAI).
+    /// Newest packet the key has seen (Unix time).
     seen_ns: u64,
 }
 
@@ -56,15 +56,15 @@ impl PeriodReader {
         PeriodReader { period_ns: period_ns.max(1), guard_ns, reported: HashMap::new() }
     }
 
-    /// The newest period that is final at `now_tai` (its guard and [`SETTLE_NS`] passed).
-    pub fn final_upto(&self, now_tai: u64) -> u64 {
-        let t = now_tai.saturating_sub(self.guard_ns + SETTLE_NS);
+    /// The newest period that is final at `now` (its guard and [`SETTLE_NS`] passed).
+    pub fn final_upto(&self, now: u64) -> u64 {
+        let t = now.saturating_sub(self.guard_ns + SETTLE_NS);
         (t / self.period_ns).saturating_sub(1)
     }
 
-    /// Reads one key's per-CPU slots at `now_tai`, adding what became final to `out`.
-    pub fn read(&mut self, now_tai: u64, key: &Key, cpus: &[Slots], out: &mut Vec<Reading>) {
-        let upto = self.final_upto(now_tai);
+    /// Reads one key's per-CPU slots at `now`, adding what became final to `out`.
+    pub fn read(&mut self, now: u64, key: &Key, cpus: &[Slots], out: &mut Vec<Reading>) {
+        let upto = self.final_upto(now);
         // At most two periods per CPU: merge by period.
         let mut periods: Vec<(u64, Closed, u64)> = Vec::new();
         for b in cpus.iter().flat_map(|s| [&s.cur, &s.prev]) {
@@ -115,14 +115,14 @@ impl PeriodReader {
         }
     }
 
-    /// Keys whose newest packet is older than `before_tai` and whose periods are all read:
+    /// Keys whose newest packet is older than `before` and whose periods are all read:
     /// candidates for deletion from the kernel's map. The caller checks each is still quiet
     /// there ([`PeriodReader::quiet`]), deletes it, and [`PeriodReader::forget`]s it.
-    pub fn idle(&self, before_tai: u64, now_tai: u64) -> Vec<Key> {
-        let upto = self.final_upto(now_tai);
+    pub fn idle(&self, before: u64, now: u64) -> Vec<Key> {
+        let upto = self.final_upto(now);
         self.reported
             .iter()
-            .filter(|(_, r)| r.seen_ns < before_tai && r.seen_ns / self.period_ns <= upto)
+            .filter(|(_, r)| r.seen_ns < before && r.seen_ns / self.period_ns <= upto)
             .map(|(k, _)| *k)
             .collect()
     }

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_collector;
+pub mod bench_ebpf;
 pub mod bench_flows;
 pub mod bench_int;
 pub mod bench_kafka;

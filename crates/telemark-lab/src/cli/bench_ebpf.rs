@@ -1,0 +1,461 @@
+//! `telemark bench-ebpf`: what the eBPF datapath (docs/ebpf.md) costs a host, measured the way
+//! the cost paper asks (the measurement against the host's own forwarding, in one run):
+//!
+//! ```text
+//!  tme-s: s0 ──veth── w0 [tme-w: Linux bridge br0] w1 ──veth── k0 :tme-k
+//! ```
+//!
+//! - **Per-packet cost by the kernel's own statistics** (`run_time_ns` / `run_cnt`, enabled for
+//!   the run): Telemark's programs next to the reference programs (`bpf/reference.bpf.c`: the
+//!   same parser, key and map type, counting packets per flow and nothing else) attached alone
+//!   at the same hooks, in interleaved rounds under the same load. Telemark's once with w0 a
+//!   marker and w1 the domain's exit (the ingress program marks, the egress one unmarks), once
+//!   with both plain counting points.
+//! - **Throughput and CPU** of TCP bulk (iperf3, one flow) and 64-byte UDP frames (the lab's
+//!   AF_PACKET sender, `--pps`; k0 counts them though they are not addressed to it) through the bridge
+//!   with nothing attached, with Telemark's programs on both ports (marker and exit, the
+//!   heaviest case), with a libpcap flow meter on both ports (softflowd `-i`, pmacctd `-i`), and
+//!   through Telemark's AF_PACKET switch in place of the bridge (checksum, segmentation and
+//!   receive offloads off on every veth, as an AF_PACKET switch needs, next to the bridge with
+//!   the same offloads off). CPU is the whole machine's busy time (/proc/stat), so it
+//!   includes the meters' processes and every softirq, divided by the packets k0 received
+//!   (for TCP, by its bytes over 1,514: full-size frames).
+//!
+//! Every mode runs `--rounds` times, interleaved; medians are reported.
+
+use crate::traffic::{self, FlowSpec};
+use anyhow::{bail, Context, Result};
+use clap::Args as ClapArgs;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+use telemark_agent::{Agent, FileConfig};
+use telemark_datapath::ebpf::{self, Reference, RunCost, Target};
+
+/// `telemark bench-ebpf` flags.
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Seconds of traffic per round, mode and load.
+    #[arg(long, default_value_t = 4)]
+    pub seconds: u64,
+    /// Rounds (each mode and load once per round).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Offered load of the UDP test, 64-byte frames per second.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub pps: u64,
+    /// Only these modes (repeatable): bridge, reference, ebpf, ebpf-count, softflowd, pmacctd,
+    /// bridge-no-offload, switch.
+    #[arg(long = "mode")]
+    pub modes: Vec<String>,
+}
+
+const MODES: [(&str, &str); 8] = [
+    ("bridge", "Linux bridge, nothing attached"),
+    ("reference", "bridge + reference programs (count per flow only)"),
+    ("ebpf", "bridge + Telemark eBPF: w0 marker, w1 exit"),
+    ("ebpf-count", "bridge + Telemark eBPF: counting points only"),
+    ("softflowd", "bridge + softflowd -i w0, -i w1"),
+    ("pmacctd", "bridge + pmacctd -i w0, -i w1"),
+    ("bridge-no-offload", "Linux bridge, offloads off (as the switch needs)"),
+    ("switch", "Telemark AF_PACKET switch (loss measured), offloads off"),
+];
+
+const LOADS: [&str; 2] = ["tcp", "udp64"];
+
+const NS: [&str; 3] = ["tme-s", "tme-w", "tme-k"];
+const RECEIVER: &str = "10.77.0.2";
+
+fn sh(cmd: &str) -> Result<String> {
+    crate::cli::opts::output(Command::new("sh").args(["-c", cmd]), &format!("`{cmd}`"))
+}
+
+struct Bed;
+
+impl Bed {
+    fn up() -> Result<Bed> {
+        Bed::down();
+        let bed = Bed;
+        for n in NS {
+            sh(&format!("ip netns add {n}"))?;
+            sh(&format!("ip netns exec {n} sysctl -qw net.ipv6.conf.all.disable_ipv6=1"))?;
+            sh(&format!("ip -n {n} link set lo up"))?;
+        }
+        sh("ip link add s0 netns tme-s type veth peer name w0 netns tme-w")?;
+        sh("ip link add w1 netns tme-w type veth peer name k0 netns tme-k")?;
+        sh("ip -n tme-s addr add 10.77.0.1/24 dev s0")?;
+        sh(&format!("ip -n tme-k addr add {RECEIVER}/24 dev k0"))?;
+        for (n, d) in [("tme-s", "s0"), ("tme-w", "w0"), ("tme-w", "w1"), ("tme-k", "k0")] {
+            sh(&format!("ip -n {n} link set {d} up"))?;
+        }
+        Ok(bed)
+    }
+    fn down() {
+        for n in NS {
+            let _ = sh(&format!("ip netns del {n} 2>/dev/null"));
+        }
+    }
+    /// br0 joining w0 and w1, made afresh (`on`) or removed.
+    fn bridge(on: bool) -> Result<()> {
+        let _ = sh("ip -n tme-w link del br0 2>/dev/null");
+        if on {
+            sh("ip -n tme-w link add br0 type bridge && ip -n tme-w link set br0 up")?;
+            sh("ip -n tme-w link set w0 master br0 && ip -n tme-w link set w1 master br0")?;
+        }
+        Ok(())
+    }
+    /// Checksum, segmentation and receive offloads on every veth: on as a host has them, or
+    /// off, as an AF_PACKET switch needs (MTU-sized frames with their checksums filled in).
+    fn offloads(on: bool) -> Result<()> {
+        let v = if on { "on" } else { "off" };
+        for (n, d) in [("tme-s", "s0"), ("tme-w", "w0"), ("tme-w", "w1"), ("tme-k", "k0")] {
+            sh(&format!("ip netns exec {n} ethtool -K {d} tx {v} gro {v} gso {v} tso {v}"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        Bed::down();
+    }
+}
+
+/// k0's received (packets, bytes), the kernel's count.
+fn rx_k0() -> Result<(u64, u64)> {
+    let read = |f: &str| -> Result<u64> {
+        Ok(sh(&format!("ip netns exec tme-k cat /sys/class/net/k0/statistics/{f}"))?
+            .trim()
+            .parse()?)
+    };
+    Ok((read("rx_packets")?, read("rx_bytes")?))
+}
+
+/// (busy, total) jiffies of all CPUs from /proc/stat.
+fn cpu_jiffies() -> Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat.lines().next().context("/proc/stat is empty")?;
+    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    Ok((total - idle, total))
+}
+
+/// What watches the traffic in one mode, kept alive for the round.
+enum Meter {
+    None,
+    Agent(Box<Agent>),
+    Reference(Reference),
+    Processes(Vec<Child>),
+}
+
+impl Meter {
+    fn stop(self) {
+        match self {
+            Meter::None => {}
+            Meter::Agent(a) => {
+                a.stop();
+            }
+            Meter::Reference(r) => drop(r),
+            Meter::Processes(ps) => {
+                for mut p in ps {
+                    let _ = p.kill();
+                    let _ = p.wait();
+                }
+            }
+        }
+    }
+}
+
+fn agent(text: &str) -> Result<Agent> {
+    let mut cfg = FileConfig::parse(text)?.validate()?;
+    cfg.quiet = true;
+    Ok(Agent::start(cfg)?)
+}
+
+fn ebpf_agent(edge: bool) -> Result<Agent> {
+    let (m, u) = if edge { ("mark = true\n", "unmark = true\n") } else { ("", "") };
+    agent(&format!(
+        "agent = \"bench\"\n[ebpf]\nperiod = \"100ms\"\n\
+         [[port]]\ninterface = \"w0\"\nnetns = \"tme-w\"\n{m}\
+         [[port]]\ninterface = \"w1\"\nnetns = \"tme-w\"\n{u}"
+    ))
+}
+
+fn spawn_in_w(args: &[&str]) -> Result<Child> {
+    Command::new("ip")
+        .args(["netns", "exec", "tme-w"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", args[0]))
+}
+
+/// Starts mode `mode`'s meter.
+fn start(mode: &str) -> Result<Meter> {
+    let switch = mode == "switch";
+    Bed::bridge(!switch)?;
+    Bed::offloads(!matches!(mode, "switch" | "bridge-no-offload"))?;
+    let meter = match mode {
+        "bridge" | "bridge-no-offload" => Meter::None,
+        "reference" => {
+            let mut r = Reference::load(ebpf::Hook::for_this_kernel())?;
+            for iface in ["w0", "w1"] {
+                r.attach(&Target { netns: Some("tme-w".into()), iface: iface.into() })?;
+            }
+            Meter::Reference(r)
+        }
+        "ebpf" => Meter::Agent(Box::new(ebpf_agent(true)?)),
+        "ebpf-count" => Meter::Agent(Box::new(ebpf_agent(false)?)),
+        "softflowd" => {
+            let mut ps = Vec::new();
+            for d in ["w0", "w1"] {
+                let ctl = format!("/tmp/tme-softflowd-{d}.ctl");
+                let pid = format!("/tmp/tme-softflowd-{d}.pid");
+                ps.push(spawn_in_w(&[
+                    "softflowd",
+                    "-d",
+                    "-i",
+                    d,
+                    "-n",
+                    "127.0.0.1:9",
+                    "-v",
+                    "10",
+                    "-c",
+                    &ctl,
+                    "-p",
+                    &pid,
+                ])?);
+            }
+            Meter::Processes(ps)
+        }
+        "pmacctd" => {
+            let mut ps = Vec::new();
+            for d in ["w0", "w1"] {
+                ps.push(spawn_in_w(&[
+                    "pmacctd",
+                    "-i",
+                    d,
+                    "-P",
+                    "print",
+                    "-r",
+                    "3600",
+                    "-c",
+                    "src_host,dst_host,src_port,dst_port,proto",
+                ])?);
+            }
+            Meter::Processes(ps)
+        }
+        "switch" => Meter::Agent(Box::new(agent(
+            "agent = \"bench\"\nnetns = \"tme-w\"\nmeasure = true\n\
+             [[pair]]\na = \"w0\"\nb = \"w1\"\nmark = \"a\"\n",
+        )?)),
+        other => bail!("unknown mode {other}"),
+    };
+    // Let meters open their sockets and attach before traffic starts.
+    std::thread::sleep(Duration::from_millis(700));
+    Ok(meter)
+}
+
+/// One round's figures.
+#[derive(Clone, Copy, Default)]
+struct Figures {
+    gbps: f64,
+    pps: f64,
+    cpu_ns_per_pkt: f64,
+    /// ns per run of the eBPF programs attached (Telemark's or the reference), at ingress and
+    /// egress; NaN where none are.
+    ns_in: f64,
+    ns_out: f64,
+}
+
+/// 64-byte UDP frames of one flow sent from s0 by the lab's packet sender (iperf3's UDP
+/// sender cannot fill the path: one system call a packet).
+fn udp64(a: &Args) -> Result<()> {
+    let spec = FlowSpec {
+        key: telemark_wire::FlowKey {
+            src: "10.77.0.1".parse().context("addr")?,
+            dst: RECEIVER.parse().context("addr")?,
+            sport: 1000,
+            dport: 2000,
+            proto: 17,
+            spi: None,
+            si: None,
+        },
+        src_mac: [2, 0, 0, 0, 77, 1],
+        dst_mac: [2, 0, 0, 0, 77, 2],
+        payload: 22,
+        pps: a.pps,
+        catch_up: traffic::catch_up(a.pps),
+        churn: false,
+    };
+    let stop = AtomicBool::new(false);
+    traffic::send(Some("tme-s"), "s0", &spec, Duration::from_secs(a.seconds), &stop)?;
+    Ok(())
+}
+
+fn iperf3(seconds: u64) -> Result<()> {
+    let mut server = Command::new("ip")
+        .args(["netns", "exec", "tme-k", "iperf3", "-s", "-1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting iperf3 -s (apt-get install iperf3)")?;
+    std::thread::sleep(Duration::from_millis(300));
+    let t = seconds.to_string();
+    let args = ["netns", "exec", "tme-s", "iperf3", "-c", RECEIVER, "-t", &t];
+    let out = Command::new("ip").args(args).output().context("running iperf3 -c")?;
+    let _ = server.kill();
+    let _ = server.wait();
+    if !out.status.success() {
+        bail!("iperf3 -c: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+/// The mode's eBPF programs (ingress, egress), if it has any.
+fn programs(mode: &str) -> Option<[&'static str; 2]> {
+    match mode {
+        "reference" => Some(ebpf::REFERENCE_PROGRAMS),
+        "ebpf" | "ebpf-count" => Some([ebpf::INGRESS_PROGRAM, ebpf::EGRESS_PROGRAM]),
+        _ => None,
+    }
+}
+
+fn costs(mode: &str) -> Option<[RunCost; 2]> {
+    programs(mode).map(|p| p.map(ebpf::loaded_cost))
+}
+
+fn round(mode: &str, load: &str, a: &Args) -> Result<Figures> {
+    let meter = start(mode)?;
+    let before = costs(mode);
+    let (p0, b0) = rx_k0()?;
+    let (busy0, _) = cpu_jiffies()?;
+    let t0 = std::time::Instant::now();
+    let traffic = if load == "tcp" { iperf3(a.seconds) } else { udp64(a) };
+    let secs = t0.elapsed().as_secs_f64();
+    let (busy1, _) = cpu_jiffies()?;
+    let (p1, b1) = rx_k0()?;
+    let after = costs(mode);
+    meter.stop();
+    traffic?;
+    // SAFETY: sysconf has no preconditions.
+    let tick_ns = 1e9 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let (packets, bytes) = ((p1 - p0) as f64, (b1 - b0) as f64);
+    let wire = if load == "tcp" { bytes / 1514.0 } else { packets };
+    let per_run = |i: usize| match (&before, &after) {
+        (Some(b), Some(a)) => a[i].ns_per_run_since(&b[i]),
+        _ => f64::NAN,
+    };
+    Ok(Figures {
+        gbps: bytes * 8.0 / secs / 1e9,
+        pps: wire / secs,
+        cpu_ns_per_pkt: (busy1 - busy0) as f64 * tick_ns / wire.max(1.0),
+        ns_in: per_run(0),
+        ns_out: per_run(1),
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Runs the benchmark.
+pub fn run(a: Args) -> Result<()> {
+    // SAFETY: plain syscall without arguments.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("bench-ebpf builds network namespaces and loads eBPF programs: run it as root");
+    }
+    for tool in ["iperf3", "ethtool", "softflowd", "pmacctd"] {
+        if sh(&format!("command -v {tool}")).is_err() {
+            bail!("bench-ebpf needs {tool} (apt-get install iperf3 ethtool softflowd pmacct)");
+        }
+    }
+    let modes: Vec<(&str, &str)> = MODES
+        .iter()
+        .copied()
+        .filter(|(m, _)| a.modes.is_empty() || a.modes.iter().any(|x| x == m))
+        .collect();
+    if modes.is_empty() {
+        bail!("--mode takes one of {:?}", MODES.map(|m| m.0));
+    }
+    let _stats = ebpf::enable_run_stats()?;
+    let _bed = Bed::up()?;
+    let mut res: Vec<Vec<Vec<Figures>>> = vec![vec![Vec::new(); LOADS.len()]; modes.len()];
+    for r in 0..a.rounds {
+        for (li, load) in LOADS.iter().enumerate() {
+            for (mi, (m, _)) in modes.iter().enumerate() {
+                let f = round(m, load, &a).with_context(|| format!("mode {m}, {load}"))?;
+                eprintln!(
+                    "round {r}: {load:<5} {m:<15} {:>6.2} Gbit/s {:>9.0} pkt/s {:>7.0} cpu ns/pkt \
+                     | ns/run in {:>5.0} out {:>5.0}",
+                    f.gbps, f.pps, f.cpu_ns_per_pkt, f.ns_in, f.ns_out
+                );
+                res[mi][li].push(f);
+            }
+        }
+    }
+    let med = |mi: usize, li: usize, f: fn(&Figures) -> f64| -> f64 {
+        median(res[mi][li].iter().map(f).collect())
+    };
+    println!(
+        "tme-s ─ w0 [tme-w] w1 ─ tme-k; medians of {} rounds of {} s; CPU = whole machine \
+         ({} cores) per packet received",
+        a.rounds,
+        a.seconds,
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    for (li, load) in LOADS.iter().enumerate() {
+        let what = if *load == "tcp" {
+            "TCP bulk (iperf3, one flow; packets = bytes / 1514)"
+        } else {
+            "64-byte UDP frames, one flow, offered at --pps"
+        };
+        println!("\n{what}");
+        println!(
+            "| {:<54} | {:>7} | {:>9} | {:>7} | {:>10} | {:>6} | {:>6} |",
+            "path", "Gbit/s", "kpkt/s", "vs none", "CPU ns/pkt", "in ns", "out ns"
+        );
+        println!("|:---|{}|", ["---:"; 6].join("|"));
+        let base = med(0, li, |f| f.gbps);
+        for (mi, (_, label)) in modes.iter().enumerate() {
+            let g = med(mi, li, |f| f.gbps);
+            println!(
+                "| {label:<54} | {g:>7.2} | {:>9.1} | {:>7.3} | {:>10.0} | {:>6.0} | {:>6.0} |",
+                med(mi, li, |f| f.pps) / 1e3,
+                g / base,
+                med(mi, li, |f| f.cpu_ns_per_pkt),
+                med(mi, li, |f| f.ns_in),
+                med(mi, li, |f| f.ns_out),
+            );
+        }
+        // Telemark's programs against the reference at the same hooks.
+        let of = |m: &str| modes.iter().position(|(x, _)| *x == m);
+        if let Some(r) = of("reference") {
+            let (r_in, r_out) = (med(r, li, |f| f.ns_in), med(r, li, |f| f.ns_out));
+            if let Some(c) = of("ebpf-count") {
+                println!(
+                    "counting points / reference: ingress {:.2}, egress {:.2}",
+                    med(c, li, |f| f.ns_in) / r_in,
+                    med(c, li, |f| f.ns_out) / r_out
+                );
+            }
+            if let Some(e) = of("ebpf") {
+                println!(
+                    "marker (w0 ingress) / reference {:.2}; exit (w1 egress, unmarking) / \
+                     reference {:.2}",
+                    med(e, li, |f| f.ns_in) / r_in,
+                    med(e, li, |f| f.ns_out) / r_out
+                );
+            }
+        }
+    }
+    println!(
+        "\n(\"vs none\" is throughput against the first mode; ns/run from the kernel's \
+         run_time_ns / run_cnt with statistics on, which add about 20 ns a run to every program)"
+    );
+    Ok(())
+}
