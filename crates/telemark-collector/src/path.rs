@@ -245,6 +245,23 @@ fn downstream_first<'a>(
     order.into_iter()
 }
 
+/// Whether `batches` (in order of first packet) are plainly every batch the point closed, though
+/// each lost something (a point that reports only lossy batches then reported them all): the
+/// colours alternate and each batch begins within half the longer of the two after the one
+/// before ended. A batch left out would show as two of one colour in a row or as a gap as long
+/// as a batch.
+pub fn unbroken(batches: &[Batch]) -> bool {
+    batches.len() >= 2
+        && batches.windows(2).all(|w| {
+            let (a, b) = (&w[0], &w[1]);
+            let longer =
+                a.last_ns.saturating_sub(a.first_ns).max(b.last_ns.saturating_sub(b.first_ns));
+            a.color != b.color
+                && b.first_ns >= a.first_ns
+                && b.first_ns.saturating_sub(a.last_ns) <= longer / 2
+        })
+}
+
 /// How long `down`'s batches trail `up`'s: the median, over `down`'s batches that begin
 /// within half a batch of one of `up`'s of the same color, of the time between the two
 /// beginnings (`None`: no such pair). Positive when `up` is upstream.
@@ -269,6 +286,26 @@ pub fn trail_ns(up: &[Batch], down: &[Batch]) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Periods of 50 ms with packets every 8 ms: all of them are unbroken; leaving one out, or
+    /// two in a row, is seen.
+    #[test]
+    fn a_stream_of_batches_is_unbroken_until_one_is_left_out() {
+        let period = |k: u64| Batch {
+            color: (k % 2) as u8,
+            first_ns: k * 50_000_000 + 1_000_000,
+            last_ns: k * 50_000_000 + 49_000_000,
+            observed: 6,
+            late: 0,
+        };
+        let all: Vec<Batch> = (0..10).map(period).collect();
+        assert!(unbroken(&all));
+        let one_out: Vec<Batch> = (0..10).filter(|k| *k != 4).map(period).collect();
+        assert!(!unbroken(&one_out));
+        let two_out: Vec<Batch> = (0..10).filter(|k| *k != 4 && *k != 5).map(period).collect();
+        assert!(!unbroken(&two_out));
+        assert!(!unbroken(&all[..1]), "one batch says nothing");
+    }
 
     /// A chain of `hops` agents, each with an ingress and an egress point, that the first one
     /// marks (its ingress measures against its marker); `lose(hop, i)` says whether packet

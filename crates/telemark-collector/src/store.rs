@@ -1358,6 +1358,9 @@ impl Store {
                 *e = e.saturating_add(n);
             }
         }
+        for p in &mut out {
+            p.every_batch |= crate::path::unbroken(&p.batches);
+        }
         Ok(out)
     }
 

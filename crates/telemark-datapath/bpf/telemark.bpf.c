@@ -115,12 +115,21 @@ enum tm_stat {
 	TM_STAT_DROPS_FULL,      /* no room in "drops" for the flow */
 	TM_STAT_UNATTACHED,      /* a hook ran on an interface not in "ports" (detached) */
 	TM_STAT_OVERRUN,         /* a period user space had not read was overwritten */
+	TM_STAT_QUEUE_UNCOUNTED, /* dropped by the egress queue after its egress point counted it */
+	TM_STAT_QUEUE_MISSED,    /* such a drop whose count was no longer there to take back */
 	TM_STAT_COUNT,
 };
 
 /* Drop reasons counted per reason (enum skb_drop_reason is smaller on every kernel so far;
  * larger values are counted in the last slot). */
 #define TM_REASONS 512
+
+/* Where the kernel drops a packet for a reason, as far as the points are concerned (map
+ * "drop_places", by reason; set by user space from the kernel's BTF). */
+enum tm_drop_place {
+	TM_DROP_BEFORE_EGRESS = 0, /* before the egress hook: the packet was never counted out */
+	TM_DROP_EGRESS_QUEUE = 1,  /* in the egress queue (a qdisc), after the egress hook */
+};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -175,6 +184,13 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } reader SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, TM_REASONS);
+	__type(key, __u32);
+	__type(value, __u8); /* enum tm_drop_place */
+} drop_places SEC(".maps");
 
 /* Flows refused for lack of room in "counts", per point. */
 struct {
@@ -255,30 +271,36 @@ static __always_inline int set_colour(struct __sk_buff *skb, struct tm_ip *ip, v
 	return bpf_skb_store_bytes(skb, ip->l3_offset, bytes, 2, BPF_F_RECOMPUTE_CSUM) == 0;
 }
 
+/* The period a packet of colour `colour` seen at `now` belongs to. A packet of the other
+ * colour than the current period's is a straggler of the period before within the guard after
+ * it began, early for the next one within as long before that one begins (this host's clock
+ * behind the marker's), and late in between (`*late` set; the period before). */
+static __always_inline __u64 period_of(__u64 now, __u8 colour, const struct tm_settings *s,
+				       int *late)
+{
+	__u64 k_now = now / s->period_ns;
+	*late = 0;
+	if ((k_now & 1) == colour)
+		return k_now;
+	__u64 off = now - k_now * s->period_ns;
+	__u64 early = s->period_ns - s->guard_ns;
+	if (early > s->guard_ns)
+		early = s->guard_ns;
+	if (off < s->guard_ns)
+		return k_now - 1;
+	if (off >= s->period_ns - early)
+		return k_now + 1;
+	*late = 1;
+	return k_now - 1;
+}
+
 /* Counts `segs` packets of colour `colour` at `point`: in the period they belong to, or as
- * late. A packet of the other colour than the current period's is a straggler of the period
- * before within the guard after it began, early for the next one within as long before that
- * one begins (this host's clock behind the marker's), and late in between. */
+ * late. */
 static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u32 len,
 				  __u32 segs, __u64 now, const struct tm_settings *s)
 {
-	__u64 k_now = now / s->period_ns;
-	__u64 period = k_now;
-	int late = 0;
-	if ((k_now & 1) != colour) {
-		__u64 off = now - k_now * s->period_ns;
-		__u64 early = s->period_ns - s->guard_ns;
-		if (early > s->guard_ns)
-			early = s->guard_ns;
-		if (off < s->guard_ns) {
-			period = k_now - 1;
-		} else if (off >= s->period_ns - early) {
-			period = k_now + 1;
-		} else {
-			period = k_now - 1;
-			late = 1;
-		}
-	}
+	int late;
+	__u64 period = period_of(now, colour, s, &late);
 	k->point = point;
 	k->colour = colour;
 	struct tm_slots *v = bpf_map_lookup_elem(&counts, k);
@@ -328,6 +350,36 @@ static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u
 	v->cur.packets += segs;
 	v->cur.bytes += len;
 	v->cur.last_ns = now;
+}
+
+/* Takes back `segs` packets (`len` bytes) that `point`, an egress point, counted and its
+ * interface's egress queue then dropped: they never left, so the host lost them (its inside
+ * segment), and the queue's drop reason names it. Drops that come after their period was read,
+ * or of packets counted late, are left as they are (then the link after the point shows them). */
+static __always_inline void uncount(struct tm_key *k, __u8 point, __u8 colour, __u32 len,
+				    __u32 segs, __u64 now, const struct tm_settings *s)
+{
+	int late;
+	__u64 period = period_of(now, colour, s, &late);
+	k->point = point;
+	k->colour = colour;
+	struct tm_slots *v = bpf_map_lookup_elem(&counts, k);
+	struct tm_batch *b = 0;
+	if (v && !late) {
+		if (v->cur.period == period)
+			b = &v->cur;
+		else if (v->prev.period == period)
+			b = &v->prev;
+	}
+	/* Another CPU may have counted it: this CPU's count is taken from only if it has as many
+	 * (user space sums the CPUs). */
+	if (!b || b->packets < segs || b->bytes < len) {
+		bump(TM_STAT_QUEUE_MISSED);
+		return;
+	}
+	b->packets -= segs;
+	b->bytes -= len;
+	bump(TM_STAT_QUEUE_UNCOUNTED);
 }
 
 /* Now, in Unix time (BPF has no CLOCK_REALTIME; TAI moves with it, a fixed offset apart). */
@@ -524,6 +576,14 @@ int tm_drop(__u64 *ctx)
 	if (ok != 0) {
 		bump(TM_STAT_DROPS_UNPARSED);
 		return 0;
+	}
+	__u32 r = slot;
+	__u8 *place = bpf_map_lookup_elem(&drop_places, &r);
+	if (s && place && *place == TM_DROP_EGRESS_QUEUE && port->out_point != TM_NO_POINT) {
+		struct tm_ip ip = { .l3 = buf, .version = buf[0] >> 4 };
+		__u8 colour = colour_of(&ip, buf + sizeof(buf), tos_mask(s));
+		struct tm_key k = dk.flow;
+		uncount(&k, port->out_point, colour, skb->len, packets, unix_now(s), s);
 	}
 	dk.reason = reason;
 	__u64 *c = bpf_map_lookup_elem(&drops, &dk);

@@ -1,8 +1,8 @@
-//! `telemark agent` on the eBPF datapath, on real interfaces (needs root, iproute2, nftables
-//! and bpftool, as CI has): sender → router namespace → receiver; the agent attaches to the
-//! router's two interfaces (marking where traffic comes in, unmarking where it leaves) and
-//! nftables drops a share of one flow in the router's forward chain. Ground truth: nftables'
-//! own counter, and the datagrams the receiver got.
+//! `telemark agent` on the eBPF datapath, on real interfaces (needs root, iproute2, nftables,
+//! ethtool and bpftool, as CI has): routers and Linux bridges in network namespaces, with the
+//! agents at their interfaces, an AF_PACKET switch on one path, nftables (inet and bridge
+//! families), `tbf` and a link namespace dropping. Ground truth: nftables' and tc's own
+//! counters, and the datagrams the receiver got.
 
 use std::io::{BufRead, BufReader};
 use std::net::UdpSocket;
@@ -185,10 +185,11 @@ fn the_agent_finds_the_routers_loss_and_leaves_nothing_behind() {
     }
 }
 
-/// sender → r1 (agent h1) → r2 (agent h2) → receiver, one collector. h1 marks at r1-in; a
-/// `tbf` on r1-out (after the tc egress hook) drops on the link between the hosts; nftables
-/// in r2's forward chain drops inside h2. The collector must find both segments, each with the
-/// kernel's count, and name the cross-host link.
+/// sender → r1 (agent h1) → link → r2 (agent h2) → receiver, one collector. h1 marks at r1-in;
+/// a `tbf` on r1-out congests h1's egress queue (after the tc egress hook: the drop program
+/// takes the packets back, so they are h1's loss, named QDISC_DROP); nftables in the link's
+/// bridge drops between the hosts; nftables in r2's forward chain drops inside h2. The
+/// collector must find all three segments, each with the kernel's count.
 #[test]
 fn two_hosts_one_collector_find_the_lossy_link_and_the_lossy_host() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -197,9 +198,21 @@ fn two_hosts_one_collector_find_the_lossy_link_and_the_lossy_host() {
     use telemark_collector::{now_ns, Collector, Config};
 
     let (s, r1, r2, d) = (Netns::new("s2"), Netns::new("r1"), Netns::new("r2"), Netns::new("d2"));
+    let l = Netns::new("l2");
     let pid = std::process::id();
     sh(&format!("ip link add tmf{pid}a netns {} type veth peer name r1-in netns {}", s.0, r1.0));
-    sh(&format!("ip link add r1-out netns {} type veth peer name r2-in netns {}", r1.0, r2.0));
+    sh(&format!("ip link add r1-out netns {} type veth peer name l-a netns {}", r1.0, l.0));
+    sh(&format!("ip link add l-b netns {} type veth peer name r2-in netns {}", l.0, r2.0));
+    l.exec("ip link add brl type bridge");
+    for dev in ["l-a", "l-b"] {
+        l.exec(&format!("ip link set {dev} master brl"));
+        l.exec(&format!("ip link set {dev} up"));
+    }
+    l.exec("ip link set brl up");
+    l.exec(
+        "nft 'add table bridge tml; add chain bridge tml fw { type filter hook forward priority 0; }; \
+         add rule bridge tml fw udp dport 7777 numgen random mod 30 == 0 counter drop'",
+    );
     sh(&format!("ip link add tmf{pid}b netns {} type veth peer name r2-out netns {}", d.0, r2.0));
     s.exec(&format!("ip link set tmf{pid}a name s0"));
     d.exec(&format!("ip link set tmf{pid}b name d0"));
@@ -220,7 +233,7 @@ fn two_hosts_one_collector_find_the_lossy_link_and_the_lossy_host() {
     r2.exec("ip route add 10.79.1.0/24 via 10.79.2.1");
     r1.exec("sysctl -qw net.ipv4.ip_forward=1");
     r2.exec("sysctl -qw net.ipv4.ip_forward=1");
-    // The link: 20 Mbit/s with a short queue, fed at about twice that in bursts.
+    // h1's egress queue: 20 Mbit/s with a short queue, fed at about twice that in bursts.
     r1.exec("tc qdisc add dev r1-out root tbf rate 20mbit burst 16kb limit 30kb");
     r2.exec(
         "nft 'add table inet tmf; add chain inet tmf fw { type filter hook forward priority 0; }; \
@@ -287,26 +300,15 @@ fn two_hosts_one_collector_find_the_lossy_link_and_the_lossy_host() {
         }
     });
     let received = rx.join().unwrap();
-    let tbf = r1.exec("tc -s qdisc show dev r1-out");
-    let link_dropped: u64 = tbf
-        .split("dropped ")
-        .nth(1)
-        .and_then(|s| s.split([',', ' ']).next())
-        .and_then(|s| s.parse().ok())
-        .expect("tbf drop counter");
-    let nft = r2.exec("nft list chain inet tmf fw");
-    let host_dropped: u64 = nft
-        .split("packets ")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|s| s.parse().ok())
-        .expect("nft counter");
+    let queue_dropped = counter(&r1.exec("tc -s qdisc show dev r1-out"), "dropped ");
+    let link_dropped = counter(&l.exec("nft list chain bridge tml fw"), "packets ");
+    let host_dropped = counter(&r2.exec("nft list chain inet tmf fw"), "packets ");
     assert_eq!(
-        received + link_dropped + host_dropped,
+        received + queue_dropped + link_dropped + host_dropped,
         SENT,
-        "tbf {link_dropped}, nft {host_dropped}"
+        "tbf {queue_dropped}, link {link_dropped}, nft {host_dropped}"
     );
-    assert!(link_dropped > 50, "the link dropped only {link_dropped}");
+    assert!(queue_dropped > 50, "h1's queue dropped only {queue_dropped}");
     let stop_and_flush = |a: Agent| {
         a.stop();
     };
@@ -318,24 +320,28 @@ fn two_hosts_one_collector_find_the_lossy_link_and_the_lossy_host() {
     let r = c.api.handle(&Request::get(&format!("/api/v1/localise?{q}")), now_ns());
     assert_eq!(r.status, 200);
     let loc: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-    eprintln!("tbf dropped {link_dropped}, nft dropped {host_dropped}; localise: {loc:#}");
+    eprintln!(
+        "h1's queue dropped {queue_dropped}, the link {link_dropped}, h2 {host_dropped}; \
+         localise: {loc:#}"
+    );
     let segs = loc["segments"].as_array().unwrap();
     let seg = |agent: &str, point: String| {
         segs.iter()
             .find(|s| s["agent"] == agent && s["point"] == point)
             .unwrap_or_else(|| panic!("no segment ending at {agent}/{point}: {loc:#}"))
     };
-    let link = seg("h2", format!("in:{}:r2-in", r2.0));
-    assert_eq!(link["from"], format!("h1/out:{}:r1-out", r1.0));
     let lost =
         |s: &serde_json::Value| s["lost"].as_u64().unwrap() + s["uncertain"].as_u64().unwrap();
     let within = |got: u64, want: u64| got.abs_diff(want) * 100 <= want * 3;
-    assert!(within(lost(link), link_dropped), "link: {link} against tbf's {link_dropped}");
-    let inside = seg("h2", format!("out:{}:r2-out", r2.0));
-    assert!(within(lost(inside), host_dropped), "inside h2: {inside} against nft's {host_dropped}");
-    assert_eq!(inside["drops"]["NETFILTER_DROP"], host_dropped, "{inside}");
-    let clean = seg("h1", format!("out:{}:r1-out", r1.0));
-    assert_eq!(lost(clean), 0, "inside h1: {clean}");
+    let link = seg("h2", format!("in:{}:r2-in", r2.0));
+    assert_eq!(link["from"], format!("h1/out:{}:r1-out", r1.0));
+    assert!(within(lost(link), link_dropped), "link: {link} against nft's {link_dropped}");
+    let inside2 = seg("h2", format!("out:{}:r2-out", r2.0));
+    assert!(within(lost(inside2), host_dropped), "inside h2: {inside2} against {host_dropped}");
+    named(inside2, "NETFILTER_DROP", host_dropped);
+    let inside1 = seg("h1", format!("out:{}:r1-out", r1.0));
+    assert!(within(lost(inside1), queue_dropped), "inside h1: {inside1} against {queue_dropped}");
+    named(inside1, "QDISC_DROP", queue_dropped);
 }
 
 /// Datagrams from `ns` to 10.78.2.2:7777, one per source port in `sports` (each a new flow),
@@ -489,4 +495,192 @@ fn churn_a_full_map_a_recreated_interface_and_a_kill_give_no_false_loss() {
         .map(|v| v["batches"].as_u64().unwrap_or(0))
         .sum();
     assert!(summaries > 0, "the restarted agent measured nothing: {run3:?}");
+}
+
+/// The segment names `reason` for the kernel's `count` drops: within 1 % and never more (a
+/// drop the agent reads after the flow's last lossy record goes unnamed; 1 of 156 was seen).
+fn named(segment: &serde_json::Value, reason: &str, count: u64) {
+    let n = segment["drops"][reason].as_u64().unwrap_or(0);
+    assert!(n <= count && (count - n) * 100 <= count, "{reason}: {n} named of {count}: {segment}");
+}
+
+/// Counter `what` ("packets " of nftables, "dropped " of tc) of a listing.
+fn counter(listing: &str, what: &str) -> u64 {
+    listing
+        .split(what)
+        .nth(1)
+        .and_then(|s| s.split([',', ' ']).next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no {what:?} in {listing}"))
+}
+
+/// A host on eBPF (a Linux bridge, the programs at its two ports) and a host on Telemark's
+/// AF_PACKET switch on one path, a link between them, one collector:
+///
+/// ```text
+/// s ── h1-in [h1: br0, eBPF agent] h1-out ── [link: bridge] ── h2-in [h2: AF_PACKET switch] h2-out ── d
+/// ```
+///
+/// Inside h1, nftables (bridge family) drops a share of the flow and `tbf` on h1-out
+/// congests: both are h1's loss (the queue drops after the egress hook counted the packets,
+/// and the drop program takes them back), named NETFILTER_DROP and QDISC_DROP with the
+/// kernel's counts. nftables in the link's bridge drops on the link: the collector finds it on
+/// the segment from h1's exit to the switch's ingress. The switch's own segment is clean.
+#[test]
+fn an_ebpf_bridge_host_and_an_afpacket_switch_share_one_path() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    use telemark_agent::{Agent, FileConfig};
+    use telemark_collector::api::Request;
+    use telemark_collector::{now_ns, Collector, Config};
+
+    let (s, h1, l, h2, d) = (
+        Netns::new("bs"),
+        Netns::new("bh1"),
+        Netns::new("bl"),
+        Netns::new("bh2"),
+        Netns::new("bd"),
+    );
+    let pid = std::process::id();
+    sh(&format!("ip link add tmb{pid}a netns {} type veth peer name h1-in netns {}", s.0, h1.0));
+    sh(&format!("ip link add h1-out netns {} type veth peer name l-a netns {}", h1.0, l.0));
+    sh(&format!("ip link add l-b netns {} type veth peer name h2-in netns {}", l.0, h2.0));
+    sh(&format!("ip link add h2-out netns {} type veth peer name tmb{pid}b netns {}", h2.0, d.0));
+    s.exec(&format!("ip link set tmb{pid}a name s0"));
+    d.exec(&format!("ip link set tmb{pid}b name d0"));
+    s.exec("ip addr add 10.81.0.1/24 dev s0");
+    d.exec("ip addr add 10.81.0.2/24 dev d0");
+    for (ns, br, ports) in [(&h1, "br0", ["h1-in", "h1-out"]), (&l, "brl", ["l-a", "l-b"])] {
+        ns.exec(&format!("ip link add {br} type bridge"));
+        for p in ports {
+            ns.exec(&format!("ip link set {p} master {br}"));
+            ns.exec(&format!("ip link set {p} up"));
+        }
+        ns.exec(&format!("ip link set {br} up"));
+    }
+    for (ns, dev) in [(&s, "s0"), (&d, "d0"), (&h2, "h2-in"), (&h2, "h2-out")] {
+        ns.exec(&format!("ip link set {dev} up"));
+    }
+    // The AF_PACKET switch needs whole frames with their checksums.
+    for (ns, dev) in [(&s, "s0"), (&d, "d0"), (&h2, "h2-in"), (&h2, "h2-out")] {
+        ns.exec(&format!("ethtool -K {dev} tx off tso off gso off gro off"));
+    }
+    h1.exec(
+        "nft 'add table bridge tmb; add chain bridge tmb fw { type filter hook forward priority 0; }; \
+         add rule bridge tmb fw udp dport 7777 numgen random mod 20 == 0 counter drop'",
+    );
+    h1.exec("tc qdisc add dev h1-out root tbf rate 20mbit burst 16kb limit 30kb");
+    l.exec(
+        "nft 'add table bridge tml; add chain bridge tml fw { type filter hook forward priority 0; }; \
+         add rule bridge tml fw udp dport 7777 numgen random mod 25 == 0 counter drop'",
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        db: dir.path().join("collector.db"),
+        ..Config::default()
+    };
+    let c = Collector::start(&cfg).unwrap();
+    let url = format!("http://{}", c.addr);
+    let export =
+        format!("[export]\ncollector = \"{url}\"\ninterval = \"200ms\"\nreport_all = true\n");
+    let start =
+        |toml: String| Agent::start(FileConfig::parse(&toml).unwrap().validate().unwrap()).unwrap();
+    let a1 = start(format!(
+        "agent = \"h1\"\nnetns = \"{}\"\n[ebpf]\nperiod = \"50ms\"\n\
+         [[port]]\ninterface = \"h1-in\"\nmark = true\n[[port]]\ninterface = \"h1-out\"\n{export}",
+        h1.0
+    ));
+    let a2 = start(format!(
+        "agent = \"h2\"\nnetns = \"{}\"\n[[pair]]\na = \"h2-in\"\nb = \"h2-out\"\n\
+         upstream_a = \"h1/out:{}:h1-out\"\n[loss]\nperiod = \"50ms\"\n{export}",
+        h2.0, h1.0
+    ));
+    std::thread::sleep(Duration::from_millis(700));
+
+    let rx = {
+        let d = d.0.clone();
+        std::thread::spawn(move || {
+            in_ns(&d, || {
+                let sock = UdpSocket::bind("10.81.0.2:7777").unwrap();
+                sock.set_read_timeout(Some(Duration::from_millis(1000))).unwrap();
+                let mut buf = [0u8; 2048];
+                let mut n = 0u64;
+                while sock.recv(&mut buf).is_ok() {
+                    n += 1;
+                }
+                n
+            })
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    const SENT: u64 = 8000;
+    in_ns(&s.0, || {
+        let sock = UdpSocket::bind("10.81.0.1:6666").unwrap();
+        let payload = [0u8; 1000];
+        for i in 0..SENT {
+            sock.send_to(&payload, "10.81.0.2:7777").unwrap();
+            // ~40 Mbit/s in bursts of 40 datagrams, twice what tbf lets through.
+            if i % 40 == 39 {
+                std::thread::sleep(Duration::from_millis(8));
+            }
+        }
+    });
+    let received = rx.join().unwrap();
+    let nft_h1 = counter(&h1.exec("nft list chain bridge tmb fw"), "packets ");
+    let tbf = counter(&h1.exec("tc -s qdisc show dev h1-out"), "dropped ");
+    let nft_link = counter(&l.exec("nft list chain bridge tml fw"), "packets ");
+    assert_eq!(
+        received + nft_h1 + tbf + nft_link,
+        SENT,
+        "h1 nft {nft_h1}, tbf {tbf}, link {nft_link}"
+    );
+    assert!(
+        tbf > 50 && nft_h1 > 50 && nft_link > 50,
+        "h1 nft {nft_h1}, tbf {tbf}, link {nft_link}"
+    );
+    let st2 = a2.stop();
+    a1.stop();
+    std::thread::sleep(Duration::from_millis(500));
+
+    let q = "src=10.81.0.1&dst=10.81.0.2&sport=6666&dport=7777&proto=17";
+    let r = c.api.handle(&Request::get(&format!("/api/v1/localise?{q}")), now_ns());
+    assert_eq!(r.status, 200);
+    let loc: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    eprintln!(
+        "h1: nft {nft_h1}, tbf {tbf}; link: nft {nft_link}; switch's own drops {}; localise: {loc:#}",
+        st2.path.rx_ring_drops + st2.path.tx_drops
+    );
+    let segs = loc["segments"].as_array().unwrap();
+    let seg = |agent: &str, point: &str| {
+        segs.iter()
+            .find(|s| s["agent"] == agent && s["point"] == point)
+            .unwrap_or_else(|| panic!("no segment ending at {agent}/{point}: {loc:#}"))
+    };
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    let within = |got: u64, want: u64| got.abs_diff(want) * 100 <= want * 3;
+    // Inside h1: both of the kernel's drops, each under its own reason.
+    let inside = seg("h1", &format!("out:{}:h1-out", h1.0));
+    assert_eq!(inside["from"], format!("h1/mark:{}:h1-in", h1.0), "{inside}");
+    let h1_truth = nft_h1 + tbf;
+    assert_eq!(n(&inside["lost"]) + n(&inside["uncertain"]), h1_truth, "inside h1: {inside}");
+    assert!(within(n(&inside["lost"]), h1_truth), "inside h1: {inside} against {h1_truth}");
+    named(inside, "NETFILTER_DROP", nft_h1);
+    named(inside, "QDISC_DROP", tbf);
+    // The link, into the AF_PACKET switch.
+    let link = seg("h2", "ingress");
+    assert_eq!(link["from"], format!("h1/out:{}:h1-out", h1.0), "{link}");
+    assert_eq!(n(&link["lost"]) + n(&link["uncertain"]), nft_link, "link: {link}");
+    assert!(within(n(&link["lost"]), nft_link), "link: {link} against nft's {nft_link}");
+    // The switch itself: clean.
+    let through = seg("h2", "egress");
+    assert_eq!(n(&through["lost"]) + n(&through["uncertain"]), 0, "switch: {through}");
+    // The verdict names the segment that lost most: inside h1.
+    assert_eq!(loc["verdict"]["agent"], "h1", "verdict: {}", loc["verdict"]);
+    assert_eq!(
+        loc["verdict"]["point"],
+        format!("out:{}:h1-out", h1.0),
+        "verdict: {}",
+        loc["verdict"]
+    );
 }

@@ -95,6 +95,27 @@ pub fn consumed_reason() -> u32 {
         .unwrap_or(u32::MAX)
 }
 
+/// The drop reasons of egress queues (qdiscs), which drop after the tc egress hook: the reason
+/// names of Linux 6.18 and before that mean it.
+const EGRESS_QUEUE_REASONS: [&str; 7] = [
+    "QDISC_DROP",
+    "QDISC_OVERLIMIT",
+    "QDISC_CONGESTED",
+    "CAKE_FLOOD",
+    "FQ_BAND_LIMIT",
+    "FQ_FLOW_LIMIT",
+    "FQ_HORIZON_LIMIT",
+];
+
+/// This kernel's numbers for the reasons an egress queue drops with.
+pub fn egress_queue_reasons() -> Vec<u32> {
+    drop_reasons()
+        .into_iter()
+        .filter(|(_, n)| EGRESS_QUEUE_REASONS.contains(&n.as_str()))
+        .filter_map(|(v, _)| u32::try_from(v).ok())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -158,11 +158,15 @@ pub enum Stat {
     DropsFull,
     Unattached,
     Overrun,
+    /// Dropped by an egress queue after the egress point counted it: taken back.
+    QueueUncounted,
+    /// Such a drop whose count could not be taken back (read already, or counted late).
+    QueueMissed,
 }
 
 impl Stat {
     /// Every counter, in map order.
-    pub const ALL: [Stat; 14] = [
+    pub const ALL: [Stat; 16] = [
         Stat::In,
         Stat::Out,
         Stat::NotIp,
@@ -177,7 +181,19 @@ impl Stat {
         Stat::DropsFull,
         Stat::Unattached,
         Stat::Overrun,
+        Stat::QueueUncounted,
+        Stat::QueueMissed,
     ];
+}
+
+/// `enum tm_drop_place`: where the kernel drops for a reason, as the points see it.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropPlace {
+    /// Before the egress hook: never counted out.
+    BeforeEgress = 0,
+    /// In the egress queue (a qdisc), after the egress hook counted the packet.
+    EgressQueue = 1,
 }
 
 /// Drop reasons counted per reason (`TM_REASONS`).

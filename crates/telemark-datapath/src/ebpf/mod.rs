@@ -178,6 +178,7 @@ impl Programs {
         let hook = Hook::for_this_kernel();
         let mut p = Programs { ebpf, hook, attached: Default::default(), drops_unavailable: None };
         p.set_settings(settings)?;
+        p.set_drop_places()?;
         p.drops_unavailable = p.attach_drops(&btf).err();
         Ok(p)
     }
@@ -191,6 +192,17 @@ impl Programs {
             .map_err(|e: aya::programs::ProgramError| e.to_string())?;
         prog.load("kfree_skb", btf).map_err(|e| verifier(&e))?;
         prog.attach().map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// Tells the drop program which reasons are an egress queue's (from the kernel's BTF).
+    fn set_drop_places(&mut self) -> Result<(), Error> {
+        let mut a: Array<&mut MapData, u8> =
+            Array::try_from(self.ebpf.map_mut("drop_places").expect("drop_places map"))
+                .map_err(map_err("drop_places"))?;
+        for r in btf::egress_queue_reasons().into_iter().filter(|r| *r < maps::REASONS) {
+            a.set(r, maps::DropPlace::EgressQueue as u8, 0).map_err(map_err("drop_places"))?;
+        }
         Ok(())
     }
 
