@@ -273,8 +273,8 @@ impl EbpfPath {
 
     /// Reads the counters: final periods become closed batches, late packets late events.
     fn sweep(&mut self) {
-        if let Ok(true) = self.programs.refresh_tai_offset() {
-            tracing::info!("eBPF: the kernel's TAI offset changed (a leap second): followed");
+        if let Ok(true) = self.programs.refresh_clocks() {
+            tracing::info!("eBPF: the clock was set or a leap second passed: followed");
         }
         let now = ebpf::now();
         let mut out = Vec::new();

@@ -70,11 +70,25 @@ pub struct Settings {
     pub colour_bit: u8,
     /// `enum tm_restore`, set by the kernel.
     pub restore: u8,
-    pub pad: [u8; 2],
+    /// [`Clock`]: set by the loader.
+    pub clock: u8,
+    pub pad: u8,
     /// This kernel's `SKB_CONSUMED` (not a drop), or `u32::MAX`: set by the loader.
     pub consumed_reason: u32,
     /// CLOCK_TAI minus CLOCK_REALTIME: set by the loader ([`super::tai_offset_ns`]).
     pub tai_offset_ns: u64,
+    /// CLOCK_REALTIME minus CLOCK_MONOTONIC: set by the loader.
+    pub coarse_offset_ns: u64,
+}
+
+/// `enum tm_clock`: the clock a counting point reads.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clock {
+    /// The TSC-based clock: exact.
+    Fine = 0,
+    /// The clock as of the last tick: for guards of many ticks.
+    Coarse = 1,
 }
 
 /// `struct tm_key`: a flow at a point in one colour.
@@ -213,7 +227,7 @@ unsafe impl aya::Pod for DropKey {}
 const _: () = {
     assert!(core::mem::size_of::<Port>() == 4);
     assert!(core::mem::size_of::<DropPort>() == 16);
-    assert!(core::mem::size_of::<Settings>() == 32);
+    assert!(core::mem::size_of::<Settings>() == 40);
     assert!(core::mem::size_of::<Key>() == 40);
     assert!(core::mem::size_of::<Batch>() == 48);
     assert!(core::mem::size_of::<Slots>() == 96);

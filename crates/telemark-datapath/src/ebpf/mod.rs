@@ -19,7 +19,7 @@ use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMa
 use aya::programs::tc::{self, TcAttachOptions};
 use aya::programs::{BtfTracePoint, LinkOrder, SchedClassifier, TcAttachType};
 use aya::{Btf, Ebpf, EbpfLoader};
-use maps::{DropKey, DropPort, Key, Port, PortSlot, Settings, Slots, Stat, PORT_SLOTS};
+use maps::{Clock, DropKey, DropPort, Key, Port, PortSlot, Settings, Slots, Stat, PORT_SLOTS};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -217,26 +217,34 @@ impl Programs {
             Array::try_from(self.ebpf.map_mut("settings").expect("settings map"))
                 .map_err(map_err("settings"))?;
         let old = a.get(&0, 0).unwrap_or_default();
+        // A counting point may read the clock of the last tick where a tick is at most an
+        // eighth of the guard: a period is then told apart by ±1/8 guard at worst.
+        let clock = if coarse_tick_ns() * 8 <= s.guard_ns { Clock::Coarse } else { Clock::Fine };
         let s = Settings {
             restore: old.restore,
             consumed_reason: btf::consumed_reason(),
             tai_offset_ns: tai_offset_ns(),
+            clock: clock as u8,
+            coarse_offset_ns: coarse_offset_ns(),
             ..s
         };
         a.set(0, s, 0).map_err(map_err("settings"))
     }
 
-    /// Updates the programs' TAI offset if the kernel's changed (a leap second); true if so.
-    pub fn refresh_tai_offset(&mut self) -> Result<bool, Error> {
+    /// Updates the programs' clock offsets if the kernel's changed (a leap second, the clock
+    /// set); true if so.
+    pub fn refresh_clocks(&mut self) -> Result<bool, Error> {
         let mut a: Array<&mut MapData, Settings> =
             Array::try_from(self.ebpf.map_mut("settings").expect("settings map"))
                 .map_err(map_err("settings"))?;
         let mut s = a.get(&0, 0).map_err(map_err("settings"))?;
-        let offset = tai_offset_ns();
-        if s.tai_offset_ns == offset {
+        let (tai, coarse) = (tai_offset_ns(), coarse_offset_ns());
+        // The two reads behind the coarse offset are microseconds apart: a millisecond is a step.
+        if s.tai_offset_ns == tai && s.coarse_offset_ns.abs_diff(coarse) < 1_000_000 {
             return Ok(false);
         }
-        s.tai_offset_ns = offset;
+        s.tai_offset_ns = tai;
+        s.coarse_offset_ns = coarse;
         a.set(0, s, 0).map_err(map_err("settings"))?;
         Ok(true)
     }
@@ -660,6 +668,22 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
 /// Now on the programs' clock: Unix time (CLOCK_REALTIME), which they derive from CLOCK_TAI.
 pub fn now() -> u64 {
     clock_ns(libc::CLOCK_REALTIME)
+}
+
+/// CLOCK_REALTIME minus CLOCK_MONOTONIC (the coarse clock's base): the same until the clock
+/// is set.
+fn coarse_offset_ns() -> u64 {
+    clock_ns(libc::CLOCK_REALTIME).saturating_sub(clock_ns(libc::CLOCK_MONOTONIC))
+}
+
+/// How far the coarse clock moves at a time: the kernel's tick.
+fn coarse_tick_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-pointer.
+    if unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } != 0 {
+        return u64::MAX / 16;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The kernel's TAI offset (CLOCK_TAI minus CLOCK_REALTIME: 37 s since 2017 where chrony,
