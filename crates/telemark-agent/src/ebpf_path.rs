@@ -88,7 +88,11 @@ pub(crate) fn open(
         settings: eb.clone(),
         programs,
         events: prod,
-        reader: PeriodReader::new(eb.period_ns, eb.guard_ns),
+        reader: PeriodReader::with_settle(
+            eb.period_ns,
+            eb.guard_ns,
+            ebpf::settle_ns(eb.period_ns, eb.guard_ns),
+        ),
         attached: HashMap::new(),
         slots: HashMap::new(),
         ports: Vec::new(),
@@ -535,7 +539,7 @@ impl Datapath for EbpfPath {
         // hooks are removed: a stop loses no finished period.
         let t = self.settings.period_ns;
         let end = (ebpf::now() / t + 1) * t + self.settings.guard_ns;
-        let wait = end.saturating_sub(ebpf::now()) + 2 * periods_settle();
+        let wait = end.saturating_sub(ebpf::now()) + 2 * self.reader.settle_ns();
         std::thread::sleep(Duration::from_nanos(wait));
         self.sweep();
         for (_, ev) in std::mem::take(&mut self.held) {
@@ -547,10 +551,6 @@ impl Datapath for EbpfPath {
         self.publish(shared);
         done.store(true, Ordering::Release);
     }
-}
-
-fn periods_settle() -> u64 {
-    telemark_datapath::ebpf::periods::SETTLE_NS
 }
 
 #[cfg(test)]

@@ -132,7 +132,31 @@ pub fn segments(points: &[PointRecords]) -> Vec<Segment> {
             };
             let up = &points[u];
             if up.every_batch && p.every_batch {
-                let m = match_batches(&up.batches, &p.batches, 0, up.ended);
+                // Every batch `up` reported lost something: that it reported them all is only
+                // seen from the stream being unbroken (`unbroken`), which says nothing of the
+                // time before its first batch or after its last. Line up only the downstream
+                // batches that begin within that span (and half a batch after it: the delay).
+                let inferred = up.lossy_batches >= up.batches.len() as u64;
+                let half = up
+                    .batches
+                    .iter()
+                    .map(|b| b.last_ns.saturating_sub(b.first_ns))
+                    .max()
+                    .unwrap_or(0)
+                    / 2;
+                let down: Vec<Batch> = match (inferred, up.batches.first(), up.batches.last()) {
+                    (true, Some(first), Some(last)) => p
+                        .batches
+                        .iter()
+                        .filter(|d| {
+                            d.first_ns >= first.first_ns
+                                && d.first_ns <= last.last_ns.saturating_add(half)
+                        })
+                        .copied()
+                        .collect(),
+                    _ => p.batches.clone(),
+                };
+                let m = match_batches(&up.batches, &down, 0, up.ended);
                 // Saturating: stored counts are at most 2^53 - 1 each, not their sums.
                 let lost = m.iter().fold(0u64, |t, b| t.saturating_add(b.lost));
                 let expected = m.iter().fold(0u64, |t, b| t.saturating_add(b.expected));

@@ -363,12 +363,13 @@ static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u
 	v->cur.last_ns = now;
 }
 
-/* Takes back `segs` packets (`len` bytes) that `point`, an egress point, counted and its
- * interface's egress queue then dropped: they never left, so the host lost them (its inside
- * segment), and the queue's drop reason names it. Drops that come after their period was read,
- * or of packets counted late, are left as they are (then the link after the point shows them). */
-static __always_inline void uncount(struct tm_key *k, __u8 point, __u8 colour, __u32 len,
-				    __u32 segs, __u64 now, const struct tm_settings *s)
+/* Takes back `segs` packets (`len` bytes) of colour `colour` that `point`, an egress point,
+ * counted and its interface's egress queue then dropped: they never left, so the host lost
+ * them (its inside segment), and the queue's drop reason names it. Returns whether it could:
+ * drops that come after their period was read, or of packets counted late, are left as they
+ * are (then the link after the point shows them). */
+static __always_inline int uncount(struct tm_key *k, __u8 point, __u8 colour, __u32 len,
+				   __u32 segs, __u64 now, const struct tm_settings *s)
 {
 	int late;
 	__u64 period = period_of(now, colour, s, &late);
@@ -384,13 +385,11 @@ static __always_inline void uncount(struct tm_key *k, __u8 point, __u8 colour, _
 	}
 	/* Another CPU may have counted it: this CPU's count is taken from only if it has as many
 	 * (user space sums the CPUs). */
-	if (!b || b->packets < segs || b->bytes < len) {
-		bump(TM_STAT_QUEUE_MISSED);
-		return;
-	}
+	if (!b || b->packets < segs || b->bytes < len)
+		return 0;
 	b->packets -= segs;
 	b->bytes -= len;
-	bump(TM_STAT_QUEUE_UNCOUNTED);
+	return 1;
 }
 
 /* Now, in Unix time (BPF has no CLOCK_REALTIME; TAI moves with it, a fixed offset apart). */
@@ -607,7 +606,19 @@ int tm_drop(__u64 *ctx)
 		struct tm_key k = dk.flow;
 		/* The fine clock: tracing programs may not read the coarse one, and the counting
 		 * point's tick of error is well inside the guard period_of() allows. */
-		uncount(&k, port->out_point, colour, skb->len, packets, unix_now(s), s);
+		__u64 now = unix_now(s);
+		int done;
+		if (port->out_action == TM_OUT_UNMARK) {
+			/* The exit gave the packet its own DSCP bit back, so the colour it was
+			 * counted in is not in it. It was counted moments ago: in the current
+			 * period's colour, or, a straggler, the other. */
+			__u8 current = (now / s->period_ns) & 1;
+			done = uncount(&k, port->out_point, current, skb->len, packets, now, s) ||
+			       uncount(&k, port->out_point, current ^ 1, skb->len, packets, now, s);
+		} else {
+			done = uncount(&k, port->out_point, colour, skb->len, packets, now, s);
+		}
+		bump(done ? TM_STAT_QUEUE_UNCOUNTED : TM_STAT_QUEUE_MISSED);
 	}
 	dk.reason = reason;
 	__u64 *c = bpf_map_lookup_elem(&drops, &dk);

@@ -167,14 +167,7 @@ impl Programs {
             .map_max_entries("counts", flows.max(16))
             .load(&OBJECT.0)
             .map_err(|e| load_err(format!("{e:#}")))?;
-        for name in [INGRESS_PROGRAM, EGRESS_PROGRAM] {
-            let prog: &mut SchedClassifier = ebpf
-                .program_mut(name)
-                .ok_or_else(|| load_err(format!("no program {name} in the object")))?
-                .try_into()
-                .map_err(load_err)?;
-            prog.load().map_err(|e| load_err(verifier(&e)))?;
-        }
+        load_tc_programs(&mut ebpf, &[INGRESS_PROGRAM, EGRESS_PROGRAM])?;
         let hook = Hook::for_this_kernel();
         let mut p = Programs { ebpf, hook, attached: Default::default(), drops_unavailable: None };
         p.set_settings(settings)?;
@@ -217,9 +210,7 @@ impl Programs {
             Array::try_from(self.ebpf.map_mut("settings").expect("settings map"))
                 .map_err(map_err("settings"))?;
         let old = a.get(&0, 0).unwrap_or_default();
-        // A counting point may read the clock of the last tick where a tick is at most an
-        // eighth of the guard: a period is then told apart by ±1/8 guard at worst.
-        let clock = if coarse_tick_ns() * 8 <= s.guard_ns { Clock::Coarse } else { Clock::Fine };
+        let clock = clock_for(s.period_ns, s.guard_ns);
         let s = Settings {
             restore: old.restore,
             consumed_reason: btf::consumed_reason(),
@@ -430,6 +421,19 @@ impl Programs {
     }
 }
 
+/// Loads (verifies) the tc programs `names` of `ebpf`.
+fn load_tc_programs(ebpf: &mut Ebpf, names: &[&str]) -> Result<(), Error> {
+    for name in names {
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .ok_or_else(|| load_err(format!("no program {name} in the object")))?
+            .try_into()
+            .map_err(load_err)?;
+        prog.load().map_err(|e| load_err(verifier(&e)))?;
+    }
+    Ok(())
+}
+
 /// Attaches tc program `name` of `ebpf` (loaded) to this namespace's `iface` at `kind`, by
 /// `hook`. A clsact filter of that name a crashed run left there is removed first.
 fn attach_tc(
@@ -521,14 +525,7 @@ impl Reference {
     pub fn load(hook: Hook) -> Result<Reference, Error> {
         let mut ebpf =
             EbpfLoader::new().load(&REFERENCE_OBJECT.0).map_err(|e| load_err(format!("{e:#}")))?;
-        for name in REFERENCE_PROGRAMS {
-            let prog: &mut SchedClassifier = ebpf
-                .program_mut(name)
-                .ok_or_else(|| load_err(format!("no program {name} in the object")))?
-                .try_into()
-                .map_err(load_err)?;
-            prog.load().map_err(|e| load_err(verifier(&e)))?;
-        }
+        load_tc_programs(&mut ebpf, &REFERENCE_PROGRAMS)?;
         Ok(Reference { ebpf, hook, links: Vec::new() })
     }
 
@@ -674,6 +671,28 @@ pub fn now() -> u64 {
 /// is set.
 fn coarse_offset_ns() -> u64 {
     clock_ns(libc::CLOCK_REALTIME).saturating_sub(clock_ns(libc::CLOCK_MONOTONIC))
+}
+
+/// The clock counting points read with periods of `period_ns` and a guard of `guard_ns`: the
+/// coarse one where a tick is at most an eighth of both the guard and the early window
+/// (`period - guard`, where a packet the marker coloured for the next period may come), so a
+/// tick's lag moves a packet's time by at most 1/8 of either.
+pub fn clock_for(period_ns: u64, guard_ns: u64) -> Clock {
+    let window = guard_ns.min(period_ns.saturating_sub(guard_ns));
+    if coarse_tick_ns().saturating_mul(8) <= window {
+        Clock::Coarse
+    } else {
+        Clock::Fine
+    }
+}
+
+/// How long after a period's guard to wait before reading it: 1 ms, and a tick more where
+/// counting points read the coarse clock (a packet's time may lag by up to a tick).
+pub fn settle_ns(period_ns: u64, guard_ns: u64) -> u64 {
+    match clock_for(period_ns, guard_ns) {
+        Clock::Coarse => periods::SETTLE_NS + coarse_tick_ns(),
+        Clock::Fine => periods::SETTLE_NS,
+    }
 }
 
 /// How far the coarse clock moves at a time: the kernel's tick.

@@ -10,7 +10,8 @@ use super::maps::{Key, Slots};
 use std::collections::HashMap;
 
 /// Time after the guard before a period is read: a program that took its timestamp just
-/// before the guard ended may still be adding to the slot on another CPU.
+/// before the guard ended may still be adding to the slot on another CPU. Counting points on
+/// the coarse clock add a tick ([`super::settle_ns`]).
 pub const SETTLE_NS: u64 = 1_000_000;
 
 /// One final period of one flow at one point, summed over CPUs.
@@ -47,18 +48,30 @@ struct Reported {
 pub struct PeriodReader {
     period_ns: u64,
     guard_ns: u64,
+    settle_ns: u64,
     reported: HashMap<Key, Reported>,
 }
 
 impl PeriodReader {
-    /// A reader for periods of `period_ns` with a guard of `guard_ns` (< `period_ns`).
+    /// A reader for periods of `period_ns` with a guard of `guard_ns` (< `period_ns`), which
+    /// waits [`SETTLE_NS`] after the guard.
     pub fn new(period_ns: u64, guard_ns: u64) -> Self {
-        PeriodReader { period_ns: period_ns.max(1), guard_ns, reported: HashMap::new() }
+        Self::with_settle(period_ns, guard_ns, SETTLE_NS)
     }
 
-    /// The newest period that is final at `now` (its guard and [`SETTLE_NS`] passed).
+    /// The same, waiting `settle_ns` after the guard.
+    pub fn with_settle(period_ns: u64, guard_ns: u64, settle_ns: u64) -> Self {
+        PeriodReader { period_ns: period_ns.max(1), guard_ns, settle_ns, reported: HashMap::new() }
+    }
+
+    /// How long after a period's guard it is read.
+    pub fn settle_ns(&self) -> u64 {
+        self.settle_ns
+    }
+
+    /// The newest period that is final at `now` (its guard and the settling time passed).
     pub fn final_upto(&self, now: u64) -> u64 {
-        let t = now.saturating_sub(self.guard_ns + SETTLE_NS);
+        let t = now.saturating_sub(self.guard_ns + self.settle_ns);
         (t / self.period_ns).saturating_sub(1)
     }
 
