@@ -57,6 +57,27 @@ pub struct Sent {
     pub skipped: u64,
 }
 
+impl FlowSpec {
+    /// One constant-rate UDP flow from port 1000 to port 2000 of `payload`-byte datagrams
+    /// (what the forwarding benchmarks send).
+    pub fn constant_udp(
+        (src, dst): (std::net::IpAddr, std::net::IpAddr),
+        (src_mac, dst_mac): ([u8; 6], [u8; 6]),
+        payload: usize,
+        pps: u64,
+    ) -> FlowSpec {
+        FlowSpec {
+            key: FlowKey { src, dst, sport: 1000, dport: 2000, proto: 17, spi: None, si: None },
+            src_mac,
+            dst_mac,
+            payload,
+            pps,
+            catch_up: catch_up(pps),
+            churn: false,
+        }
+    }
+}
+
 /// The most packets a sender that fell behind sends back to back to catch up: one
 /// millisecond of the flow, at least 64. A constant-rate flow stays one: a sender stalled
 /// for 100 ms by a busy machine would otherwise send 100 ms of packets at once, and a burst

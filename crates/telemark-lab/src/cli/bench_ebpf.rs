@@ -274,23 +274,12 @@ struct Figures {
 /// 64-byte UDP frames of one flow sent from s0 by the lab's packet sender (iperf3's UDP
 /// sender cannot fill the path: one system call a packet).
 fn udp64(a: &Args) -> Result<()> {
-    let spec = FlowSpec {
-        key: telemark_wire::FlowKey {
-            src: "10.77.0.1".parse().context("addr")?,
-            dst: RECEIVER.parse().context("addr")?,
-            sport: 1000,
-            dport: 2000,
-            proto: 17,
-            spi: None,
-            si: None,
-        },
-        src_mac: [2, 0, 0, 0, 77, 1],
-        dst_mac: [2, 0, 0, 0, 77, 2],
-        payload: 22,
-        pps: a.pps,
-        catch_up: traffic::catch_up(a.pps),
-        churn: false,
-    };
+    let spec = FlowSpec::constant_udp(
+        ("10.77.0.1".parse().context("addr")?, RECEIVER.parse().context("addr")?),
+        ([2, 0, 0, 0, 77, 1], [2, 0, 0, 0, 77, 2]),
+        22,
+        a.pps,
+    );
     let stop = AtomicBool::new(false);
     traffic::send(Some("tme-s"), "s0", &spec, Duration::from_secs(a.seconds), &stop)?;
     Ok(())

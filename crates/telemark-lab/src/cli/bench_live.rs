@@ -124,23 +124,12 @@ fn round(mode: &str, a: &Args) -> Result<(f64, f64, f64, f64)> {
     };
     let before = rx_k0()?;
     let stop = AtomicBool::new(false);
-    let spec = FlowSpec {
-        key: telemark_wire::FlowKey {
-            src: "10.9.0.1".parse().context("addr")?,
-            dst: "10.9.0.2".parse().context("addr")?,
-            sport: 1000,
-            dport: 2000,
-            proto: 17,
-            spi: None,
-            si: None,
-        },
-        src_mac: [2, 0, 0, 0, 9, 1],
-        dst_mac: [2, 0, 0, 0, 9, 2],
-        payload: 18,
-        pps: a.pps,
-        catch_up: traffic::catch_up(a.pps),
-        churn: false,
-    };
+    let spec = FlowSpec::constant_udp(
+        ("10.9.0.1".parse().context("addr")?, "10.9.0.2".parse().context("addr")?),
+        ([2, 0, 0, 0, 9, 1], [2, 0, 0, 0, 9, 2]),
+        18,
+        a.pps,
+    );
     let sent =
         traffic::send(Some("tmb-s"), "s0", &spec, Duration::from_secs(a.seconds), &stop)?.sent;
     std::thread::sleep(Duration::from_millis(100));
