@@ -117,7 +117,7 @@ impl Aggregation {
                 emit(&mut out, r);
             }
             records += self.drain_int_events(&mut out);
-            records += self.drain_heavy_hitters(&mut out);
+            records += self.drain_heavy_hitters(&mut out, shared);
             let now = now_ns();
             if now >= next_summary {
                 let snap = shared.path.lock().map(|s| s.clone()).unwrap_or_default();
@@ -175,7 +175,7 @@ impl Aggregation {
         }
         // The fast path closed every batch: resolve and export the rest.
         records += self.drain_int_events(&mut out);
-        records += self.drain_heavy_hitters(&mut out);
+        records += self.drain_heavy_hitters(&mut out, shared);
         self.cons.drain(|ev| self.agg.handle(ev));
         self.agg.flush();
         while let Some(r) = self.agg.poll_record() {
@@ -231,11 +231,17 @@ impl Aggregation {
 
     /// Heavy flows of the windows the fast path closed, as `flow` records; how many. Every
     /// window, heavy flows or not, goes into the next health record.
-    fn drain_heavy_hitters(&mut self, out: &mut Out) -> u64 {
+    fn drain_heavy_hitters(&mut self, out: &mut Out, shared: &Shared) -> u64 {
         let Some(cons) = &self.hh_windows else { return 0 };
         let mut n = 0;
+        let mut names: Option<Vec<String>> = None;
         while let Some(w) = cons.pop() {
-            let port = self.port_names().get(usize::from(w.port)).cloned().unwrap_or_default();
+            // The eBPF datapath's ports are the interfaces it attached to so far.
+            let names = names.get_or_insert_with(|| match &self.cfg.ebpf {
+                Some(_) => shared.port_labels.lock().map(|v| v.clone()).unwrap_or_default(),
+                None => self.port_names(),
+            });
+            let port = names.get(usize::from(w.port)).cloned().unwrap_or_default();
             for f in &w.hh.flows {
                 let r = FlowRecord::heavy(&self.cfg.agent, &port, (w.start_ns, w.end_ns), &w.hh, f);
                 emit(out, Record::Flow(r));

@@ -1040,6 +1040,15 @@ impl FileConfig {
             let section = self.ebpf.unwrap_or_default();
             Some(section.validate(self.port, &self.netns, loss.period_ns)?)
         };
+        let ipfix = self.ipfix.map(IpfixSection::validate).transpose()?;
+        if let (Some(_), Some(x)) = (&ebpf, &ipfix) {
+            if x.settings.rate != 1 {
+                return Err(invalid(
+                    "ipfix.sampling: the eBPF datapath counts every packet of every flow; \
+                     leave sampling at 1",
+                ));
+            }
+        }
         Ok(AgentConfig {
             agent: self.agent,
             netns: self.netns,
@@ -1066,7 +1075,7 @@ impl FileConfig {
             measure: self.measure.unwrap_or(true),
             quiet: false,
             sflow: self.sflow.map(SflowSection::validate).transpose()?,
-            ipfix: self.ipfix.map(IpfixSection::validate).transpose()?,
+            ipfix,
             heavy_hitters: self.heavy_hitters.map(HeavyHittersSection::validate).transpose()?,
             ebpf,
         })
@@ -1143,6 +1152,10 @@ mod tests {
             ("[[tap]]\nport = \"t0\"\n[ebpf]\n", "[ebpf] without [[port]]"),
             ("[[tap]]\nport = \"t0\"\n[[port]]\ninterface = \"x\"\n", "two datapaths"),
             ("[[port]]\ninterface = \"x\"\nmarks = true\n", "unknown field"),
+            (
+                "[[port]]\ninterface = \"x\"\n[ipfix]\ncollectors = [\"127.0.0.1:4739\"]\nsampling = 10\n",
+                "leave sampling at 1",
+            ),
         ] {
             let err = FileConfig::parse(&format!("{base}{extra}"))
                 .and_then(FileConfig::validate)

@@ -10,7 +10,9 @@
 
 use crate::config::{AgentConfig, EbpfPortConfig, EbpfSettings};
 use crate::datapath::{Datapath, Started};
+use crate::ebpf_flows::EbpfFlows;
 use crate::error::AgentError;
+use crate::flow_export::PortInfo;
 use crate::shared::Shared;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,11 +23,14 @@ use telemark_datapath::ebpf::maps::{
     DropKey, EgressAction, IngressAction, Key, Port, Settings, Stat,
 };
 use telemark_datapath::ebpf::periods::{PeriodReader, Reading};
-use telemark_datapath::ebpf::{self, Attached, Programs, Target};
+use telemark_datapath::ebpf::{self, Attached, Programs, Samples, Target};
 use telemark_wire::FlowKey;
 
 /// Interfaces the kernel programs tell apart: two points each (ingress 2i, egress 2i + 1).
 const MAX_PORTS: usize = 127;
+
+/// Pages of each CPU's perf buffer of sampled packets (64 × 4 KiB).
+const SAMPLE_PAGES: usize = 64;
 
 pub(crate) struct EbpfPath {
     agent: String,
@@ -45,6 +50,15 @@ pub(crate) struct EbpfPath {
     points: usize,
     /// Each flow's ingress point, as last seen.
     flow_in: HashMap<FlowKey, u8>,
+    /// The port (slot) each flow last left by.
+    flow_out: HashMap<FlowKey, usize>,
+    /// The flow meter and heavy-hitter stages (ebpf_flows.rs), and whether sFlow or IPFIX is on.
+    flows: EbpfFlows,
+    meter: bool,
+    /// Each slot's interface as sFlow and IPFIX name it.
+    port_infos: Vec<PortInfo>,
+    /// The kernel's sampled packets (with `[sflow]`).
+    samples: Option<Samples>,
     /// Targets that failed to attach, so each failure is logged once.
     failed: HashMap<Target, String>,
     refused_seen: Vec<u64>,
@@ -70,19 +84,34 @@ pub(crate) fn open(
     eb: &EbpfSettings,
     shared: std::sync::Arc<Shared>,
 ) -> Result<Started, AgentError> {
+    let sflow = cfg.sflow.as_ref().map(|s| s.settings);
     let settings = Settings {
         period_ns: eb.period_ns,
         guard_ns: eb.guard_ns,
         colour_bit: cfg.loss.color_bit,
+        sample_rate: sflow.map_or(0, |s| s.rate),
+        sample_bytes: sflow.map_or(0, |s| s.header_bytes as u32),
         ..Settings::default()
     };
-    let programs = Programs::load(eb.flows, settings)
-        .map_err(|e| AgentError::Port(std::io::Error::other(e.to_string())))?;
+    let load_err = |e: ebpf::Error| AgentError::Port(std::io::Error::other(e.to_string()));
+    let mut programs = Programs::load(eb.flows, settings).map_err(load_err)?;
+    // Each CPU's buffer holds about a thousand samples: several sweeps' worth at 1 in 400.
+    let samples = match sflow {
+        Some(_) => Some(programs.open_samples(SAMPLE_PAGES).map_err(load_err)?),
+        None => None,
+    };
     if let Some(why) = &programs.drops_unavailable {
         tracing::warn!("drop reasons unavailable (skb:kfree_skb): {why}");
     }
     let (prod, events) = spsc::channel::<BatchEvent>(1 << 16);
     let (_int_prod, int_events) = spsc::channel(16);
+    let (flows, meter_rings, hh_windows) = EbpfFlows::new(
+        cfg.sflow.is_some(),
+        cfg.ipfix.as_ref(),
+        cfg.heavy_hitters.as_ref(),
+        eb.period_ns,
+    );
+    let meter = cfg.sflow.is_some() || cfg.ipfix.is_some();
     let mut path = EbpfPath {
         agent: cfg.agent.clone(),
         settings: eb.clone(),
@@ -99,6 +128,11 @@ pub(crate) fn open(
         out_points: HashMap::new(),
         points: 0,
         flow_in: HashMap::new(),
+        flow_out: HashMap::new(),
+        flows,
+        meter,
+        port_infos: Vec::new(),
+        samples,
         failed: HashMap::new(),
         refused_seen: vec![0; 256],
         overruns: 0,
@@ -118,8 +152,8 @@ pub(crate) fn open(
         ports: Vec::new(),
         events,
         int_events,
-        hh_windows: None,
-        meter_rings: None,
+        hh_windows,
+        meter_rings: meter.then_some(meter_rings),
     })
 }
 
@@ -231,6 +265,7 @@ impl EbpfPath {
                     })
                     .ok_or("255 points taken")?;
                 self.ports.push((t.clone(), ingress, pc.clone()));
+                self.shared.port_labels.lock().unwrap_or_else(|p| p.into_inner()).push(label);
                 self.slots.insert(t.clone(), self.ports.len() - 1);
                 self.ports.len() - 1
             }
@@ -243,6 +278,15 @@ impl EbpfPath {
         };
         let attached = self.programs.attach(t, port).map_err(|e| e.to_string())?;
         tracing::info!("eBPF: attached to {} ({:?})", t.label(), attached.hook);
+        // sFlow and IPFIX name the port by its interface index (a re-created one has another).
+        if self.port_infos.len() <= slot {
+            self.port_infos.resize(slot + 1, PortInfo { ifindex: 0 });
+        }
+        self.port_infos[slot] = PortInfo { ifindex: attached.ifindex };
+        if self.meter {
+            *self.shared.new_ports.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(self.port_infos.clone());
+        }
         self.failed.remove(t);
         self.attached.insert(t.clone(), attached);
         Ok(())
@@ -296,9 +340,12 @@ impl EbpfPath {
         });
         for r in &out {
             if let Reading::Closed(c) = r {
-                if let Some((_, ingress, _)) = self.ports.get(usize::from(c.key.point / 2)) {
+                let slot = usize::from(c.key.point / 2);
+                if let Some((_, ingress, _)) = self.ports.get(slot) {
                     if c.key.point % 2 == 0 {
                         self.flow_in.insert(c.key.flow(), *ingress);
+                    } else if self.meter {
+                        self.flow_out.insert(c.key.flow(), slot);
                     }
                 }
             }
@@ -323,6 +370,13 @@ impl EbpfPath {
                     None => continue,
                 }
             };
+            if let Reading::Closed(c) = &r {
+                if key.point % 2 == 0 {
+                    self.flows.ingress(slot, self.flow_out.get(&flow).copied(), c);
+                } else {
+                    self.flows.egress(slot, c);
+                }
+            }
             let ordinal = (period as u32).max(1);
             let ev = match r {
                 Reading::Closed(c) => BatchEvent {
@@ -368,6 +422,29 @@ impl EbpfPath {
         }
         self.refusals();
         self.overruns();
+        self.flows.tick(now, self.reader.final_upto(now), self.ports.len());
+        self.samples();
+    }
+
+    /// Hands the packets the kernel sampled to the sFlow exporter, each with its port's
+    /// sample pool and lost samples as of now.
+    fn samples(&mut self) {
+        let Some(samples) = &mut self.samples else { return };
+        let points = 2 * self.ports.len() as u32;
+        let samplers = self.programs.samplers(points).unwrap_or_default();
+        let flows = &mut self.flows;
+        let ports = self.ports.len();
+        let (lost, bad) = samples.drain(|meta, bytes| {
+            let slot = usize::from(meta.in_point / 2);
+            let Some(&(pool, lost)) = samplers.get(usize::from(meta.in_point)) else { return };
+            if slot < ports {
+                flows.sampled(slot, &meta, bytes, pool, lost);
+            }
+        });
+        if bad > 0 {
+            tracing::warn!("eBPF: {bad} sampled packets were malformed");
+        }
+        self.flows.samples_lost(lost);
     }
 
     /// Periods overwritten before they were read make what the batches around them say
@@ -438,6 +515,9 @@ impl EbpfPath {
             }
             self.refused_seen[kp] = *n;
             let slot = kp / 2;
+            if kp % 2 == 0 {
+                self.flows.refused(slot);
+            }
             let points: Vec<u8> = if kp % 2 == 0 {
                 vec![self.ports[slot].1]
             } else {
@@ -480,6 +560,7 @@ impl EbpfPath {
             let live: std::collections::HashSet<FlowKey> =
                 self.reader.keys().map(|k| k.flow()).collect();
             self.flow_in.retain(|f, _| live.contains(f));
+            self.flow_out.retain(|f, _| live.contains(f));
             let mut pending = self.shared.pending_drops.lock().unwrap_or_else(|p| p.into_inner());
             pending.retain(|f, _| live.contains(f));
         }
@@ -514,6 +595,8 @@ impl EbpfPath {
         p.skipped = get(Stat::NotIp);
         p.event_drops = self.event_drops;
         p.learned = self.reader.len() as u64;
+        p.meter = self.meter.then(|| self.flows.meter_stats());
+        p.hh = self.flows.hh_stats();
     }
 }
 
@@ -545,6 +628,7 @@ impl Datapath for EbpfPath {
         for (_, ev) in std::mem::take(&mut self.held) {
             self.send(BatchEvent { tail: true, ..ev });
         }
+        self.flows.flush(self.ports.len());
         for (_, a) in std::mem::take(&mut self.attached) {
             self.programs.detach(a);
         }

@@ -125,6 +125,9 @@ impl Thread {
         loop {
             let finished = fast_done.load(Ordering::Acquire);
             let now = now_ns();
+            if let Some(ports) = shared.new_ports.lock().ok().and_then(|mut p| p.take()) {
+                self.ports = ports;
+            }
             let mut got = 0;
             if let (Some(s), Some(ring)) = (&mut self.sflow, &self.rings.samples) {
                 got += ring.drain(|p| s.sample(&p, &self.ports, &mut self.stats, now));

@@ -139,6 +139,11 @@ pub(crate) struct Shared {
     pub(crate) pending_drops: Mutex<HashMap<FlowKey, BTreeMap<String, u64>>>,
     /// All drops the kernel reported since start, per reason, watched flows or not (eBPF).
     pub(crate) kernel_drops: Mutex<Vec<(String, u64)>>,
+    /// The ports as sFlow and IPFIX name them, when a datapath changed them (the eBPF
+    /// datapath, as it attaches interfaces), for the flow-export thread to take.
+    pub(crate) new_ports: Mutex<Option<Vec<crate::flow_export::PortInfo>>>,
+    /// The eBPF datapath's ports by number, as its points name them (`ns:interface`).
+    pub(crate) port_labels: Mutex<Vec<String>>,
 }
 
 /// INT rules in force (what `GET /api/v1/int` shows) and those the fast path is to take next,

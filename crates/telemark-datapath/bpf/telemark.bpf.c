@@ -10,6 +10,8 @@
  *   period before: counted in time within the guard, as late after it. User space reads a
  *   period once its guard has passed (telemark_datapath::ebpf).
  * - tm_drop (tp_btf/kfree_skb): drops per flow and drop reason, and per reason for all.
+ * - With sFlow on, tm_ingress also samples one packet in N at each ingress point (sFlow v5's
+ *   random 1-in-N sampling) and sends its headers to user space through a perf buffer.
  *
  * Times are Unix time (CLOCK_TAI less the kernel's TAI offset), so that hosts synchronised by
  * NTP or PTP agree on the periods, with each other and with the AF_PACKET switch.
@@ -85,6 +87,10 @@ struct tm_settings {
 	__u64 tai_offset_ns;
 	/* CLOCK_REALTIME minus CLOCK_MONOTONIC: turns the coarse clock into Unix time. */
 	__u64 coarse_offset_ns;
+	/* sFlow: sample one packet in this many at each ingress point (0: no sampling). */
+	__u32 sample_rate;
+	/* sFlow: the most bytes of a sampled packet sent (its headers). */
+	__u32 sample_bytes;
 };
 
 /* One period's counts at one point, on one CPU. */
@@ -128,6 +134,8 @@ enum tm_stat {
 	TM_STAT_OVERRUN,         /* a period user space had not read was overwritten */
 	TM_STAT_QUEUE_UNCOUNTED, /* dropped by the egress queue after its egress point counted it */
 	TM_STAT_QUEUE_MISSED,    /* such a drop whose count was no longer there to take back */
+	TM_STAT_SAMPLED,         /* packets sampled for sFlow */
+	TM_STAT_SAMPLE_LOST,     /* of those, not sent: no room in the perf buffer */
 	TM_STAT_COUNT,
 };
 
@@ -140,6 +148,8 @@ enum tm_stat {
 enum tm_drop_place {
 	TM_DROP_BEFORE_EGRESS = 0, /* before the egress hook: the packet was never counted out */
 	TM_DROP_EGRESS_QUEUE = 1,  /* in the egress queue (a qdisc), after the egress hook */
+	TM_DROP_NOT_LOSS = 2,      /* a copy the host was not meant to keep (OTHERHOST after a
+				    * packet socket took its own): counted per reason only */
 };
 
 struct {
@@ -217,6 +227,36 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } stats SEC(".maps");
+
+/* sFlow's sampler at one ingress point, on one CPU (map "samplers", by point). */
+struct tm_sampler {
+	__u64 pool; /* packets it could have sampled (sFlow's sample_pool, summed over CPUs) */
+	__u32 skip; /* packets before the next sample */
+	__u32 lost; /* samples not sent: no room in the perf buffer (sFlow's drops) */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 256);
+	__type(key, __u32);
+	__type(value, struct tm_sampler);
+} samplers SEC(".maps");
+
+/* What precedes a sampled packet's bytes in the perf buffer "samples". */
+struct tm_sample {
+	__u32 ifindex;
+	__u32 frame_len;  /* a wire frame's length (a GSO or GRO skb's over its packets) */
+	__u32 header_len; /* bytes of the packet that follow */
+	__u8 in_point;
+	__u8 pad[3];
+};
+
+/* One buffer per CPU (the loader sizes it). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERF_EVENT_ARRAY);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(__u32));
+} samples SEC(".maps");
 
 static __always_inline void bump(__u32 stat)
 {
@@ -392,6 +432,39 @@ static __always_inline int uncount(struct tm_key *k, __u8 point, __u8 colour, __
 	return 1;
 }
 
+/* sFlow v5's packet sampling (sFlow v5 §4, "Packet Flow Sampling"): of the packets arriving at
+ * `point`, one in `sample_rate` at random, each gap drawn uniformly from 1 .. 2N - 1 (mean N).
+ * A GSO or GRO skb is its packets: they all add to the pool, and the skb is sampled when the
+ * gap ends inside it. */
+static __always_inline void sample(struct __sk_buff *skb, __u8 point, const struct tm_settings *s)
+{
+	__u32 p = point;
+	struct tm_sampler *sm = bpf_map_lookup_elem(&samplers, &p);
+	if (!sm)
+		return;
+	__u32 segs = wire_packets(skb);
+	sm->pool += segs;
+	if (sm->skip > segs) {
+		sm->skip -= segs;
+		return;
+	}
+	__u32 rate = s->sample_rate;
+	sm->skip = rate > 1 ? 1 + bpf_get_prandom_u32() % (2 * rate - 1) : 1;
+	__u64 n = skb->len < s->sample_bytes ? skb->len : s->sample_bytes;
+	struct tm_sample meta = {
+		.ifindex = skb->ifindex,
+		.frame_len = skb->len / segs,
+		.header_len = (__u32)n,
+		.in_point = point,
+	};
+	bump(TM_STAT_SAMPLED);
+	if (bpf_perf_event_output(skb, &samples, BPF_F_CURRENT_CPU | (n << 32), &meta,
+				  sizeof(meta)) != 0) {
+		sm->lost += 1;
+		bump(TM_STAT_SAMPLE_LOST);
+	}
+}
+
 /* Now, in Unix time (BPF has no CLOCK_REALTIME; TAI moves with it, a fixed offset apart). */
 static __always_inline __u64 unix_now(const struct tm_settings *s)
 {
@@ -437,6 +510,9 @@ int tm_ingress(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	}
 	bump(TM_STAT_IN);
+	/* Every frame, as it arrived (before a marker colours it). */
+	if (s->sample_rate && port->in_point != TM_NO_POINT)
+		sample(skb, port->in_point, s);
 	struct tm_key k = {};
 	struct tm_ip ip = {};
 	if (parse(skb, &ip, &k) != 0) {
@@ -571,6 +647,11 @@ int tm_drop(__u64 *ctx)
 	if (n)
 		*n += packets;
 
+	__u32 r = slot;
+	__u8 *place = bpf_map_lookup_elem(&drop_places, &r);
+	if (place && *place == TM_DROP_NOT_LOSS)
+		return 0;
+
 	/* Only drops on this agent's interfaces are its flows' drops. */
 	struct net_device *dev = skb->dev;
 	if (!dev)
@@ -598,8 +679,6 @@ int tm_drop(__u64 *ctx)
 		bump(TM_STAT_DROPS_UNPARSED);
 		return 0;
 	}
-	__u32 r = slot;
-	__u8 *place = bpf_map_lookup_elem(&drop_places, &r);
 	if (s && place && *place == TM_DROP_EGRESS_QUEUE && port->out_point != TM_NO_POINT) {
 		struct tm_ip ip = { .l3 = buf, .version = buf[0] >> 4 };
 		__u8 colour = colour_of(&ip, buf + sizeof(buf), tos_mask(s));

@@ -30,6 +30,9 @@ static __u64 (*bpf_ktime_get_tai_ns)(void) = (void *)BPF_FUNC_ktime_get_tai_ns;
 static __u64 (*bpf_ktime_get_coarse_ns)(void) = (void *)BPF_FUNC_ktime_get_coarse_ns;
 static long (*bpf_probe_read_kernel)(void *dst, __u32 size,
 				     const void *src) = (void *)BPF_FUNC_probe_read_kernel;
+static long (*bpf_perf_event_output)(void *ctx, void *map, __u64 flags, void *data,
+				     __u64 size) = (void *)BPF_FUNC_perf_event_output;
+static __u32 (*bpf_get_prandom_u32)(void) = (void *)BPF_FUNC_get_prandom_u32;
 
 #define offsetof(type, field) __builtin_offsetof(type, field)
 #define bpf_htons(x) __builtin_bswap16(x)

@@ -9,6 +9,9 @@ use std::net::UdpSocket;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+mod common;
+use common::{counter, in_ns, named, our_programs, sh};
+
 struct Netns(String);
 
 impl Netns {
@@ -29,23 +32,8 @@ impl Drop for Netns {
     }
 }
 
-fn sh(cmd: &str) -> String {
-    let out = Command::new("sh").args(["-c", cmd]).output().expect("sh");
-    assert!(
-        out.status.success(),
-        "`{cmd}` failed (this test needs root, iproute2, nftables, bpftool): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// The tests here check that no program is left behind, so they run one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Runs `f` on a thread inside namespace `ns`.
-fn in_ns<R: Send>(ns: &str, f: impl FnOnce() -> R + Send) -> R {
-    telemark_datapath::ebpf::in_netns(Some(ns), f).expect("enter the namespace")
-}
 
 #[test]
 fn the_agent_finds_the_routers_loss_and_leaves_nothing_behind() {
@@ -353,20 +341,6 @@ fn records(agent: &mut std::process::Child) -> Vec<serde_json::Value> {
     lines.iter().filter_map(|l| serde_json::from_str(l).ok()).collect()
 }
 
-/// Telemark's programs still loaded, once the kernel has had up to 3 s to free those of an
-/// exited agent (a program is freed after its last reference, asynchronously).
-fn our_programs() -> usize {
-    let mut n = 0;
-    for _ in 0..30 {
-        n = sh("bpftool prog show").matches("name tm_").count();
-        if n == 0 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    n
-}
-
 /// A kernel map smaller than the flows (20,000 new flows a second against room for 512
 /// counters), an interface deleted and re-created under the agent, then the agent SIGKILLed
 /// and started again: no false loss anywhere, refusals counted, nothing left behind.
@@ -508,23 +482,6 @@ fn send_bursts(src: &str, from: &str, dst: &str, to: &str, n: u64) -> u64 {
         }
     });
     rx.join().unwrap()
-}
-
-/// The segment names `reason` for the kernel's `count` drops: within 1 % and never more (a
-/// drop the agent reads after the flow's last lossy record goes unnamed; 1 of 156 was seen).
-fn named(segment: &serde_json::Value, reason: &str, count: u64) {
-    let n = segment["drops"][reason].as_u64().unwrap_or(0);
-    assert!(n <= count && (count - n) * 100 <= count, "{reason}: {n} named of {count}: {segment}");
-}
-
-/// Counter `what` ("packets " of nftables, "dropped " of tc) of a listing.
-fn counter(listing: &str, what: &str) -> u64 {
-    listing
-        .split(what)
-        .nth(1)
-        .and_then(|s| s.split([',', ' ']).next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no {what:?} in {listing}"))
 }
 
 /// A host on eBPF (a Linux bridge, the programs at its two ports) and a host on Telemark's

@@ -198,11 +198,27 @@ impl FlowCache {
     /// packet's own record).
     #[inline]
     pub fn observe(&mut self, p: &Observation, out: &mut impl FnMut(&FlowEntry, EndReason)) {
-        self.stats.packets += 1;
+        self.observe_many(p, 1, u64::from(p.octets), p.ts_ns, out);
+    }
+
+    /// Counts `packets` packets of `p`'s flow, `octets` in all, the first at `p.ts_ns` and the
+    /// last at `last_ns`: a count kept elsewhere (the eBPF datapath's per-period counters)
+    /// added at once, as that many calls to [`observe`](Self::observe) would.
+    #[inline]
+    pub fn observe_many(
+        &mut self,
+        p: &Observation,
+        packets: u64,
+        octets: u64,
+        last_ns: u64,
+        out: &mut impl FnMut(&FlowEntry, EndReason),
+    ) {
+        self.stats.packets += packets;
+        let entry = FlowEntry { packets, octets, end_ns: last_ns.max(p.ts_ns), ..FlowEntry::of(p) };
         if self.cfg.max_flows == 0 {
             self.stats.created += 1;
             self.stats.exported += 1;
-            out(&FlowEntry::of(p), EndReason::ActiveTimeout);
+            out(&entry, EndReason::ActiveTimeout);
             return;
         }
         let base = (p.hash as usize & self.mask) * WAYS;
@@ -214,10 +230,10 @@ impl FlowCache {
             if e.packets == 0 {
                 e.start_ns = p.ts_ns;
             }
-            e.packets += 1;
-            e.octets += u64::from(p.octets);
+            e.packets += packets;
+            e.octets += octets;
             e.tcp_flags |= p.tcp_flags;
-            e.end_ns = e.end_ns.max(p.ts_ns);
+            e.end_ns = e.end_ns.max(entry.end_ns);
             return;
         }
         let slot = match bucket.iter().position(|w| !w.used) {
@@ -241,7 +257,7 @@ impl FlowCache {
             }
         };
         self.stats.created += 1;
-        bucket[slot] = Way { used: true, tag, entry: FlowEntry::of(p) };
+        bucket[slot] = Way { used: true, tag, entry };
     }
 
     /// Looks at the next `ways` entries (round robin over the table): flows past their active
@@ -389,6 +405,30 @@ mod tests {
         assert_eq!(st.exported as usize, out.len());
         assert!(out.iter().any(|r| r.3 == EndReason::LackOfResources));
         assert!(c.is_empty());
+    }
+
+    /// Counts added in batches come out as the same packets one by one would: summed per
+    /// flow, dated from the first batch's first packet to the last one's last.
+    #[test]
+    fn a_batch_counts_as_its_packets_one_by_one() {
+        let cfg = CacheConfig { max_flows: 64, active_ns: 60 * S, idle_ns: 30 * S };
+        let (mut one, mut many) = (FlowCache::new(cfg), FlowCache::new(cfg));
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for batch in 0..10u64 {
+            for i in 0..7 {
+                one.observe(&pkt(3, batch * S + i, 100, 0), &mut |e, _| a.push(*e));
+            }
+            let first = pkt(3, batch * S, 100, 0);
+            many.observe_many(&first, 7, 700, batch * S + 6, &mut |e, _| b.push(*e));
+        }
+        one.flush(&mut |e, _| a.push(*e));
+        many.flush(&mut |e, _| b.push(*e));
+        let sums = |v: &[FlowEntry]| -> Vec<(u64, u64, u64, u64)> {
+            v.iter().map(|e| (e.packets, e.octets, e.start_ns, e.end_ns)).collect()
+        };
+        assert_eq!(sums(&a), sums(&b));
+        assert_eq!((b[0].packets, b[0].octets, b[0].end_ns), (70, 7000, 9 * S + 6));
+        assert_eq!(one.stats(), many.stats());
     }
 
     #[test]

@@ -540,7 +540,9 @@ impl Aggregator {
             point: spec.name.clone(),
             upstream: match v.upstream {
                 Some(u) => Some(self.points[usize::from(u)].name.clone()),
-                None => spec.upstream_label.clone().filter(|_| v.expected.is_some()),
+                // The configured upstream in another agent, whether or not this batch had a
+                // count to compare with (time-based marking never gives one).
+                None => spec.upstream_label.clone(),
             },
             scope: spec.scope(),
             flow: Flow::from(key),

@@ -333,10 +333,56 @@ impl ExactFlows {
     /// Counts one packet.
     #[inline]
     pub fn observe(&mut self, key: &FlowKey, len: u32) {
+        self.add(key, 1, u64::from(len));
+    }
+
+    /// Counts `packets` packets of `bytes` bytes in all.
+    pub fn add(&mut self, key: &FlowKey, packets: u64, bytes: u64) {
         let e = self.flows.entry(*key).or_default();
-        e.0 += 1;
-        e.1 += u64::from(len);
-        self.packets += 1;
+        e.0 += packets;
+        e.1 += bytes;
+        self.packets += packets;
+    }
+
+    /// The window as the pipeline's final check defines heavy (a source with at least
+    /// `threshold` of the window's packets, and at least `min_packets`), listed from exact
+    /// counts: every flow of a heavy source with all its packets (error bound 0). The eBPF
+    /// datapath counts every flow exactly in the kernel, so it needs no sketch; `complete`
+    /// says whether every flow of the window was counted.
+    pub fn window(&self, threshold: f64, min_packets: u64, complete: bool) -> HhWindow {
+        let bar = threshold * self.packets as f64;
+        let sources = self.heavy_sources(threshold);
+        let heavy = |src: &KeyBytes| sources.get(src).filter(|p| **p >= min_packets).copied();
+        let mut flows: Vec<HeavyFlow> = self
+            .flows
+            .iter()
+            .filter_map(|(k, (p, b))| {
+                let source_estimate = heavy(&KeyBytes::source_of(k))?;
+                Some(HeavyFlow {
+                    key: *k,
+                    packets: *p,
+                    bytes: *b,
+                    error_bound: 0,
+                    estimate: *p,
+                    source_estimate,
+                })
+            })
+            .collect();
+        flows.sort_by(|a, b| b.packets.cmp(&a.packets).then(a.key.cmp(&b.key)));
+        let mut sources: Vec<(KeyBytes, u64)> =
+            sources.into_iter().filter(|(_, p)| *p >= min_packets).collect();
+        sources.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        HhWindow {
+            packets: self.packets,
+            threshold_packets: bar.ceil() as u64,
+            admitted: flows.len() as u64,
+            flows,
+            sources,
+            complete,
+            stuck_cells: 0,
+            dropped_by_check: 0,
+            admitted_sources: Vec::new(),
+        }
     }
 
     /// Packets in the window.
@@ -382,6 +428,32 @@ mod tests {
             spi: Some(7),
             si: Some(255),
         }
+    }
+
+    /// Exact counts list every flow of each source over the bar, with all its packets, and
+    /// nothing else; a source over the share but under `min_packets` is not heavy.
+    #[test]
+    fn an_exact_window_lists_the_flows_of_heavy_sources_only() {
+        let mut x = ExactFlows::default();
+        x.add(&key(1, 1), 600, 60_000);
+        x.add(&key(1, 2), 5, 500); // a mouse of a heavy source: listed
+        for s in 2..400 {
+            x.add(&key(s, 9), 1, 100);
+        }
+        let w = x.window(0.01, 16, true);
+        assert_eq!(w.packets, 1003);
+        assert_eq!(w.threshold_packets, 11);
+        let got: Vec<_> = w.flows.iter().map(|f| (f.key, f.packets, f.error_bound)).collect();
+        assert_eq!(got, vec![(key(1, 1), 600, 0), (key(1, 2), 5, 0)]);
+        assert_eq!(w.flows[1].source_estimate, 605);
+        assert_eq!(w.sources.len(), 1);
+        // 5 % of 100 packets is 5, under the 16-packet floor.
+        let mut small = ExactFlows::default();
+        small.add(&key(1, 1), 10, 1000);
+        small.add(&key(2, 1), 90, 9000);
+        let w = small.window(0.05, 16, false);
+        assert_eq!(w.flows.len(), 1);
+        assert!(!w.complete);
     }
 
     /// 150 heavy sources (2 flows each, ~0.33 % of packets each) among 50,000 one- to

@@ -107,11 +107,25 @@ const EGRESS_QUEUE_REASONS: [&str; 7] = [
     "FQ_HORIZON_LIMIT",
 ];
 
+/// Reasons that free a copy the host was not meant to keep, not a packet of a flow: a frame
+/// addressed to another host, freed by IP after a packet socket (Open vSwitch's userspace
+/// datapath, a capture) took its own copy.
+const NOT_LOSS_REASONS: [&str; 1] = ["OTHERHOST"];
+
 /// This kernel's numbers for the reasons an egress queue drops with.
 pub fn egress_queue_reasons() -> Vec<u32> {
+    reasons_named(&EGRESS_QUEUE_REASONS)
+}
+
+/// This kernel's numbers for the reasons that are no flow's loss ([`NOT_LOSS_REASONS`]).
+pub fn not_loss_reasons() -> Vec<u32> {
+    reasons_named(&NOT_LOSS_REASONS)
+}
+
+fn reasons_named(names: &[&str]) -> Vec<u32> {
     drop_reasons()
         .into_iter()
-        .filter(|(_, n)| EGRESS_QUEUE_REASONS.contains(&n.as_str()))
+        .filter(|(_, n)| names.contains(&n.as_str()))
         .filter_map(|(v, _)| u32::try_from(v).ok())
         .collect()
 }

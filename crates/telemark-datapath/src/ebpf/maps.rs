@@ -79,6 +79,10 @@ pub struct Settings {
     pub tai_offset_ns: u64,
     /// CLOCK_REALTIME minus CLOCK_MONOTONIC: set by the loader.
     pub coarse_offset_ns: u64,
+    /// sFlow: one packet in this many sampled at each ingress point (0: none).
+    pub sample_rate: u32,
+    /// sFlow: the most bytes of a sampled packet sent.
+    pub sample_bytes: u32,
 }
 
 /// `enum tm_clock`: the clock a counting point reads.
@@ -176,11 +180,15 @@ pub enum Stat {
     QueueUncounted,
     /// Such a drop whose count could not be taken back (read already, or counted late).
     QueueMissed,
+    /// Packets sampled for sFlow.
+    Sampled,
+    /// Of those, not sent (no room in the perf buffer).
+    SampleLost,
 }
 
 impl Stat {
     /// Every counter, in map order.
-    pub const ALL: [Stat; 16] = [
+    pub const ALL: [Stat; 18] = [
         Stat::In,
         Stat::Out,
         Stat::NotIp,
@@ -197,6 +205,8 @@ impl Stat {
         Stat::Overrun,
         Stat::QueueUncounted,
         Stat::QueueMissed,
+        Stat::Sampled,
+        Stat::SampleLost,
     ];
 }
 
@@ -208,6 +218,54 @@ pub enum DropPlace {
     BeforeEgress = 0,
     /// In the egress queue (a qdisc), after the egress hook counted the packet.
     EgressQueue = 1,
+    /// A copy the host was not meant to keep (no flow's loss): counted per reason only.
+    NotLoss = 2,
+}
+
+/// `struct tm_sampler`: sFlow's sampler at one ingress point, on one CPU.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sampler {
+    /// Packets it could have sampled.
+    pub pool: u64,
+    /// Packets before the next sample.
+    pub skip: u32,
+    /// Samples not sent (no room in the perf buffer): sFlow's drops.
+    pub lost: u32,
+}
+
+/// `struct tm_sample`: what precedes a sampled packet's bytes in perf buffer "samples".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SampleMeta {
+    /// The interface it arrived on (index in its namespace).
+    pub ifindex: u32,
+    /// A wire frame's length (a GSO or GRO skb's over its packets).
+    pub frame_len: u32,
+    /// Bytes of the packet that follow.
+    pub header_len: u32,
+    /// The ingress point (the port's slot × 2).
+    pub in_point: u8,
+}
+
+impl SampleMeta {
+    /// `struct tm_sample`'s size.
+    pub const SIZE: usize = 16;
+
+    /// The meta at the start of a perf sample, and the packet's bytes after it; `None` if
+    /// the sample is shorter than it says.
+    pub fn parse(raw: &[u8]) -> Option<(SampleMeta, &[u8])> {
+        let u32_at = |at: usize| -> Option<u32> {
+            Some(u32::from_ne_bytes(raw.get(at..at + 4)?.try_into().ok()?))
+        };
+        let meta = SampleMeta {
+            ifindex: u32_at(0)?,
+            frame_len: u32_at(4)?,
+            header_len: u32_at(8)?,
+            in_point: *raw.get(12)?,
+        };
+        let end = Self::SIZE.checked_add(usize::try_from(meta.header_len).ok()?)?;
+        Some((meta, raw.get(Self::SIZE..end)?))
+    }
 }
 
 /// Drop reasons counted per reason (`TM_REASONS`).
@@ -223,11 +281,13 @@ unsafe impl aya::Pod for Settings {}
 unsafe impl aya::Pod for Key {}
 unsafe impl aya::Pod for Slots {}
 unsafe impl aya::Pod for DropKey {}
+unsafe impl aya::Pod for Sampler {}
 
 const _: () = {
     assert!(core::mem::size_of::<Port>() == 4);
     assert!(core::mem::size_of::<DropPort>() == 16);
-    assert!(core::mem::size_of::<Settings>() == 40);
+    assert!(core::mem::size_of::<Settings>() == 48);
+    assert!(core::mem::size_of::<Sampler>() == 16);
     assert!(core::mem::size_of::<Key>() == 40);
     assert!(core::mem::size_of::<Batch>() == 48);
     assert!(core::mem::size_of::<Slots>() == 96);
@@ -237,6 +297,23 @@ const _: () = {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sample's meta is read field by field, and a sample shorter than its header length
+    /// says is refused.
+    #[test]
+    fn a_sample_reads_its_meta_and_no_more_than_it_holds() {
+        let mut raw = Vec::new();
+        for v in [7u32, 1514, 3] {
+            raw.extend_from_slice(&v.to_ne_bytes());
+        }
+        raw.extend_from_slice(&[4, 0, 0, 0, 0xaa, 0xbb, 0xcc, 0, 0]); // 2 bytes of padding
+        let (m, bytes) = SampleMeta::parse(&raw).unwrap();
+        assert_eq!((m.ifindex, m.frame_len, m.header_len, m.in_point), (7, 1514, 3, 4));
+        assert_eq!(bytes, &[0xaa, 0xbb, 0xcc]);
+        raw[8] = 200;
+        assert!(SampleMeta::parse(&raw).is_none());
+        assert!(SampleMeta::parse(&raw[..10]).is_none());
+    }
 
     #[test]
     fn ipv4_mapped_keys_read_back_as_ipv4() {

@@ -15,7 +15,9 @@ pub mod btf;
 pub mod maps;
 pub mod periods;
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
+use aya::maps::{
+    Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, PerfEventArray,
+};
 use aya::programs::tc::{self, TcAttachOptions};
 use aya::programs::{BtfTracePoint, LinkOrder, SchedClassifier, TcAttachType};
 use aya::{Btf, Ebpf, EbpfLoader};
@@ -123,6 +125,41 @@ impl Attached {
     }
 }
 
+/// The perf buffers of sampled packets (sFlow), one per CPU.
+pub struct Samples {
+    buffers: Vec<aya::maps::perf::PerfEventArrayBuffer<MapData>>,
+    scratch: Vec<u8>,
+}
+
+impl Samples {
+    /// Hands every sampled packet waiting to `f`, with its meta; returns how many samples the
+    /// kernel reported lost (the buffer was full) and how many were malformed.
+    pub fn drain(&mut self, mut f: impl FnMut(maps::SampleMeta, &[u8])) -> (u64, u64) {
+        let (mut lost, mut bad) = (0, 0);
+        let scratch = &mut self.scratch;
+        for b in &mut self.buffers {
+            b.for_each(|ev| match ev {
+                aya::maps::perf::PerfEvent::Sample { head, tail } => {
+                    let raw = if tail.is_empty() {
+                        head
+                    } else {
+                        scratch.clear();
+                        scratch.extend_from_slice(head);
+                        scratch.extend_from_slice(tail);
+                        &scratch[..]
+                    };
+                    match maps::SampleMeta::parse(raw) {
+                        Some((meta, bytes)) => f(meta, bytes),
+                        None => bad += 1,
+                    }
+                }
+                aya::maps::perf::PerfEvent::Lost { count } => lost += count,
+            });
+        }
+        (lost, bad)
+    }
+}
+
 /// The loaded programs and their maps.
 pub struct Programs {
     ebpf: Ebpf,
@@ -188,13 +225,20 @@ impl Programs {
         Ok(())
     }
 
-    /// Tells the drop program which reasons are an egress queue's (from the kernel's BTF).
+    /// Tells the drop program which reasons are an egress queue's and which are no loss
+    /// (from the kernel's BTF).
     fn set_drop_places(&mut self) -> Result<(), Error> {
         let mut a: Array<&mut MapData, u8> =
             Array::try_from(self.ebpf.map_mut("drop_places").expect("drop_places map"))
                 .map_err(map_err("drop_places"))?;
-        for r in btf::egress_queue_reasons().into_iter().filter(|r| *r < maps::REASONS) {
-            a.set(r, maps::DropPlace::EgressQueue as u8, 0).map_err(map_err("drop_places"))?;
+        let places = [
+            (btf::egress_queue_reasons(), maps::DropPlace::EgressQueue),
+            (btf::not_loss_reasons(), maps::DropPlace::NotLoss),
+        ];
+        for (reasons, place) in places {
+            for r in reasons.into_iter().filter(|r| *r < maps::REASONS) {
+                a.set(r, place as u8, 0).map_err(map_err("drop_places"))?;
+            }
         }
         Ok(())
     }
@@ -385,6 +429,42 @@ impl Programs {
     /// Flows each point refused for lack of room, by point.
     pub fn refused(&self) -> Result<Vec<u64>, Error> {
         self.per_cpu_sums("refused", 256)
+    }
+
+    /// Each ingress point's sFlow sampler summed over CPUs, by point: (pool, lost).
+    pub fn samplers(&self, points: u32) -> Result<Vec<(u64, u32)>, Error> {
+        let a: PerCpuArray<&MapData, maps::Sampler> =
+            PerCpuArray::try_from(self.ebpf.map("samplers").expect("samplers map"))
+                .map_err(map_err("samplers"))?;
+        (0..points.min(256))
+            .map(|i| {
+                let cpus = a.get(&i, 0).map_err(map_err("samplers"))?;
+                let pool = cpus.iter().map(|s| s.pool).sum();
+                Ok((pool, cpus.iter().fold(0u32, |n, s| n.wrapping_add(s.lost))))
+            })
+            .collect()
+    }
+
+    /// Opens the perf buffers sampled packets arrive in, one per CPU of `pages` pages (a
+    /// power of two); once only.
+    pub fn open_samples(&mut self, pages: usize) -> Result<Samples, Error> {
+        let map = self
+            .ebpf
+            .take_map("samples")
+            .ok_or(Error::Map { map: "samples", err: "opened already".into() })?;
+        let mut array: PerfEventArray<MapData> =
+            PerfEventArray::try_from(map).map_err(map_err("samples"))?;
+        let cpus = aya::util::online_cpus()
+            .map_err(|(what, e)| Error::Map { map: "samples", err: format!("{what}: {e}") })?;
+        let buffers = cpus
+            .into_iter()
+            .map(|cpu| {
+                array
+                    .open(cpu, Some(pages))
+                    .map_err(|e| Error::Map { map: "samples", err: e.to_string() })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        Ok(Samples { buffers, scratch: Vec::new() })
     }
 
     /// Drops the kernel reported, by reason number (non-zero ones).
