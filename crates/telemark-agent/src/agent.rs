@@ -147,8 +147,8 @@ impl Agent {
         self.stats.snapshot()
     }
 
-    /// Takes what `new` changes of the watch rules, the export settings and the INT rules,
-    /// without stopping
+    /// Takes what `new` changes of the watch rules, the export settings, the INT rules and the
+    /// eBPF datapath's `[[port]]`s, without stopping
     /// (SIGHUP; docs/agent.md, "Reload"); returns what changed. Anything else changed (ports,
     /// loss parameters, name, the metrics listener) needs a restart, and nothing is applied.
     pub fn reload(&self, new: AgentConfig) -> Result<Vec<&'static str>, String> {
@@ -165,6 +165,14 @@ impl Agent {
             ("sflow", cur.sflow == new.sflow),
             ("ipfix", cur.ipfix == new.ipfix),
             ("heavy_hitters", cur.heavy_hitters == new.heavy_hitters),
+            (
+                "ebpf (anything but its [[port]]s)",
+                match (&cur.ebpf, &new.ebpf) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => a.same_but_ports(b),
+                    _ => false,
+                },
+            ),
             (
                 "int (anything but its rules)",
                 match (&cur.int, &new.int) {
@@ -186,6 +194,13 @@ impl Agent {
             ));
         }
         let mut changed = Vec::new();
+        if let (Some(a), Some(b)) = (&cur.ebpf, &new.ebpf) {
+            if a.ports != b.ports {
+                changed.push("port");
+                *self.stats.new_ebpf_ports.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(b.ports.clone());
+            }
+        }
         if let Some(i) = &new.int {
             if self.stats.set_int_rules(i.rules.clone()) {
                 changed.push("int rules");

@@ -502,6 +502,14 @@ pub struct EbpfSettings {
     pub rescan_ns: u64,
 }
 
+impl EbpfSettings {
+    /// Whether `other` differs in its `[[port]]`s alone (what a reload may change).
+    pub fn same_but_ports(&self, other: &EbpfSettings) -> bool {
+        EbpfSettings { ports: Vec::new(), ..self.clone() }
+            == EbpfSettings { ports: Vec::new(), ..other.clone() }
+    }
+}
+
 /// `[heavy_hitters]`: SFCMon's pipeline on each input port; each window's heavy flows become
 /// `flow` records.
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -46,8 +46,9 @@ pub(crate) struct EbpfPath {
     ports: Vec<(Target, u8, EbpfPortConfig)>,
     /// Egress points by (slot out, ingress point it is measured against, if any).
     out_points: HashMap<(usize, Option<u8>), u8>,
-    /// The aggregator's points so far (it adds the ones published in `shared.new_points`).
-    points: usize,
+    /// The aggregator's points so far (it adds the ones published in `shared.new_points`),
+    /// as (name, port) for `/metrics`.
+    point_labels: Vec<(String, String)>,
     /// Each flow's ingress point, as last seen.
     flow_in: HashMap<FlowKey, u8>,
     /// The port (slot) each flow last left by.
@@ -126,7 +127,7 @@ pub(crate) fn open(
         slots: HashMap::new(),
         ports: Vec::new(),
         out_points: HashMap::new(),
-        points: 0,
+        point_labels: Vec::new(),
         flow_in: HashMap::new(),
         flow_out: HashMap::new(),
         flows,
@@ -191,17 +192,30 @@ fn point_name(prefix: &str, label: &str) -> String {
 impl EbpfPath {
     /// Publishes a point to the aggregation; its number (`None`: 255 points taken).
     fn add_point(&mut self, spec: PointSpec) -> Option<u8> {
-        if self.points >= usize::from(u8::MAX) {
+        if self.point_labels.len() >= usize::from(u8::MAX) {
             return None;
         }
-        let id = self.points as u8;
-        self.points += 1;
+        let id = self.point_labels.len() as u8;
+        self.point_labels.push((spec.name.clone(), spec.port.clone()));
         self.shared.new_points.lock().unwrap_or_else(|p| p.into_inner()).push(spec);
         Some(id)
     }
 
-    /// Attaches to interfaces that match a `[[port]]` and are not attached yet; forgets those
-    /// that are gone (the kernel has released their hooks with them).
+    /// Takes the `[[port]]`s a reload gave: interfaces no longer matched are detached, those
+    /// whose role changed (marking, unmarking, upstream) get new points.
+    fn reload(&mut self) {
+        let new = self.shared.new_ebpf_ports.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(ports) = new {
+            tracing::info!("eBPF: {} [[port]]s from the reload", ports.len());
+            self.settings.ports = ports;
+            self.failed.clear();
+            self.scan();
+        }
+    }
+
+    /// Attaches to interfaces that match a `[[port]]` and are not attached yet; detaches those
+    /// no `[[port]]` matches any more; forgets those that are gone (the kernel has released
+    /// their hooks with them).
     fn scan(&mut self) {
         let mut seen: Vec<(Target, EbpfPortConfig, u32)> = Vec::new();
         let mut listed: HashMap<Option<String>, Vec<(String, u32)>> = HashMap::new();
@@ -228,8 +242,19 @@ impl EbpfPath {
             .collect();
         for t in gone {
             if let Some(a) = self.attached.remove(&t) {
-                tracing::info!("eBPF: {} is gone; detached", t.label());
+                tracing::info!("eBPF: {} is gone or no longer matched; detached", t.label());
                 self.programs.detach(a);
+            }
+        }
+        // A role changed by a reload: new points (the old ones' batches stay as they were).
+        for (t, pc, _) in &seen {
+            let Some(&slot) = self.slots.get(t) else { continue };
+            if self.ports[slot].2 != *pc {
+                if let Some(a) = self.attached.remove(t) {
+                    tracing::info!("eBPF: {}'s [[port]] changed; attached anew", t.label());
+                    self.programs.detach(a);
+                }
+                self.slots.remove(t);
             }
         }
         for (t, pc, _) in seen {
@@ -597,6 +622,12 @@ impl EbpfPath {
         p.learned = self.reader.len() as u64;
         p.meter = self.meter.then(|| self.flows.meter_stats());
         p.hh = self.flows.hh_stats();
+        p.ebpf = Some(crate::shared::EbpfStats {
+            kernel: stats.iter().map(|(s, v)| (s.name(), *v)).collect(),
+            programs: self.programs.cost(),
+            points: self.point_labels.clone(),
+            attached: self.attached.len() as u64,
+        });
     }
 }
 
@@ -607,6 +638,7 @@ impl Datapath for EbpfPath {
         let mut next_expire = Instant::now();
         while !stop.load(Ordering::Relaxed) {
             std::thread::sleep(half);
+            self.reload();
             self.sweep();
             if Instant::now() >= self.next_scan {
                 self.next_scan = Instant::now() + Duration::from_nanos(self.settings.rescan_ns);

@@ -92,6 +92,39 @@ impl AgentMetrics {
         }
     }
 
+    /// The eBPF datapath's kernel counters, programs and drop reasons (docs/ebpf.md,
+    /// "Metrics").
+    fn render_ebpf(&self, o: &mut Exposition, e: &crate::shared::EbpfStats) {
+        o.counter(
+            "telemark_agent_ebpf_kernel_total",
+            "The eBPF programs' counters (docs/ebpf.md lists what each means).",
+            &["counter"],
+        )
+        .samples(e.kernel.iter().map(|(name, v)| ([*name], *v)));
+        o.counter(
+            "telemark_agent_ebpf_program_runs_total",
+            "Runs of each program (0 unless kernel.bpf_stats_enabled = 1).",
+            &["program"],
+        )
+        .samples(e.programs.iter().map(|c| ([c.program], c.runs)));
+        o.counter(
+            "telemark_agent_ebpf_program_seconds_total",
+            "Time in each program; divided by its runs, the cost per packet (0 unless \
+             kernel.bpf_stats_enabled = 1).",
+            &["program"],
+        )
+        .samples(e.programs.iter().map(|c| ([c.program], c.run_ns as f64 / 1e9)));
+        o.gauge("telemark_agent_ebpf_interfaces", "Interfaces the programs are attached to.", &[])
+            .value(e.attached);
+        let drops = self.shared.kernel_drops.lock().map(|d| d.clone()).unwrap_or_default();
+        o.counter(
+            "telemark_agent_kernel_drops_total",
+            "Packets the kernel dropped, by drop reason, on any interface (skb:kfree_skb).",
+            &["reason"],
+        )
+        .samples(drops.iter().map(|(r, n)| ([r.as_str()], *n)));
+    }
+
     fn render(&self, s: &AgentStats) -> Response {
         let mut o = Exposition::default();
         o.with_label("agent", &self.agent);
@@ -138,10 +171,14 @@ impl AgentMetrics {
             &["stage"],
         )
         .samples(p.stages().into_iter().map(|(stage, ns)| ([stage], ns as f64 / 1e9)));
+        let ebpf_points = p.ebpf.as_ref().map(|e| e.points.as_slice()).unwrap_or_default();
         let point = |pt: u8| {
-            let spec = self.points.get(usize::from(pt));
-            let (name, port) = spec.map_or(("?", "?"), |s| (s.name.as_str(), s.port.as_str()));
-            [name, port]
+            let i = usize::from(pt);
+            match (self.points.get(i), ebpf_points.get(i)) {
+                (Some(s), _) => [s.name.as_str(), s.port.as_str()],
+                (None, Some((name, port))) => [name.as_str(), port.as_str()],
+                (None, None) => ["?", "?"],
+            }
         };
         let per_point = |f: &dyn Fn(&PointTable) -> u64| {
             p.points.iter().map(|x| (point(x.point), f(x))).collect::<Vec<_>>()
@@ -335,6 +372,9 @@ impl AgentMetrics {
             ] {
                 o.counter(&format!("telemark_agent_{name}_total"), help, &[]).value(v);
             }
+        }
+        if let Some(e) = &p.ebpf {
+            self.render_ebpf(&mut o, e);
         }
         self.transport.render("telemark_agent", &mut o);
         o.response()

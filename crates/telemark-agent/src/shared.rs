@@ -58,6 +58,23 @@ pub struct PathStats {
     /// The heavy-hitter stage's counters, with `[heavy_hitters]`.
     #[serde(skip)]
     pub hh: Option<HhStats>,
+    /// The eBPF datapath's own, with `[[port]]`.
+    #[serde(skip)]
+    pub ebpf: Option<EbpfStats>,
+}
+
+/// What the eBPF datapath adds to its counters: the kernel programs' own.
+#[derive(Debug, Clone, Default)]
+pub struct EbpfStats {
+    /// The programs' counters (map "stats", summed over CPUs), by name.
+    pub kernel: Vec<(&'static str, u64)>,
+    /// Each program's runs and time in them, when the kernel keeps them
+    /// (`kernel.bpf_stats_enabled`; otherwise 0).
+    pub programs: Vec<telemark_datapath::ebpf::RunCost>,
+    /// Its points by number, as (name, port): they are added as interfaces appear.
+    pub points: Vec<(String, String)>,
+    /// Interfaces attached now.
+    pub attached: u64,
 }
 
 impl PathStats {
@@ -142,6 +159,8 @@ pub(crate) struct Shared {
     /// The ports as sFlow and IPFIX name them, when a datapath changed them (the eBPF
     /// datapath, as it attaches interfaces), for the flow-export thread to take.
     pub(crate) new_ports: Mutex<Option<Vec<crate::flow_export::PortInfo>>>,
+    /// `[[port]]`s a reload gave, for the eBPF datapath to take (it looks every half period).
+    pub(crate) new_ebpf_ports: Mutex<Option<Vec<crate::config::EbpfPortConfig>>>,
     /// The eBPF datapath's ports by number, as its points name them (`ns:interface`).
     pub(crate) port_labels: Mutex<Vec<String>>,
 }

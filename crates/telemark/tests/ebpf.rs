@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{counter, in_ns, named, our_programs, sh};
+use common::{counter, in_ns, named, our_programs, sh, Proc};
 
 struct Netns(String);
 
@@ -630,4 +630,91 @@ fn an_ebpf_bridge_host_and_an_afpacket_switch_share_one_path() {
         "verdict: {}",
         loc["verdict"]
     );
+}
+
+/// `/metrics` as plain text.
+fn scrape(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// SIGHUP with other `[[port]]`s moves the hooks: frames arriving at the interface no longer
+/// named are no longer counted, those arriving at the newly named one are (the kernel's own
+/// counters, read through `/metrics`: this bpftool cannot list tcx links by device); `/metrics`
+/// names the eBPF points with their new roles and the attached interfaces. Stopped, the agent
+/// leaves no program behind.
+#[test]
+fn a_reload_moves_the_hooks_and_metrics_name_the_points() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let n = Netns::new("rl");
+    // No IPv6: its neighbour discovery would arrive at the interfaces on its own.
+    n.exec("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1");
+    for (i, dev) in ["d1", "d2"].iter().enumerate() {
+        n.exec(&format!("ip link add {dev} type veth peer name {dev}p"));
+        n.exec(&format!("ip link set {dev} up"));
+        n.exec(&format!("ip link set {dev}p up"));
+        n.exec(&format!("ip addr add 10.99.{i}.2/24 dev {dev}p"));
+    }
+    let mport = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("agent.toml");
+    let write = |dev: &str, mark: bool| {
+        std::fs::write(
+            &cfg,
+            format!(
+                "agent = \"rl\"\n[ebpf]\nrescan = \"200ms\"\n\
+                 [[port]]\ninterface = \"{dev}\"\nnetns = \"{}\"\nmark = {mark}\n\
+                 [metrics]\nlisten = \"127.0.0.1:{mport}\"\n",
+                n.0
+            ),
+        )
+        .unwrap();
+    };
+    write("d1", true);
+    let mut agent = Proc(
+        Command::new(env!("CARGO_BIN_EXE_telemark"))
+            .args(["agent", "--config", cfg.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Frames out of dNp arrive at dN's ingress (ARP: counted in `in`, as `not_ip`).
+    let arrive_at = |i: u8| n.exec(&format!("sh -c 'ping -c 3 -i 0.2 -W 1 10.99.{i}.1 || true'"));
+    let counted_in = || -> u64 {
+        let key = "telemark_agent_ebpf_kernel_total{agent=\"rl\",counter=\"in\"} ";
+        scrape(mport).lines().find_map(|l| l.strip_prefix(key)?.parse().ok()).unwrap_or(0)
+    };
+    let grows = |i: u8| -> bool {
+        let before = counted_in();
+        arrive_at(i);
+        std::thread::sleep(Duration::from_millis(700));
+        counted_in() > before
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    let ns = &n.0;
+    assert!(grows(0), "d1 is hooked");
+    assert!(!grows(1), "d2 is not");
+    let m = scrape(mport);
+    assert!(m.contains(&format!("point=\"mark:{ns}:d1\"")), "{m}");
+    assert!(m.contains("telemark_agent_ebpf_interfaces{agent=\"rl\"} 1"), "{m}");
+    assert!(!m.contains("point=\"?\""), "{m}");
+
+    write("d2", false);
+    sh(&format!("kill -HUP {}", agent.0.id()));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(grows(1), "d2 is hooked after the reload");
+    assert!(!grows(0), "d1 is not");
+    let m = scrape(mport);
+    assert!(m.contains(&format!("point=\"in:{ns}:d2\"")), "{m}");
+    assert!(m.contains("telemark_agent_ebpf_interfaces{agent=\"rl\"} 1"), "{m}");
+
+    sh(&format!("kill -TERM {}", agent.0.id()));
+    assert!(agent.0.wait().unwrap().success());
+    assert_eq!(our_programs(), 0, "programs left: {}", sh("bpftool prog show"));
 }

@@ -688,3 +688,165 @@ fn open_vswitch_exports_sflow_and_ipfix_into_the_collector() {
         }
     }
 }
+
+/// The same exports from the eBPF datapath (docs/ebpf.md, "Flows and heavy hitters"): S is a
+/// Linux bridge with the programs at its two ports, and the agent's flow meter and heavy-hitter
+/// stage read the kernel's own counts and samples. One heavy flow and three light ones:
+/// - IPFIX, as tshark and nfdump read it: every flow's packets exactly what was sent, and its
+///   octets the IP bytes of those packets;
+/// - sFlow (the kernel's 1-in-10 sampler), as tshark reads it and Telemark's collector
+///   estimates it: within the sampling bound of the truth;
+/// - heavy hitters: the heavy flow alone, with exactly what was sent (no bound needed: the
+///   kernel counts every packet), in windows that hold every packet the port received.
+#[test]
+fn sflow_ipfix_and_heavy_hitters_from_the_ebpf_datapath_match_the_truth() {
+    let bed = Bed::up("e");
+    let p = bed.prefix.clone();
+    sh(&format!(
+        "ip -n {p}s link add br0 type bridge && ip -n {p}s link set br0 up && \
+         ip -n {p}s link set sa master br0 && ip -n {p}s link set sb master br0"
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("collector.db");
+    let (_collector, base, flow_port) = collector(&db, &[]);
+    let recorded: Recorded = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let rec_sflow = udp_recorder(&recorded, &stop);
+    let rec_ipfix = udp_recorder(&recorded, &stop);
+    let nf_dir = dir.path().join("nfcapd");
+    let (nfcapd, nf_port) = Nfcapd::start(&nf_dir);
+    let cfg = format!(
+        "agent = \"fe\"\n\
+         [ebpf]\nperiod = \"100ms\"\n\
+         [[port]]\ninterface = \"sa\"\nnetns = \"{p}s\"\nmark = true\n\
+         [[port]]\ninterface = \"sb\"\nnetns = \"{p}s\"\nunmark = true\n\
+         [export]\ncollector = \"{base}\"\ninterval = \"500ms\"\n\
+         [sflow]\ncollectors = [\"127.0.0.1:{rec_sflow}\", \"127.0.0.1:{flow_port}\"]\n\
+         sampling = {SFLOW_RATE}\npolling = \"1s\"\n\
+         [ipfix]\ncollectors = [\"127.0.0.1:{rec_ipfix}\", \"127.0.0.1:{nf_port}\"]\n\
+         active_timeout = \"2s\"\nidle_timeout = \"1s\"\n\
+         [heavy_hitters]\nwindow = \"3600s\"\nthreshold = 0.5\n"
+    );
+    let agent = Agent::start(FileConfig::parse(&cfg).unwrap().validate().unwrap()).unwrap();
+    std::thread::sleep(Duration::from_millis(300)); // attached
+    let rx_before = bed.rx_packets();
+    let (src_mac, dst_mac) = ([2, 0, 0, 0, 0x0a, 1], [2, 0, 0, 0, 0x0b, 1]);
+    let heavy = spawn_flow(&format!("{p}a"), key(SPORTS[0]), src_mac, dst_mac, 1000);
+    // Heavy is by source (SFCMon's FlowID1): the light flows come from sources of their own.
+    let light: Vec<_> = SPORTS[1..]
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| {
+            let key =
+                FlowKey { src: std::net::Ipv4Addr::new(10, 31, 1, i as u8 + 1).into(), ..key(s) };
+            (s, spawn_flow(&format!("{p}a"), key, src_mac, dst_mac, 100))
+        })
+        .collect();
+    let mut sent: BTreeMap<u16, u64> = BTreeMap::new();
+    sent.insert(SPORTS[0], heavy.join().unwrap());
+    for (s, h) in light {
+        sent.insert(s, h.join().unwrap());
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let total: u64 = sent.values().sum();
+    assert_eq!(bed.rx_packets() - rx_before, total, "the bridge's port received every packet");
+    let stats = agent.stop();
+    println!("sent {sent:?}; agent: {stats:?}");
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(200));
+
+    let rec = recorded.lock().unwrap().clone();
+    let pcap = dir.path().join("export.pcap");
+    write_udp_pcap(&pcap, &rec);
+    let decode =
+        vec![format!("udp.port=={rec_sflow},sflow"), format!("udp.port=={rec_ipfix},cflow")];
+    let flagged = "_ws.malformed || _ws.expert.severity >= 0x00600000";
+    let bad = tshark_fields(&pcap, &decode, flagged, &["frame.number", "_ws.expert.message"]);
+    assert!(bad.trim().is_empty(), "tshark flags frames: {bad}");
+
+    // IPFIX: packets and octets per flow, as tshark reads them.
+    let only = format!("udp.dstport=={rec_ipfix}");
+    let out = tshark_fields(
+        &pcap,
+        &decode,
+        &only,
+        &["cflow.srcport", "cflow.packets", "cflow.octets", "cflow.ip_version"],
+    );
+    let mut by_port: BTreeMap<u16, (u64, u64)> = BTreeMap::new();
+    for line in out.lines() {
+        let f: Vec<&str> = line.split('\t').collect();
+        let (ports, packets, octets) = (f[0].split(';'), f[1].split(';'), f[2].split(';'));
+        for ((sp, n), o) in ports.zip(packets).zip(octets) {
+            if let (Ok(sp), Ok(n), Ok(o)) = (sp.parse::<u16>(), n.parse::<u64>(), o.parse::<u64>())
+            {
+                let e = by_port.entry(sp).or_default();
+                e.0 += n;
+                e.1 += o;
+            }
+        }
+    }
+    // 200 bytes of payload in UDP and IPv4: 228 IP bytes a packet.
+    let want: BTreeMap<u16, (u64, u64)> = sent.iter().map(|(s, n)| (*s, (*n, n * 228))).collect();
+    assert_eq!(by_port, want, "IPFIX from the eBPF datapath, as tshark reads it");
+    assert_eq!(nfcapd.flows(), sent, "IPFIX flows as nfdump reads them");
+
+    // sFlow: the kernel's samples, as tshark reads them and as the collector estimates.
+    let only = format!("udp.dstport=={rec_sflow}");
+    let out = tshark_fields(&pcap, &decode, &only, &["udp.srcport"]);
+    let mut samples: BTreeMap<u16, u64> = BTreeMap::new();
+    for sp in out.lines().flat_map(|l| l.split(';')).filter_map(|s| s.parse::<u16>().ok()) {
+        if SPORTS.contains(&sp) {
+            *samples.entry(sp).or_default() += 1;
+        }
+    }
+    println!("tshark sFlow samples {samples:?}");
+    for (sp, truth) in &sent {
+        let est = samples.get(sp).copied().unwrap_or(0) * SFLOW_RATE;
+        assert!(
+            within_sampling_bound(est, *truth, SFLOW_RATE),
+            "sFlow by tshark, port {sp}: {est} for {truth}"
+        );
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut sflow = stored(&db, "sflow");
+    while sflow.len() < sent.len() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(200));
+        sflow = stored(&db, "sflow");
+    }
+    for (sp, truth) in &sent {
+        let est = sflow.get(sp).copied().unwrap_or(0);
+        assert!(
+            within_sampling_bound(est, *truth, SFLOW_RATE),
+            "sFlow in the collector, port {sp}: {est} for {truth}"
+        );
+    }
+
+    // Heavy hitters: the heavy flow alone, exactly (summed over windows, should the run
+    // straddle an hour).
+    let q = "SELECT json_extract(json, '$.flow.sport'), json_extract(json, '$.packets'), \
+             json_extract(json, '$.error_bound'), json_extract(json, '$.port'), \
+             json_extract(json, '$.window_packets') FROM other WHERE kind = 'flow' \
+             AND json_extract(json, '$.window_packets') IS NOT NULL";
+    let until = Instant::now() + Duration::from_secs(10);
+    let rows = loop {
+        let out = Command::new("sqlite3").arg(&db).arg(q).output().unwrap();
+        let rows = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !rows.trim().is_empty() || Instant::now() > until {
+            break rows;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    println!("heavy-hitter records: {rows}");
+    let rows: Vec<Vec<&str>> = rows.lines().map(|l| l.split('|').collect()).collect();
+    assert!(!rows.is_empty() && rows.len() <= 2, "{rows:?}");
+    let mut packets = 0;
+    let mut window = 0;
+    for r in &rows {
+        assert_eq!((r[0], r[2], r[3]), ("5001", "0", format!("{p}s:sa").as_str()), "{r:?}");
+        packets += r[1].parse::<u64>().unwrap();
+        window += r[4].parse::<u64>().unwrap();
+    }
+    assert_eq!(packets, sent[&SPORTS[0]], "the heavy flow's packets");
+    assert_eq!(window, total, "the windows hold every packet the port received");
+}

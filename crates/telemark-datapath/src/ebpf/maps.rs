@@ -187,6 +187,30 @@ pub enum Stat {
 }
 
 impl Stat {
+    /// Its name in `/metrics`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stat::In => "in",
+            Stat::Out => "out",
+            Stat::NotIp => "not_ip",
+            Stat::Marked => "marked",
+            Stat::Unmarked => "unmarked",
+            Stat::Refused => "refused",
+            Stat::Late => "late",
+            Stat::LateLost => "late_lost",
+            Stat::OriginalFull => "original_full",
+            Stat::Drops => "drops",
+            Stat::DropsUnparsed => "drops_unparsed",
+            Stat::DropsFull => "drops_full",
+            Stat::Unattached => "unattached",
+            Stat::Overrun => "overrun",
+            Stat::QueueUncounted => "queue_uncounted",
+            Stat::QueueMissed => "queue_missed",
+            Stat::Sampled => "sampled",
+            Stat::SampleLost => "sample_lost",
+        }
+    }
+
     /// Every counter, in map order.
     pub const ALL: [Stat; 18] = [
         Stat::In,
