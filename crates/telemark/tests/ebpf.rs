@@ -183,7 +183,8 @@ fn the_agent_finds_the_routers_loss_and_leaves_nothing_behind() {
 /// sender → r1 (agent h1) → link → r2 (agent h2) → receiver, one collector. h1 marks at r1-in;
 /// a `tbf` on r1-out congests h1's egress queue (after the tc egress hook: the drop program
 /// takes the packets back, so they are h1's loss, named QDISC_DROP); nftables in the link's
-/// bridge drops between the hosts; nftables in r2's forward chain drops inside h2. The
+/// bridge and a tc program at its far port (testbed/tc-drop.bpf.c) drop between the hosts;
+/// nftables in r2's forward chain drops inside h2. The
 /// collector must find all three segments, each with the kernel's count.
 #[test]
 fn two_hosts_one_collector_find_the_lossy_link_and_the_lossy_host() {
@@ -208,6 +209,16 @@ fn two_hosts_one_collector_find_the_lossy_link_and_the_lossy_host() {
         "nft 'add table bridge tml; add chain bridge tml fw { type filter hook forward priority 0; }; \
          add rule bridge tml fw udp dport 7777 numgen random mod 30 == 0 counter drop'",
     );
+    // And a tc drop on the link, after the bridge: testbed/tc-drop.bpf.c at l-b's egress.
+    let tc_dir = tempfile::tempdir().unwrap();
+    let drop_obj = tc_dir.path().join("drop.o");
+    sh(&format!(
+        "clang -O2 -target bpfel -I/usr/include/$(uname -m)-linux-gnu -c {}/../../testbed/tc-drop.bpf.c -o {}",
+        env!("CARGO_MANIFEST_DIR"),
+        drop_obj.display()
+    ));
+    l.exec("tc qdisc add dev l-b clsact");
+    l.exec(&format!("tc filter add dev l-b egress bpf da obj {} sec tc", drop_obj.display()));
     sh(&format!("ip link add tmf{pid}b netns {} type veth peer name r2-out netns {}", d.0, r2.0));
     s.exec(&format!("ip link set tmf{pid}a name s0"));
     d.exec(&format!("ip link set tmf{pid}b name d0"));
@@ -269,7 +280,10 @@ fn two_hosts_one_collector_find_the_lossy_link_and_the_lossy_host() {
     const SENT: u64 = 8000;
     let received = send_bursts(&s.0, "10.79.1.1:6666", &d.0, "10.79.3.2:7777", SENT);
     let queue_dropped = counter(&r1.exec("tc -s qdisc show dev r1-out"), "dropped ");
-    let link_dropped = counter(&l.exec("nft list chain bridge tml fw"), "packets ");
+    let link_nft = counter(&l.exec("nft list chain bridge tml fw"), "packets ");
+    let qdiscs = l.exec("tc -s qdisc show dev l-b");
+    let link_tc = counter(qdiscs.split("qdisc clsact").nth(1).unwrap_or(&qdiscs), "dropped ");
+    let link_dropped = link_nft + link_tc;
     let host_dropped = counter(&r2.exec("nft list chain inet tmf fw"), "packets ");
     assert_eq!(
         received + queue_dropped + link_dropped + host_dropped,
@@ -277,6 +291,7 @@ fn two_hosts_one_collector_find_the_lossy_link_and_the_lossy_host() {
         "tbf {queue_dropped}, link {link_dropped}, nft {host_dropped}"
     );
     assert!(queue_dropped > 50, "h1's queue dropped only {queue_dropped}");
+    assert!(link_nft > 50 && link_tc > 50, "the link: nft {link_nft}, tc {link_tc}");
     let stop_and_flush = |a: Agent| {
         a.stop();
     };
@@ -289,8 +304,8 @@ fn two_hosts_one_collector_find_the_lossy_link_and_the_lossy_host() {
     assert_eq!(r.status, 200);
     let loc: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     eprintln!(
-        "h1's queue dropped {queue_dropped}, the link {link_dropped}, h2 {host_dropped}; \
-         localise: {loc:#}"
+        "h1's queue dropped {queue_dropped}, the link {link_dropped} (nft {link_nft}, tc \
+         {link_tc}), h2 {host_dropped}; localise: {loc:#}"
     );
     let segs = loc["segments"].as_array().unwrap();
     let seg = |agent: &str, point: String| {
