@@ -477,6 +477,13 @@ pub struct EbpfPortConfig {
     pub upstream: Option<String>,
 }
 
+impl EbpfPortConfig {
+    /// What the port does: marks, unmarks, and against which upstream point it measures.
+    pub fn role(&self) -> (bool, bool, Option<&str>) {
+        (self.mark, self.unmark, self.upstream.as_deref())
+    }
+}
+
 /// `[ebpf]`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1049,7 +1056,13 @@ impl FileConfig {
             Some(section.validate(self.port, &self.netns, loss.period_ns)?)
         };
         let ipfix = self.ipfix.map(IpfixSection::validate).transpose()?;
-        if let (Some(_), Some(x)) = (&ebpf, &ipfix) {
+        if let (Some(e), Some(x)) = (&ebpf, &ipfix) {
+            if x.settings.cache.idle_ns <= e.period_ns + e.guard_ns {
+                return Err(invalid(
+                    "ipfix.idle_timeout: the eBPF datapath adds a flow's counts once a period \
+                     and its guard have passed; give an idle timeout longer than that",
+                ));
+            }
             if x.settings.rate != 1 {
                 return Err(invalid(
                     "ipfix.sampling: the eBPF datapath counts every packet of every flow; \

@@ -20,8 +20,9 @@
 
 use crate::config::{HeavyHittersSettings, IpfixExport};
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 use telemark_core::flow_hash;
-use telemark_core::flowexport::{FlowCache, Observation};
+use telemark_core::flowexport::{EndReason, FlowCache, FlowEntry, Observation};
 use telemark_core::sketch::sfcmon::ExactFlows;
 use telemark_core::spsc::{self, Consumer, Producer};
 use telemark_datapath::ebpf::maps::SampleMeta;
@@ -37,6 +38,9 @@ const ETHERNET_HEADER: u64 = 14;
 
 /// The cache is swept this many entries at a time.
 const SWEEP_WAYS: usize = 4096;
+
+/// How long the flush at a stop waits for room in the ring to the flow-export thread, in all.
+const FLUSH_PATIENCE: Duration = Duration::from_secs(5);
 
 struct Ipfix {
     cache: FlowCache,
@@ -145,6 +149,7 @@ impl EbpfFlows {
     /// A final period of a flow at port `slot`'s ingress point; `out`: the port it left by,
     /// when known.
     pub(crate) fn ingress(&mut self, slot: usize, out: Option<usize>, c: &Closed) {
+        let window = self.hh.as_ref().map(|h| h.window_of(c.period));
         let port = self.port(slot);
         port.in_packets += c.packets;
         port.in_octets += c.bytes;
@@ -166,18 +171,11 @@ impl EbpfFlows {
             let octets = c.bytes.saturating_sub(ETHERNET_HEADER * c.packets);
             let (ring, drops) = (&x.ring, &mut x.drops);
             x.cache.observe_many(&obs, c.packets, octets, c.last_ns, &mut |e, why| {
-                if ring.push((*e, why)).is_err() {
-                    *drops += 1;
-                }
+                hand_out(ring, drops, e, why, None)
             });
         }
-        if let Some(h) = &mut self.hh {
-            let w = c.period.saturating_mul(h.period_ns) / h.settings.window_ns.max(1);
-            let ports = h.open.entry(w).or_default();
-            if ports.len() <= slot {
-                ports.resize_with(slot + 1, || (ExactFlows::default(), true));
-            }
-            ports[slot].0.add(&c.key.flow(), c.packets, c.bytes);
+        if let (Some(h), Some(w)) = (&mut self.hh, window) {
+            h.port(w, slot).0.add(&c.key.flow(), c.packets, c.bytes);
         }
     }
 
@@ -188,15 +186,15 @@ impl EbpfFlows {
         port.out_octets += c.bytes;
     }
 
-    /// The kernel refused flows at port `slot`'s ingress point: the heavy-hitter windows open
-    /// now may miss one.
-    pub(crate) fn refused(&mut self, slot: usize) {
+    /// The kernel refused flows at port `slot`'s ingress point, some time before period
+    /// `now` ended: the heavy-hitter windows open until then (and the one `now` is in) may
+    /// miss one.
+    pub(crate) fn refused(&mut self, slot: usize, now: u64) {
         if let Some(h) = &mut self.hh {
+            let w = h.window_of(now);
+            h.port(w, slot);
             for ports in h.open.values_mut() {
-                if ports.len() <= slot {
-                    ports.resize_with(slot + 1, || (ExactFlows::default(), true));
-                }
-                ports[slot].1 = false;
+                pad(ports, slot + 1)[slot].1 = false;
             }
         }
     }
@@ -213,11 +211,7 @@ impl EbpfFlows {
     pub(crate) fn tick(&mut self, now: u64, final_period: u64, ports: usize) {
         if let Some(x) = &mut self.ipfix {
             let (ring, drops) = (&x.ring, &mut x.drops);
-            x.cache.sweep(now, SWEEP_WAYS, &mut |e, why| {
-                if ring.push((*e, why)).is_err() {
-                    *drops += 1;
-                }
-            });
+            x.cache.sweep(now, SWEEP_WAYS, &mut |e, why| hand_out(ring, drops, e, why, None));
         }
         if let Some(h) = &mut self.hh {
             let window = h.settings.window_ns.max(1);
@@ -234,7 +228,7 @@ impl EbpfFlows {
                     break;
                 }
                 let Some((_, mut flows)) = h.open.pop_first() else { break };
-                flows.resize_with(ports.max(flows.len()), || (ExactFlows::default(), true));
+                pad(&mut flows, ports);
                 h.close(w, flows);
                 h.open.entry(w + 1).or_default();
             }
@@ -244,28 +238,25 @@ impl EbpfFlows {
     /// Hands out every cached flow and open window (the agent stops).
     pub(crate) fn flush(&mut self, ports: usize) {
         if let Some(x) = &mut self.ipfix {
+            // The flow-export thread drains the ring meanwhile: room is waited for, up to a
+            // few seconds in all.
+            let deadline = Instant::now() + FLUSH_PATIENCE;
             let (ring, drops) = (&x.ring, &mut x.drops);
-            x.cache.flush(&mut |e, why| {
-                let mut item = (*e, why);
-                // The flow-export thread drains the ring meanwhile: wait for room a little.
-                for _ in 0..2000 {
-                    match ring.push(item) {
-                        Ok(()) => return,
-                        Err(back) => item = back,
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
-                *drops += 1;
-            });
+            x.cache.flush(&mut |e, why| hand_out(ring, drops, e, why, Some(deadline)));
         }
         if let Some(h) = &mut self.hh {
             while let Some((w, mut flows)) = h.open.pop_first() {
                 if flows.iter().any(|f| f.0.packets() > 0) {
-                    flows.resize_with(ports.max(flows.len()), || (ExactFlows::default(), true));
+                    pad(&mut flows, ports);
                     h.close(w, flows);
                 }
             }
         }
+    }
+
+    /// Packets counted in and out at every port so far (final periods).
+    pub(crate) fn totals(&self) -> (u64, u64) {
+        self.ports.iter().fold((0, 0), |(i, o), p| (i + p.in_packets, o + p.out_packets))
     }
 
     /// The flow meter's counters (with `[sflow]` or `[ipfix]`).
@@ -287,7 +278,49 @@ impl EbpfFlows {
     }
 }
 
+/// `ports` with at least `n` ports (the ports attached since a window opened count nothing in
+/// it, and every flow in it was counted).
+fn pad(ports: &mut Vec<(ExactFlows, bool)>, n: usize) -> &mut Vec<(ExactFlows, bool)> {
+    if ports.len() < n {
+        ports.resize_with(n, || (ExactFlows::default(), true));
+    }
+    ports
+}
+
+/// Hands a flow to the flow-export thread; when the ring is full, waits for room until
+/// `deadline` (`None`: not at all), then drops it and counts it.
+fn hand_out(
+    ring: &Producer<ExportedFlow>,
+    drops: &mut u64,
+    e: &FlowEntry,
+    why: EndReason,
+    deadline: Option<Instant>,
+) {
+    let mut item = (*e, why);
+    loop {
+        match ring.push(item) {
+            Ok(()) => return,
+            Err(back) if deadline.is_some_and(|d| Instant::now() < d) => item = back,
+            Err(_) => {
+                *drops += 1;
+                return;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 impl HeavyHitters {
+    /// The window period `period` begins in.
+    fn window_of(&self, period: u64) -> u64 {
+        period.saturating_mul(self.period_ns) / self.settings.window_ns.max(1)
+    }
+
+    /// Port `slot`'s flows in window `w` (opened if it was not).
+    fn port(&mut self, w: u64, slot: usize) -> &mut (ExactFlows, bool) {
+        &mut pad(self.open.entry(w).or_default(), slot + 1)[slot]
+    }
+
     fn close(&mut self, w: u64, flows: Vec<(ExactFlows, bool)>) {
         let window = self.settings.window_ns.max(1);
         let (start_ns, end_ns) = (w.saturating_mul(window), (w + 1).saturating_mul(window));
@@ -338,7 +371,7 @@ mod tests {
     }
 
     /// Ten 100 ms periods make a 1 s window; it is listed only once its last period is final,
-    /// with the heavy flow's exact count; a refusal marks it incomplete.
+    /// with the heavy flow's exact count; a refusal marks the windows still open incomplete.
     #[test]
     fn windows_close_when_their_periods_are_final() {
         let hh = HeavyHittersSettings {
@@ -354,14 +387,15 @@ mod tests {
         f.tick(0, 108, 1);
         assert!(windows.pop().is_none(), "listed before its last period was final");
         f.ingress(0, None, &closed(1, 0, 110, 7)); // the next window
-        f.refused(0);
         f.tick(0, 109, 1);
         let w = windows.pop().expect("window 10");
         assert_eq!((w.port, w.start_ns, w.end_ns), (0, 10_000_000_000, 11_000_000_000));
         assert_eq!(w.hh.packets, 1010);
         assert_eq!(w.hh.flows.len(), 1);
         assert_eq!((w.hh.flows[0].packets, w.hh.flows[0].bytes), (1000, 114_000));
-        assert!(!w.hh.complete, "the refusal came while the window was open");
+        assert!(w.hh.complete, "window 10 counted every flow");
+        // A refusal read while period 112 runs: window 11, which is still open.
+        f.refused(0, 112);
         f.flush(1);
         let next = windows.pop().expect("window 11 at the stop");
         assert_eq!(next.hh.packets, 7);

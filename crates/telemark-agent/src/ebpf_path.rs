@@ -49,6 +49,8 @@ pub(crate) struct EbpfPath {
     /// The aggregator's points so far (it adds the ones published in `shared.new_points`),
     /// as (name, port) for `/metrics`.
     point_labels: Vec<(String, String)>,
+    /// Whether a point was refused for want of numbers (said once).
+    out_of_points: bool,
     /// Each flow's ingress point, as last seen.
     flow_in: HashMap<FlowKey, u8>,
     /// The port (slot) each flow last left by.
@@ -128,6 +130,7 @@ pub(crate) fn open(
         ports: Vec::new(),
         out_points: HashMap::new(),
         point_labels: Vec::new(),
+        out_of_points: false,
         flow_in: HashMap::new(),
         flow_out: HashMap::new(),
         flows,
@@ -193,6 +196,13 @@ impl EbpfPath {
     /// Publishes a point to the aggregation; its number (`None`: 255 points taken).
     fn add_point(&mut self, spec: PointSpec) -> Option<u8> {
         if self.point_labels.len() >= usize::from(u8::MAX) {
+            if !self.out_of_points {
+                tracing::warn!(
+                    "eBPF: all 255 points are taken; new interfaces and paths are not \
+                     measured until the agent restarts"
+                );
+                self.out_of_points = true;
+            }
             return None;
         }
         let id = self.point_labels.len() as u8;
@@ -246,10 +256,13 @@ impl EbpfPath {
                 self.programs.detach(a);
             }
         }
-        // A role changed by a reload: new points (the old ones' batches stay as they were).
+        // A role changed by a reload: new points (the old ones' batches stay as they were);
+        // anything else of its `[[port]]` (how its name was matched) changes nothing.
         for (t, pc, _) in &seen {
             let Some(&slot) = self.slots.get(t) else { continue };
-            if self.ports[slot].2 != *pc {
+            if self.ports[slot].2.role() == pc.role() {
+                self.ports[slot].2 = pc.clone();
+            } else {
                 if let Some(a) = self.attached.remove(t) {
                     tracing::info!("eBPF: {}'s [[port]] changed; attached anew", t.label());
                     self.programs.detach(a);
@@ -541,7 +554,7 @@ impl EbpfPath {
             self.refused_seen[kp] = *n;
             let slot = kp / 2;
             if kp % 2 == 0 {
-                self.flows.refused(slot);
+                self.flows.refused(slot, ebpf::now() / self.settings.period_ns.max(1));
             }
             let points: Vec<u8> = if kp % 2 == 0 {
                 vec![self.ports[slot].1]
@@ -615,8 +628,11 @@ impl EbpfPath {
         }
         let mut p = shared.path.lock().unwrap_or_else(|p| p.into_inner());
         p.points = tables;
-        p.rx = get(Stat::In);
-        p.tx = get(Stat::Out);
+        // Frames counted at the points (the programs keep no per-packet total: a counter
+        // bumped for every packet would cost another cache line a packet).
+        let (rx, tx) = self.flows.totals();
+        p.rx = rx + get(Stat::NotIp);
+        p.tx = tx;
         p.skipped = get(Stat::NotIp);
         p.event_drops = self.event_drops;
         p.learned = self.reader.len() as u64;

@@ -91,6 +91,8 @@ struct tm_settings {
 	__u32 sample_rate;
 	/* sFlow: the most bytes of a sampled packet sent (its headers). */
 	__u32 sample_bytes;
+	/* The period some packet was last seen in (written by the programs: see period_at()). */
+	__u64 period_seen;
 };
 
 /* One period's counts at one point, on one CPU. */
@@ -118,9 +120,7 @@ struct tm_drop_key {
 
 /* Counters (map "stats", per CPU). */
 enum tm_stat {
-	TM_STAT_IN = 0,          /* packets seen at ingress hooks */
-	TM_STAT_OUT,             /* at egress hooks */
-	TM_STAT_NOT_IP,          /* not IPv4/IPv6 over Ethernet: passed, not counted */
+	TM_STAT_NOT_IP = 0,      /* not IPv4/IPv6 over Ethernet: passed, not counted */
 	TM_STAT_MARKED,          /* coloured by a marker */
 	TM_STAT_UNMARKED,        /* colour bit given back at a domain exit */
 	TM_STAT_REFUSED,         /* no room in "counts": a flow not measured there */
@@ -326,10 +326,23 @@ static __always_inline int set_colour(struct __sk_buff *skb, struct tm_ip *ip, v
  * colour than the current period's is a straggler of the period before within the guard after
  * it began, early for the next one within as long before that one begins (this host's clock
  * behind the marker's), and late in between (`*late` set; the period before). */
-static __always_inline __u64 period_of(__u64 now, __u8 colour, const struct tm_settings *s,
-				       int *late)
+/* The period `now` is in (RFC 9341 §3.2: k = floor(t / T)). A 64-bit division costs about a
+ * packet's 13 ns, so the last period seen is kept in the settings and tried first: while `now`
+ * is in it, one multiplication tells. All CPUs write the same value once a period; a value
+ * another CPU wrote meanwhile, older or newer, fails the test and is computed again. */
+static __always_inline __u64 period_at(__u64 now, struct tm_settings *s)
 {
-	__u64 k_now = now / s->period_ns;
+	__u64 k = s->period_seen;
+	if (now - k * s->period_ns < s->period_ns)
+		return k;
+	k = now / s->period_ns;
+	s->period_seen = k;
+	return k;
+}
+
+static __always_inline __u64 period_of(__u64 now, __u8 colour, struct tm_settings *s, int *late)
+{
+	__u64 k_now = period_at(now, s);
 	*late = 0;
 	if ((k_now & 1) == colour)
 		return k_now;
@@ -348,7 +361,7 @@ static __always_inline __u64 period_of(__u64 now, __u8 colour, const struct tm_s
 /* Counts `segs` packets of colour `colour` at `point`: in the period they belong to, or as
  * late. */
 static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u32 len,
-				  __u32 segs, __u64 now, const struct tm_settings *s)
+				  __u32 segs, __u64 now, struct tm_settings *s)
 {
 	int late;
 	__u64 period = period_of(now, colour, s, &late);
@@ -409,7 +422,7 @@ static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u
  * drops that come after their period was read, or of packets counted late, are left as they
  * are (then the link after the point shows them). */
 static __always_inline int uncount(struct tm_key *k, __u8 point, __u8 colour, __u32 len,
-				   __u32 segs, __u64 now, const struct tm_settings *s)
+				   __u32 segs, __u64 now, struct tm_settings *s)
 {
 	int late;
 	__u64 period = period_of(now, colour, s, &late);
@@ -432,10 +445,14 @@ static __always_inline int uncount(struct tm_key *k, __u8 point, __u8 colour, __
 	return 1;
 }
 
+/* The most samples one skb gives (a GSO or GRO skb of many segments at a low rate). */
+#define TM_SAMPLES_PER_SKB 64
+
 /* sFlow v5's packet sampling (sFlow v5 §4, "Packet Flow Sampling"): of the packets arriving at
  * `point`, one in `sample_rate` at random, each gap drawn uniformly from 1 .. 2N - 1 (mean N).
- * A GSO or GRO skb is its packets: they all add to the pool, and the skb is sampled when the
- * gap ends inside it. */
+ * A GSO or GRO skb is its segments: they all add to the pool, every gap that ends inside it
+ * gives a sample of it (its segments share their headers), and the segments after the last
+ * one start the next gap. */
 static __always_inline void sample(struct __sk_buff *skb, __u8 point, const struct tm_settings *s)
 {
 	__u32 p = point;
@@ -448,8 +465,7 @@ static __always_inline void sample(struct __sk_buff *skb, __u8 point, const stru
 		sm->skip -= segs;
 		return;
 	}
-	__u32 rate = s->sample_rate;
-	sm->skip = rate > 1 ? 1 + bpf_get_prandom_u32() % (2 * rate - 1) : 1;
+	__u64 rate = s->sample_rate;
 	__u64 n = skb->len < s->sample_bytes ? skb->len : s->sample_bytes;
 	struct tm_sample meta = {
 		.ifindex = skb->ifindex,
@@ -457,11 +473,20 @@ static __always_inline void sample(struct __sk_buff *skb, __u8 point, const stru
 		.header_len = (__u32)n,
 		.in_point = point,
 	};
-	bump(TM_STAT_SAMPLED);
-	if (bpf_perf_event_output(skb, &samples, BPF_F_CURRENT_CPU | (n << 32), &meta,
-				  sizeof(meta)) != 0) {
-		sm->lost += 1;
-		bump(TM_STAT_SAMPLE_LOST);
+	__u32 left = segs;
+	for (int i = 0; i < TM_SAMPLES_PER_SKB; i++) {
+		if (sm->skip > left) {
+			sm->skip -= left;
+			return;
+		}
+		left -= sm->skip;
+		sm->skip = rate > 1 ? 1 + (__u32)(bpf_get_prandom_u32() % (2 * rate - 1)) : 1;
+		bump(TM_STAT_SAMPLED);
+		if (bpf_perf_event_output(skb, &samples, BPF_F_CURRENT_CPU | (n << 32), &meta,
+					  sizeof(meta)) != 0) {
+			sm->lost += 1;
+			bump(TM_STAT_SAMPLE_LOST);
+		}
 	}
 }
 
@@ -509,7 +534,6 @@ int tm_ingress(struct __sk_buff *skb)
 		bump(TM_STAT_UNATTACHED);
 		return TC_ACT_UNSPEC;
 	}
-	bump(TM_STAT_IN);
 	/* Every frame, as it arrived (before a marker colours it). */
 	if (s->sample_rate && port->in_point != TM_NO_POINT)
 		sample(skb, port->in_point, s);
@@ -526,7 +550,7 @@ int tm_ingress(struct __sk_buff *skb)
 	if (port->in_action == TM_IN_MARK) {
 		/* The marker's colour changes on the period's edge: the fine clock. */
 		now = unix_now(s);
-		colour = (now / s->period_ns) & 1;
+		colour = period_at(now, s) & 1;
 		if (colour_of(&ip, end, mask)) {
 			/* The flow's own DSCP has the bit: remember it for the exit (rare). */
 			__u8 one = 1;
@@ -560,7 +584,6 @@ int tm_egress(struct __sk_buff *skb)
 		bump(TM_STAT_UNATTACHED);
 		return TC_ACT_UNSPEC;
 	}
-	bump(TM_STAT_OUT);
 	struct tm_key k = {};
 	struct tm_ip ip = {};
 	if (parse(skb, &ip, &k) != 0) {
@@ -691,7 +714,7 @@ int tm_drop(__u64 *ctx)
 			/* The exit gave the packet its own DSCP bit back, so the colour it was
 			 * counted in is not in it. It was counted moments ago: in the current
 			 * period's colour, or, a straggler, the other. */
-			__u8 current = (now / s->period_ns) & 1;
+			__u8 current = period_at(now, s) & 1;
 			done = uncount(&k, port->out_point, current, skb->len, packets, now, s) ||
 			       uncount(&k, port->out_point, current ^ 1, skb->len, packets, now, s);
 		} else {

@@ -699,10 +699,10 @@ fn a_reload_moves_the_hooks_and_metrics_name_the_points() {
             .spawn()
             .unwrap(),
     );
-    // Frames out of dNp arrive at dN's ingress (ARP: counted in `in`, as `not_ip`).
+    // Frames out of dNp arrive at dN's ingress (ARP: counted as `not_ip`).
     let arrive_at = |i: u8| n.exec(&format!("sh -c 'ping -c 3 -i 0.2 -W 1 10.99.{i}.1 || true'"));
     let counted_in = || -> u64 {
-        let key = "telemark_agent_ebpf_kernel_total{agent=\"rl\",counter=\"in\"} ";
+        let key = "telemark_agent_ebpf_kernel_total{agent=\"rl\",counter=\"not_ip\"} ";
         scrape(mport).lines().find_map(|l| l.strip_prefix(key)?.parse().ok()).unwrap_or(0)
     };
     let grows = |i: u8| -> bool {
@@ -728,6 +728,14 @@ fn a_reload_moves_the_hooks_and_metrics_name_the_points() {
     let m = scrape(mport);
     assert!(m.contains(&format!("point=\"in:{ns}:d2\"")), "{m}");
     assert!(m.contains("telemark_agent_ebpf_interfaces{agent=\"rl\"} 1"), "{m}");
+
+    // The same interface, a new role: it marks now, under a point of that name.
+    write("d2", true);
+    sh(&format!("kill -HUP {}", agent.0.id()));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(grows(1), "d2 is still hooked");
+    let m = scrape(mport);
+    assert!(m.contains(&format!("point=\"mark:{ns}:d2\"")), "{m}");
 
     sh(&format!("kill -TERM {}", agent.0.id()));
     assert!(agent.0.wait().unwrap().success());

@@ -83,6 +83,8 @@ pub struct Settings {
     pub sample_rate: u32,
     /// sFlow: the most bytes of a sampled packet sent.
     pub sample_bytes: u32,
+    /// The period a packet was last seen in: the programs' own, kept across writes.
+    pub period_seen: u64,
 }
 
 /// `enum tm_clock`: the clock a counting point reads.
@@ -162,9 +164,7 @@ pub struct DropKey {
 /// `enum tm_stat`: the programs' counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stat {
-    In = 0,
-    Out,
-    NotIp,
+    NotIp = 0,
     Marked,
     Unmarked,
     Refused,
@@ -190,8 +190,6 @@ impl Stat {
     /// Its name in `/metrics`.
     pub fn name(self) -> &'static str {
         match self {
-            Stat::In => "in",
-            Stat::Out => "out",
             Stat::NotIp => "not_ip",
             Stat::Marked => "marked",
             Stat::Unmarked => "unmarked",
@@ -212,9 +210,7 @@ impl Stat {
     }
 
     /// Every counter, in map order.
-    pub const ALL: [Stat; 18] = [
-        Stat::In,
-        Stat::Out,
+    pub const ALL: [Stat; 16] = [
         Stat::NotIp,
         Stat::Marked,
         Stat::Unmarked,
@@ -310,7 +306,7 @@ unsafe impl aya::Pod for Sampler {}
 const _: () = {
     assert!(core::mem::size_of::<Port>() == 4);
     assert!(core::mem::size_of::<DropPort>() == 16);
-    assert!(core::mem::size_of::<Settings>() == 48);
+    assert!(core::mem::size_of::<Settings>() == 56);
     assert!(core::mem::size_of::<Sampler>() == 16);
     assert!(core::mem::size_of::<Key>() == 40);
     assert!(core::mem::size_of::<Batch>() == 48);

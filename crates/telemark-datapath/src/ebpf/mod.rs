@@ -257,6 +257,7 @@ impl Programs {
         let clock = clock_for(s.period_ns, s.guard_ns);
         let s = Settings {
             restore: old.restore,
+            period_seen: old.period_seen,
             consumed_reason: btf::consumed_reason(),
             tai_offset_ns: tai_offset_ns(),
             clock: clock as u8,
