@@ -79,6 +79,8 @@ pub(crate) struct EbpfPath {
     drops_seen: HashMap<DropKey, u64>,
     /// The kernel's drop reason names by number (its BTF).
     reason_names: HashMap<u64, String>,
+    /// When the drops per reason are read next.
+    next_reasons: Instant,
 }
 
 /// Loads the programs and attaches them to the interfaces there are now.
@@ -146,6 +148,7 @@ pub(crate) fn open(
         next_scan: Instant::now(),
         drops_seen: HashMap::new(),
         reason_names: ebpf::btf::drop_reasons(),
+        next_reasons: Instant::now(),
     };
     path.scan();
     if path.attached.is_empty() {
@@ -537,17 +540,22 @@ impl EbpfPath {
                 *pending.entry(flow).or_default().entry(reason).or_default() += n;
             }
         }
-        if let Ok(by_reason) = self.programs.reasons() {
-            let named = by_reason.into_iter().map(|(r, n)| (self.reason_name(r), n)).collect();
-            *self.shared.kernel_drops.lock().unwrap_or_else(|p| p.into_inner()) = named;
+        // All 512 reasons are 512 reads: once a second is enough for /metrics.
+        if Instant::now() >= self.next_reasons {
+            self.next_reasons = Instant::now() + Duration::from_secs(1);
+            if let Ok(by_reason) = self.programs.reasons() {
+                let named =
+                    by_reason.into_iter().map(|(r, n)| (self.reason_name(r), n)).collect();
+                *self.shared.kernel_drops.lock().unwrap_or_else(|p| p.into_inner()) = named;
+            }
         }
     }
 
     /// Tells the aggregator which points have refused flows (it then treats a flow's first
     /// batch there as possibly partial, never as loss).
     fn refusals(&mut self) {
-        let Ok(refused) = self.programs.refused() else { return };
-        for (kp, n) in refused.iter().enumerate().take(2 * self.ports.len()) {
+        let Ok(refused) = self.programs.refused(2 * self.ports.len() as u32) else { return };
+        for (kp, n) in refused.iter().enumerate() {
             if *n <= self.refused_seen[kp] {
                 continue;
             }
@@ -609,7 +617,7 @@ impl EbpfPath {
         let get = |s: Stat| stats.iter().find(|(k, _)| *k == s).map_or(0, |(_, v)| *v);
         // Each port's points, with what the kernel refused there for lack of room (an egress's
         // refusals are shown at the first of its points).
-        let refused = self.programs.refused().unwrap_or_default();
+        let refused = &self.refused_seen;
         let capacity = u64::from(self.settings.flows);
         let flows = self.reader.len() as u64;
         let mut tables = Vec::new();

@@ -95,14 +95,17 @@ struct tm_settings {
 	__u64 period_seen;
 };
 
-/* One period's counts at one point, on one CPU. */
+/* One period's counts at one point, on one CPU. What every packet writes comes first, in 32
+ * bytes: the map's 96-byte values lie one after another in page-aligned per-CPU chunks, so
+ * they start on 32-byte boundaries and those 32 bytes share one cache line (with last_ns
+ * after first_ns, half the values had it in the next line). */
 struct tm_batch {
 	__u64 period; /* k: the batch covers [kT, (k+1)T) at the marker */
 	__u64 packets;
 	__u64 bytes;
-	__u64 first_ns;
-	__u64 last_ns; /* last in-time packet */
-	__u64 late;    /* packets after the guard */
+	__u64 last_ns;  /* last in-time packet */
+	__u64 first_ns; /* written when the period starts */
+	__u64 late;     /* packets after the guard */
 };
 
 /* The period being counted and the one of the same colour before it (two periods back): user

@@ -140,8 +140,8 @@ pub struct Batch {
     pub period: u64,
     pub packets: u64,
     pub bytes: u64,
-    pub first_ns: u64,
     pub last_ns: u64,
+    pub first_ns: u64,
     pub late: u64,
 }
 

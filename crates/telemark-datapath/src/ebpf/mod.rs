@@ -427,9 +427,9 @@ impl Programs {
         Ok(Stat::ALL.iter().copied().zip(v).collect())
     }
 
-    /// Flows each point refused for lack of room, by point.
-    pub fn refused(&self) -> Result<Vec<u64>, Error> {
-        self.per_cpu_sums("refused", 256)
+    /// Flows each of the first `points` points refused for lack of room, by point.
+    pub fn refused(&self, points: u32) -> Result<Vec<u64>, Error> {
+        self.per_cpu_sums("refused", points.min(256))
     }
 
     /// Each ingress point's sFlow sampler summed over CPUs, by point: (pool, lost).
