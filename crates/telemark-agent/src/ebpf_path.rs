@@ -544,8 +544,7 @@ impl EbpfPath {
         if Instant::now() >= self.next_reasons {
             self.next_reasons = Instant::now() + Duration::from_secs(1);
             if let Ok(by_reason) = self.programs.reasons() {
-                let named =
-                    by_reason.into_iter().map(|(r, n)| (self.reason_name(r), n)).collect();
+                let named = by_reason.into_iter().map(|(r, n)| (self.reason_name(r), n)).collect();
                 *self.shared.kernel_drops.lock().unwrap_or_else(|p| p.into_inner()) = named;
             }
         }

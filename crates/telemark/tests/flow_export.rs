@@ -515,15 +515,7 @@ fn heavy_hitters_on_the_switch_name_the_heavy_flow_with_a_bound_that_holds_the_t
              json_extract(json, '$.estimate'), json_extract(json, '$.window_packets'), \
              json_extract(json, '$.threshold_packets'), json_extract(json, '$.window_flows') \
              FROM other WHERE kind = 'flow' AND json_extract(json, '$.point') = 'ingress'";
-    let until = Instant::now() + Duration::from_secs(10);
-    let rows = loop {
-        let out = Command::new("sqlite3").arg(&db).arg(q).output().unwrap();
-        let rows = String::from_utf8_lossy(&out.stdout).into_owned();
-        if !rows.trim().is_empty() || Instant::now() > until {
-            break rows;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let rows = rows_once_there(&db, q);
     println!("heavy-hitter records: {rows}");
     let rows: Vec<Vec<&str>> = rows.lines().map(|l| l.split('|').collect()).collect();
     assert_eq!(rows.len(), 1, "one heavy flow, no light one: {rows:?}");
@@ -572,6 +564,20 @@ fn heavy_hitters_on_the_switch_name_the_heavy_flow_with_a_bound_that_holds_the_t
     let hh = stats.path.hh.unwrap();
     assert_eq!((hh.windows, hh.flows, hh.drops), (2, 1, 0));
     assert!(hh.busy_ns > 0, "the stage's time was not measured");
+}
+
+/// The rows of `q` in the collector's database, as sqlite3 prints them, once there are some
+/// (waiting up to 10 s for the collector to store them).
+fn rows_once_there(db: &Path, q: &str) -> String {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = Command::new("sqlite3").arg(db).arg(q).output().unwrap();
+        let rows = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !rows.trim().is_empty() || Instant::now() > until {
+            return rows;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// `eval/cost-study.sh`, the cost paper's study, shortened to one second per workload and three
@@ -828,15 +834,7 @@ fn sflow_ipfix_and_heavy_hitters_from_the_ebpf_datapath_match_the_truth() {
              json_extract(json, '$.error_bound'), json_extract(json, '$.port'), \
              json_extract(json, '$.window_packets') FROM other WHERE kind = 'flow' \
              AND json_extract(json, '$.window_packets') IS NOT NULL";
-    let until = Instant::now() + Duration::from_secs(10);
-    let rows = loop {
-        let out = Command::new("sqlite3").arg(&db).arg(q).output().unwrap();
-        let rows = String::from_utf8_lossy(&out.stdout).into_owned();
-        if !rows.trim().is_empty() || Instant::now() > until {
-            break rows;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let rows = rows_once_there(&db, q);
     println!("heavy-hitter records: {rows}");
     let rows: Vec<Vec<&str>> = rows.lines().map(|l| l.split('|').collect()).collect();
     assert!(!rows.is_empty() && rows.len() <= 2, "{rows:?}");
