@@ -28,7 +28,7 @@ use telemark_core::spsc::{self, Consumer, Producer};
 use telemark_datapath::ebpf::maps::SampleMeta;
 use telemark_datapath::ebpf::periods::Closed;
 use telemark_datapath::flow_meter::{
-    ExportedFlow, MeterRings, MeterStats, PortCounters, SampledPacket, MAX_HEADER,
+    ExportedFlow, MeterRings, MeterStats, PortCounters, SampledPacket,
 };
 use telemark_datapath::heavy_hitters::{HhStats, PortWindow};
 
@@ -124,17 +124,8 @@ impl EbpfFlows {
         lost: u32,
     ) {
         let Some(ring) = &self.sflow else { return };
-        let n = bytes.len().min(MAX_HEADER);
-        let mut s = SampledPacket {
-            port: slot as u16,
-            out_port: u16::MAX,
-            frame_len: meta.frame_len,
-            pool: pool as u32, // sFlow's sample_pool is 32 bits and wraps
-            drops: lost,
-            header_len: n as u16,
-            header: [0; MAX_HEADER],
-        };
-        s.header[..n].copy_from_slice(&bytes[..n]);
+        // sFlow's sample_pool is 32 bits and wraps.
+        let s = SampledPacket::new(slot as u16, u16::MAX, meta.frame_len, pool as u32, lost, bytes);
         match ring.push(s) {
             Ok(()) => self.sflow_samples += 1,
             Err(_) => self.sflow_drops += 1,

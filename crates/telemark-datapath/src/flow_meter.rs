@@ -52,6 +52,33 @@ pub struct SampledPacket {
     pub header: [u8; MAX_HEADER],
 }
 
+impl SampledPacket {
+    /// A sample of a frame received on `port` (sent out of `out_port`, `u16::MAX`: none) of
+    /// `frame_len` bytes on the wire, with its first `header` bytes (at most [`MAX_HEADER`]),
+    /// the port's sample pool and the samples of it dropped before this one.
+    pub fn new(
+        port: u16,
+        out_port: u16,
+        frame_len: u32,
+        pool: u32,
+        drops: u32,
+        header: &[u8],
+    ) -> Self {
+        let n = header.len().min(MAX_HEADER);
+        let mut s = SampledPacket {
+            port,
+            out_port,
+            frame_len,
+            pool,
+            drops,
+            header_len: n as u16,
+            header: [0; MAX_HEADER],
+        };
+        s.header[..n].copy_from_slice(&header[..n]);
+        s
+    }
+}
+
 /// A flow the cache handed out, and why.
 pub type ExportedFlow = (FlowEntry, EndReason);
 
@@ -342,16 +369,8 @@ impl SflowStage {
         patience: Option<Duration>,
     ) {
         let n = frame.len().min(self.settings.header_bytes);
-        let mut s = SampledPacket {
-            port: in_port,
-            out_port,
-            frame_len: wire_len,
-            pool: self.samplers[i].pool(),
-            drops: self.drops[i],
-            header_len: n as u16,
-            header: [0; MAX_HEADER],
-        };
-        s.header[..n].copy_from_slice(&frame[..n]);
+        let (pool, drops) = (self.samplers[i].pool(), self.drops[i]);
+        let s = SampledPacket::new(in_port, out_port, wire_len, pool, drops, &frame[..n]);
         self.samples += 1;
         if !hand(&self.ring, s, patience) {
             self.drops[i] = self.drops[i].wrapping_add(1);

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{counter, in_ns, named, our_programs, sh, Proc};
+use common::{collector_in_process, counter, in_ns, named, our_programs, sh, Proc};
 
 struct Netns(String);
 
@@ -191,7 +191,7 @@ fn two_hosts_one_collector_find_the_lossy_link_and_the_lossy_host() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     use telemark_agent::{Agent, FileConfig};
     use telemark_collector::api::Request;
-    use telemark_collector::{now_ns, Collector, Config};
+    use telemark_collector::now_ns;
 
     let (s, r1, r2, d) = (Netns::new("s2"), Netns::new("r1"), Netns::new("r2"), Netns::new("d2"));
     let l = Netns::new("l2");
@@ -247,13 +247,7 @@ fn two_hosts_one_collector_find_the_lossy_link_and_the_lossy_host() {
     );
 
     let dir = tempfile::tempdir().unwrap();
-    let cfg = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        db: dir.path().join("collector.db"),
-        ..Config::default()
-    };
-    let c = Collector::start(&cfg).unwrap();
-    let url = format!("http://{}", c.addr);
+    let (c, url) = collector_in_process(dir.path());
     let agent = |name: &str, ns: &str, ports: &str| {
         let toml = format!(
             "agent = \"{name}\"\nnetns = \"{ns}\"\n[ebpf]\nperiod = \"50ms\"\n{ports}\n\
@@ -518,7 +512,7 @@ fn an_ebpf_bridge_host_and_an_afpacket_switch_share_one_path() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     use telemark_agent::{Agent, FileConfig};
     use telemark_collector::api::Request;
-    use telemark_collector::{now_ns, Collector, Config};
+    use telemark_collector::now_ns;
 
     let (s, h1, l, h2, d) = (
         Netns::new("bs"),
@@ -562,13 +556,7 @@ fn an_ebpf_bridge_host_and_an_afpacket_switch_share_one_path() {
     );
 
     let dir = tempfile::tempdir().unwrap();
-    let cfg = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        db: dir.path().join("collector.db"),
-        ..Config::default()
-    };
-    let c = Collector::start(&cfg).unwrap();
-    let url = format!("http://{}", c.addr);
+    let (c, url) = collector_in_process(dir.path());
     let export =
         format!("[export]\ncollector = \"{url}\"\ninterval = \"200ms\"\nreport_all = true\n");
     let start =

@@ -27,7 +27,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{counter, in_ns, named, our_programs, sh, Ovs};
+use common::{collector_in_process, counter, in_ns, named, our_programs, sh, Ovs};
 
 /// The testbed: ovs.sh's bridge and hosts, the sender's namespace and the nftables table in the
 /// host namespace. Dropped on every path: the table and the sender's namespace here, then
@@ -182,7 +182,7 @@ fn link_counter(dev: &str, which: &str) -> u64 {
 fn the_loss_through_an_ovs_userspace_bridge_is_found_and_named() {
     use telemark_agent::{Agent, FileConfig};
     use telemark_collector::api::Request;
-    use telemark_collector::{now_ns, Collector, Config};
+    use telemark_collector::now_ns;
 
     let p = format!("tmeo{}", std::process::id() % 100_000);
     let bed = Bed::up(&p);
@@ -200,13 +200,7 @@ fn the_loss_through_an_ovs_userspace_bridge_is_found_and_named() {
     sh(&format!("tc qdisc add dev {pb} root tbf rate 30mbit burst 16kb limit 30kb"));
 
     let dir = tempfile::tempdir().unwrap();
-    let cfg = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        db: dir.path().join("collector.db"),
-        ..Config::default()
-    };
-    let c = Collector::start(&cfg).unwrap();
-    let url = format!("http://{}", c.addr);
+    let (c, url) = collector_in_process(dir.path());
     // Periods of 50 ms: every point reads the fine clock (with the coarse one, at 100 ms, the
     // two agents' clocks may put `sw`'s batches a few ns before `ha`'s, and the collector then
     // does not find the link between them from the timing).

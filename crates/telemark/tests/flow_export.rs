@@ -327,6 +327,28 @@ fn sfacctd_flows(dir: &Path, p: &mut Proc) -> BTreeMap<u16, u64> {
 
 /// Within four standard deviations of `truth` for 1-in-`rate` sampling (binomial, an upper
 /// bound of the random-skip sampler's variance).
+/// The sampled headers tshark read (its `udp.srcport` lines), counted per test flow.
+fn samples_by_sport(tshark_out: &str) -> BTreeMap<u16, u64> {
+    let mut samples: BTreeMap<u16, u64> = BTreeMap::new();
+    for sp in tshark_out.lines().flat_map(|l| l.split(';')).filter_map(|s| s.parse::<u16>().ok()) {
+        if SPORTS.contains(&sp) {
+            *samples.entry(sp).or_default() += 1;
+        }
+    }
+    samples
+}
+
+/// Every flow's samples, scaled by the rate, lie within the sampling bound of what was sent.
+fn tshark_within_sampling_bound(samples: &BTreeMap<u16, u64>, sent: &BTreeMap<u16, u64>) {
+    for (sp, truth) in sent {
+        let est = samples.get(sp).copied().unwrap_or(0) * SFLOW_RATE;
+        assert!(
+            within_sampling_bound(est, *truth, SFLOW_RATE),
+            "sFlow by tshark, port {sp}: {est} for {truth}"
+        );
+    }
+}
+
 fn within_sampling_bound(estimate: u64, truth: u64, rate: u64) -> bool {
     let sd = ((truth * rate) as f64).sqrt();
     (estimate as f64 - truth as f64).abs() <= 4.0 * sd + rate as f64
@@ -414,19 +436,8 @@ fn sflow_and_ipfix_from_the_switch_decode_in_tshark_telemarks_collector_nfdump_a
     // … and of the sFlow flow samples: the sampled headers' UDP source ports, times the rate.
     let only = format!("udp.dstport=={rec_sflow}");
     let out = tshark_fields(&pcap, &decode, &only, &["udp.srcport"]);
-    let mut samples: BTreeMap<u16, u64> = BTreeMap::new();
-    for sp in out.lines().flat_map(|l| l.split(';')).filter_map(|s| s.parse::<u16>().ok()) {
-        if SPORTS.contains(&sp) {
-            *samples.entry(sp).or_default() += 1;
-        }
-    }
-    for (sp, truth) in &sent {
-        let est = samples.get(sp).copied().unwrap_or(0) * SFLOW_RATE;
-        assert!(
-            within_sampling_bound(est, *truth, SFLOW_RATE),
-            "sFlow by tshark, port {sp}: {est} for {truth}"
-        );
-    }
+    let samples = samples_by_sport(&out);
+    tshark_within_sampling_bound(&samples, &sent);
 
     // Telemark's collector.
     let until = Instant::now() + Duration::from_secs(10);
@@ -800,20 +811,9 @@ fn sflow_ipfix_and_heavy_hitters_from_the_ebpf_datapath_match_the_truth() {
     // sFlow: the kernel's samples, as tshark reads them and as the collector estimates.
     let only = format!("udp.dstport=={rec_sflow}");
     let out = tshark_fields(&pcap, &decode, &only, &["udp.srcport"]);
-    let mut samples: BTreeMap<u16, u64> = BTreeMap::new();
-    for sp in out.lines().flat_map(|l| l.split(';')).filter_map(|s| s.parse::<u16>().ok()) {
-        if SPORTS.contains(&sp) {
-            *samples.entry(sp).or_default() += 1;
-        }
-    }
+    let samples = samples_by_sport(&out);
     println!("tshark sFlow samples {samples:?}");
-    for (sp, truth) in &sent {
-        let est = samples.get(sp).copied().unwrap_or(0) * SFLOW_RATE;
-        assert!(
-            within_sampling_bound(est, *truth, SFLOW_RATE),
-            "sFlow by tshark, port {sp}: {est} for {truth}"
-        );
-    }
+    tshark_within_sampling_bound(&samples, &sent);
     let until = Instant::now() + Duration::from_secs(10);
     let mut sflow = stored(&db, "sflow");
     while sflow.len() < sent.len() && Instant::now() < until {

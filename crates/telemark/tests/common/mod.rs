@@ -194,3 +194,16 @@ pub fn counter(listing: &str, what: &str) -> u64 {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no {what:?} in {listing}"))
 }
+
+/// Telemark's collector in this process, storing in `dir`/collector.db, listening on a free
+/// loopback port: it and its base URL.
+pub fn collector_in_process(dir: &Path) -> (telemark_collector::Collector, String) {
+    let cfg = telemark_collector::Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        db: dir.join("collector.db"),
+        ..telemark_collector::Config::default()
+    };
+    let c = telemark_collector::Collector::start(&cfg).unwrap();
+    let url = format!("http://{}", c.addr);
+    (c, url)
+}
