@@ -10,7 +10,8 @@
 //!   by its (agent, boot, seq) headers).
 //! - **Consuming.** Records are stored in one transaction per poll, and the offsets committed
 //!   only after it: a crash or a rebalance gives records again, never loses them, and the
-//!   (agent, boot, seq) key stores each once.
+//!   (agent, boot, seq) key stores each once. A failed commit is retried with the next one,
+//!   and a partition leaving this collector gets its stored offsets committed as it leaves.
 //!
 //! Neither ever holds up ingest: the outbox is bounded (`outbox_max`; past it records are
 //! stored, not published, and counted), and the producer's queue is librdkafka's own.
@@ -24,7 +25,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use telemark_kafka::{Consumer, KafkaConfig, Kind, Message, Origin, Producer, SendError};
+use telemark_kafka::{
+    Consumer, KafkaConfig, Kind, Message, Origin, Producer, SendError, TopicProbe,
+};
 use telemark_transport::metrics::Exposition;
 
 /// The collector's Kafka file (`telemark collector --kafka FILE`).
@@ -261,6 +264,7 @@ pub fn publish(
         let mut sent_up_to = 0i64;
         let mut in_flight = BTreeSet::new();
         let mut failed = false;
+        let mut failures = 0u64;
         let mut stopping: Option<Instant> = None;
         loop {
             if stopping.is_none() && stop.load(Ordering::Relaxed) {
@@ -310,11 +314,23 @@ pub fn publish(
                 match d.error {
                     None => acked.push(id),
                     Some(e) => {
-                        tracing::warn!("kafka: delivery failed, to be sent again: {e}");
+                        // Said once per outage (an outage fails every record in flight).
+                        if failures == 0 {
+                            tracing::warn!(
+                                "kafka: delivery to {} failed ({e}); every record from the \
+                                 first not acknowledged is sent again, in order",
+                                d.topic
+                            );
+                        }
+                        failures += 1;
                         stats.delivery_errors.fetch_add(1, Ordering::Relaxed);
                         failed = true;
                     }
                 }
+            }
+            if failures > 0 && !acked.is_empty() {
+                tracing::info!("kafka: delivering again after {failures} failed deliveries");
+                failures = 0;
             }
             if !acked.is_empty() {
                 progress = true;
@@ -365,9 +381,15 @@ pub fn consume(
 ) -> Result<JoinHandle<()>, String> {
     let kinds = consume.kinds()?;
     let consumer = Consumer::new(&cfg, &consume.group, &kinds)?;
+    let probe = TopicProbe::new(&cfg, kinds.iter().map(|k| k.topic(&cfg.topic_prefix)).collect())?;
     stats.consuming.store(true, Ordering::Relaxed);
+    let watch = stop.clone();
+    std::thread::spawn(move || {
+        MissingTopics { probe, said: Vec::new() }.wait(&watch);
+    });
     Ok(std::thread::spawn(move || {
         let mut last_lag = Instant::now() - Duration::from_secs(60);
+        let mut failed_commits = 0u64;
         while !stop.load(Ordering::Relaxed) {
             let batch = match consumer.poll(5000, Duration::from_millis(200)) {
                 Ok(b) => b,
@@ -382,9 +404,22 @@ pub fn consume(
                 stats.refuse(e.reason());
             }
             if store(&ingest, &batch.records, &stats) {
-                if let Err(e) = consumer.commit(&batch) {
-                    tracing::warn!("{e}");
-                    stats.consumer_errors.fetch_add(1, Ordering::Relaxed);
+                match consumer.commit(&batch) {
+                    Ok(()) if failed_commits > 0 => {
+                        tracing::info!(
+                            "kafka: offsets committed again after {failed_commits} failed commits"
+                        );
+                        failed_commits = 0;
+                    }
+                    Ok(()) => {}
+                    Err(e) => {
+                        // Said once per outage: the offsets stay pending and go next time.
+                        if failed_commits == 0 {
+                            tracing::warn!("{e}");
+                        }
+                        failed_commits += 1;
+                        stats.consumer_errors.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             } else {
                 // Not stored: not committed either. Read again from the last commit.
@@ -403,6 +438,42 @@ pub fn consume(
         // out): dropping the consumer closes it.
         drop(consumer);
     }))
+}
+
+/// Which of the topics a collector reads the brokers lack: said once per change, with the
+/// command that creates them, and asked again every 10 s until all are there (on a thread of
+/// its own: asking waits on the brokers).
+struct MissingTopics {
+    probe: TopicProbe,
+    said: Vec<String>,
+}
+
+impl MissingTopics {
+    fn wait(&mut self, stop: &AtomicBool) {
+        while !stop.load(Ordering::Relaxed) {
+            let missing = self.probe.not_ready(Duration::from_secs(2));
+            if missing.is_empty() {
+                if !self.said.is_empty() {
+                    tracing::info!("kafka: every topic this collector reads is on the brokers now");
+                }
+                return;
+            }
+            if missing != self.said {
+                tracing::warn!(
+                    "kafka: the group reads nothing of these topics until the brokers have \
+                     them: {}. Create them with `telemark kafka-topics --config FILE \
+                     --partitions N` (FILE: this collector's --kafka file; N: at least the \
+                     collectors in the group)",
+                    missing.join(", ")
+                );
+                self.said = missing;
+            }
+            let next = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < next && !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
 }
 
 /// Stores `records` grouped by (agent, boot), each group in one transaction; false when a

@@ -1,6 +1,12 @@
 //! A consumer group member that commits a record's offset only after the caller stored it:
 //! a collector that stops (or crashes) between the two is given the records again, and the
 //! (agent, boot, seq) key stores them once.
+//!
+//! A commit that fails (the group coordinator away after a broker restart) is not given up:
+//! the offsets stay pending and go with the next commit, and a partition a rebalance takes
+//! away has its pending offsets committed in the rebalance itself, before its new owner reads
+//! from the last commit. What still comes twice (a commit that could not reach the
+//! coordinator before the partition moved) is caught by the store's keys.
 
 use crate::config::KafkaConfig;
 use crate::message::{decode, DecodeError, Kind, Origin};
@@ -14,11 +20,16 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use telemark_core::records::Record;
 
+/// Where the next read of a partition starts, once what was read before it is stored.
+type Offsets = BTreeMap<(String, i32), i64>;
+
 /// Notes the partitions a rebalance takes away, for [`Consumer::poll`] to drop what it read
-/// of them and not yet handed out.
+/// of them and not yet handed out, and commits their stored, uncommitted offsets first.
 #[derive(Default)]
 struct Context {
     revoked: Mutex<Vec<(String, i32)>>,
+    /// Offsets of stored records not committed yet (a commit failed).
+    pending: Mutex<Offsets>,
 }
 
 impl ClientContext for Context {
@@ -28,14 +39,51 @@ impl ClientContext for Context {
 }
 
 impl ConsumerContext for Context {
-    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
+            let parts: Vec<(String, i32)> =
+                tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
+            // The last chance to commit what was stored of them: still this member's.
+            if let Ok(mut pending) = self.pending.lock() {
+                let leaving: Offsets = pending
+                    .iter()
+                    .filter(|(p, _)| parts.contains(p))
+                    .map(|(p, o)| (p.clone(), *o))
+                    .collect();
+                if !leaving.is_empty() {
+                    match offsets_list(&leaving).and_then(|l| {
+                        consumer.commit(&l, CommitMode::Sync).map_err(|e| e.to_string())
+                    }) {
+                        Ok(()) => {}
+                        Err(e) => tracing::warn!(
+                            "kafka commit of partitions leaving this member failed ({e}): their \
+                             new owner reads those records again, and the store keeps them once"
+                        ),
+                    }
+                    pending.retain(|p, _| !parts.contains(p));
+                }
+            }
             if let Ok(mut r) = self.revoked.lock() {
-                r.extend(tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())));
+                r.extend(parts);
             }
         }
     }
 }
+
+fn offsets_list(offsets: &Offsets) -> Result<TopicPartitionList, String> {
+    let mut tpl = TopicPartitionList::new();
+    for ((topic, partition), next) in offsets {
+        tpl.add_partition_offset(topic, *partition, Offset::Offset(*next))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(tpl)
+}
+
+/// Properties that would break the guarantee above, which `[kafka.properties]` may not set
+/// for a consumer: offsets are committed by Telemark once records are stored, and the group
+/// is `[consume] group`.
+pub const CONSUMER_OWNED: [&str; 3] =
+    ["group.id", "enable.auto.commit", "enable.auto.offset.store"];
 
 /// Records read, and where to commit once they are stored.
 #[derive(Debug, Default)]
@@ -48,7 +96,7 @@ pub struct Batch {
     /// reading them again would not make them records).
     pub refused: Vec<DecodeError>,
     /// Per (topic, partition), the offset after the last message read.
-    next: BTreeMap<(String, i32), i64>,
+    next: Offsets,
 }
 
 impl Batch {
@@ -56,6 +104,30 @@ impl Batch {
     pub fn is_empty(&self) -> bool {
         self.next.is_empty()
     }
+}
+
+/// A group member's librdkafka settings: Telemark's defaults, then every property of the
+/// user's (the session timeout included), then the ones commit-after-store depends on.
+fn client_config(cfg: &KafkaConfig, group: &str) -> Result<ClientConfig, String> {
+    if let Some(k) = cfg.properties.keys().find(|k| CONSUMER_OWNED.contains(&k.as_str())) {
+        return Err(format!(
+            "kafka.properties.{k}: a collector sets it itself (offsets are committed once \
+             records are stored; the group is [consume] group): remove it"
+        ));
+    }
+    let mut c = ClientConfig::new();
+    // Defaults first: every other property, the session timeout included, is the user's.
+    c.set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", "10000")
+        .set("heartbeat.interval.ms", "1000")
+        .set("max.poll.interval.ms", "300000");
+    for (k, v) in cfg.client_properties()? {
+        c.set(k, v);
+    }
+    c.set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false");
+    Ok(c)
 }
 
 /// One member of a consumer group reading Telemark's topics.
@@ -71,17 +143,7 @@ impl Consumer {
         if group.trim().is_empty() {
             return Err("kafka consumer group is empty".into());
         }
-        let mut c = ClientConfig::new();
-        for (k, v) in cfg.client_properties()? {
-            c.set(k, v);
-        }
-        c.set("group.id", group)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("session.timeout.ms", "10000")
-            .set("heartbeat.interval.ms", "1000")
-            .set("max.poll.interval.ms", "300000");
+        let c = client_config(cfg, group)?;
         let inner: BaseConsumer<Context> = c
             .create_with_context(Context::default())
             .map_err(|e| format!("kafka consumer: {e}"))?;
@@ -148,25 +210,47 @@ impl Consumer {
         true
     }
 
-    /// Commits `batch`'s offsets, synchronously: call once its records are stored. Offsets
-    /// of partitions this member no longer owns are not committed (their new owner reads
-    /// those records again, and stores them once).
+    /// Commits `batch`'s offsets, and any a failed commit left pending, synchronously: call
+    /// once its records are stored. Offsets of partitions this member no longer owns are not
+    /// committed (their new owner reads those records again, and stores them once). On an
+    /// error the offsets stay pending for the next commit (or the rebalance that moves their
+    /// partition).
     pub fn commit(&self, batch: &Batch) -> Result<(), String> {
-        if batch.is_empty() {
+        let mut pending = self.inner.context().pending.lock().map_err(|e| e.to_string())?;
+        for (p, next) in &batch.next {
+            let at = pending.entry(p.clone()).or_insert(*next);
+            *at = (*at).max(*next);
+        }
+        if pending.is_empty() {
             return Ok(());
         }
         let owned = self.inner.assignment().map_err(|e| e.to_string())?;
-        let mut tpl = TopicPartitionList::new();
-        for ((topic, partition), next) in &batch.next {
-            if owned.find_partition(topic, *partition).is_some() {
-                tpl.add_partition_offset(topic, *partition, Offset::Offset(*next))
-                    .map_err(|e| e.to_string())?;
-            }
-        }
-        if tpl.count() == 0 {
+        pending.retain(|(topic, partition), _| owned.find_partition(topic, *partition).is_some());
+        if pending.is_empty() {
             return Ok(());
         }
-        self.inner.commit(&tpl, CommitMode::Sync).map_err(|e| format!("kafka commit: {e}"))
+        let tpl = offsets_list(&pending)?;
+        drop(pending);
+        self.inner
+            .commit(&tpl, CommitMode::Sync)
+            .map_err(|e| format!("kafka commit: {e} (the offsets go with the next commit)"))?;
+        // Committed: what was pending up to these offsets is done (a rebalance may have
+        // cleared some meanwhile).
+        let mut pending = self.inner.context().pending.lock().map_err(|e| e.to_string())?;
+        for e in tpl.elements() {
+            let key = (e.topic().to_string(), e.partition());
+            if let (Some(at), Offset::Offset(done)) = (pending.get(&key), e.offset()) {
+                if *at <= done {
+                    pending.remove(&key);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stored records whose offsets are not committed yet, per partition count.
+    pub fn pending_commits(&self) -> usize {
+        self.inner.context().pending.lock().map_or(0, |p| p.len())
     }
 
     /// Partitions this member owns now.
@@ -190,5 +274,29 @@ impl Consumer {
             lag += u64::try_from(high - at).unwrap_or(0);
         }
         Some(lag)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The user's properties come after Telemark's defaults (a session timeout of 45 s is
+    /// kept), and those commit-after-store needs are refused by name.
+    #[test]
+    fn the_user_sets_every_property_but_the_commit_ones() {
+        let mut cfg = KafkaConfig::new("127.0.0.1:9092");
+        cfg.properties.insert("session.timeout.ms".into(), "45000".into());
+        let c = client_config(&cfg, "g").unwrap();
+        assert_eq!(c.get("session.timeout.ms"), Some("45000"));
+        assert_eq!(c.get("heartbeat.interval.ms"), Some("1000"));
+        assert_eq!(c.get("enable.auto.commit"), Some("false"));
+        assert_eq!(c.get("group.id"), Some("g"));
+        for owned in CONSUMER_OWNED {
+            let mut bad = cfg.clone();
+            bad.properties.insert(owned.into(), "x".into());
+            let e = client_config(&bad, "g").err().unwrap();
+            assert!(e.contains(owned), "{e}");
+        }
     }
 }

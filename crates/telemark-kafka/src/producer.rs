@@ -6,7 +6,7 @@ use crate::config::KafkaConfig;
 use crate::message::{Kind, Message};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::message::{Header, Message as _, OwnedHeaders};
 use rdkafka::producer::{
     BaseProducer, BaseRecord, DefaultProducerContext, DeliveryResult, Producer as _,
     ProducerContext,
@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 pub struct Delivery {
     /// The number the caller sent it with.
     pub id: u64,
+    /// The topic it was sent to.
+    pub topic: String,
     /// `None`: the brokers acknowledged it (all in-sync replicas, with the idempotent
     /// producer); else why it failed after librdkafka's retries.
     pub error: Option<String>,
@@ -52,9 +54,12 @@ impl ProducerContext for Reports {
     type DeliveryOpaque = Box<u64>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, id: Box<u64>) {
-        let error = result.as_ref().err().map(|(e, _)| e.to_string());
+        let (error, topic) = match result {
+            Ok(m) => (None, m.topic().to_string()),
+            Err((e, m)) => (Some(e.to_string()), m.topic().to_string()),
+        };
         if let Ok(mut d) = self.done.lock() {
-            d.push(Delivery { id: *id, error });
+            d.push(Delivery { id: *id, topic, error });
         }
     }
 }
@@ -155,6 +160,18 @@ pub struct TopicProbe {
 }
 
 impl TopicProbe {
+    /// A probe of `topics` that never has the brokers create one (a consumer's: topics are
+    /// created with the partitions a group needs, `telemark kafka-topics`).
+    pub fn new(cfg: &KafkaConfig, topics: Vec<String>) -> Result<TopicProbe, String> {
+        let mut c = ClientConfig::new();
+        for (k, v) in cfg.client_properties()? {
+            c.set(k, v);
+        }
+        c.set("allow.auto.create.topics", "false");
+        let client = c.create().map_err(|e| format!("kafka metadata client: {e}"))?;
+        Ok(TopicProbe { client, topics })
+    }
+
     /// The topics not ready yet, each with why; asks the brokers, up to `timeout` a topic.
     pub fn not_ready(&self, timeout: Duration) -> Vec<String> {
         let mut missing = Vec::new();

@@ -4,6 +4,7 @@ mod agent;
 mod collector;
 mod export;
 mod int_replay;
+mod kafka_topics;
 
 use clap::{Parser, Subcommand};
 use telemark_datapath::input;
@@ -65,6 +66,9 @@ enum Cmd {
     /// Records per second through Kafka with the broker on this host: an agent's producer, a
     /// collector publishing its outbox, a collector consuming and storing; JSON and protobuf.
     BenchKafka(bench_kafka::Args),
+    /// Creates Telemark's Kafka topics from a config's [kafka] section, with the partitions a
+    /// consumer group of collectors needs; says which were there and with how many.
+    KafkaTopics(kafka_topics::Args),
     /// A capture through the switch's flow meter, exported as IPFIX and sFlow to collectors
     /// (as an agent exports its ports' traffic).
     Export(export::Args),
@@ -107,6 +111,7 @@ fn main() {
         Cmd::IntReplay(a) => int_replay::run(a),
         Cmd::BenchInt(a) => bench_int::run(a),
         Cmd::BenchKafka(a) => bench_kafka::run(a),
+        Cmd::KafkaTopics(a) => kafka_topics::run(a),
         Cmd::BenchFlows(a) => bench_flows::run(a),
         Cmd::Export(a) => export::run(a),
     };

@@ -50,11 +50,25 @@ impl Broker {
         b
     }
 
+    /// Formats and starts one that creates no topic by itself (as production brokers are
+    /// often set).
+    pub fn start_without_auto_create() -> Broker {
+        let mut b = Broker::formatted_with(false);
+        b.run();
+        b
+    }
+
     /// Formats one's storage and chooses its port, without starting it.
     pub fn formatted() -> Broker {
+        Broker::formatted_with(true)
+    }
+
+    fn formatted_with(auto_create: bool) -> Broker {
         let libs = libs();
         let dir = tempfile::tempdir().unwrap();
-        let (port, controller) = (free_port(), free_port());
+        // Two ports, distinct (the OS may hand the same free port out twice in a row).
+        let port = free_port();
+        let controller = std::iter::repeat_with(free_port).find(|c| *c != port).unwrap();
         let props = format!(
             "process.roles=broker,controller\nnode.id=1\n\
              controller.quorum.voters=1@127.0.0.1:{controller}\n\
@@ -63,7 +77,7 @@ impl Broker {
              controller.listener.names=CONTROLLER\ninter.broker.listener.name=PLAINTEXT\n\
              log.dirs={}\nnum.partitions=4\noffsets.topic.replication.factor=1\n\
              transaction.state.log.replication.factor=1\ntransaction.state.log.min.isr=1\n\
-             group.initial.rebalance.delay.ms=0\nauto.create.topics.enable=true\n",
+             group.initial.rebalance.delay.ms=0\nauto.create.topics.enable={auto_create}\n",
             dir.path().join("data").display()
         );
         std::fs::write(dir.path().join("server.properties"), props).unwrap();
@@ -126,6 +140,20 @@ impl Broker {
         out.status
             .success()
             .then(|| String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect())
+    }
+
+    /// `topic`'s partition count as Kafka's own TopicCommand describes it (None: no topic).
+    pub fn partitions(&self, topic: &str) -> Option<u32> {
+        let out = java(&self.libs)
+            .args(["org.apache.kafka.tools.TopicCommand", "--bootstrap-server", &self.brokers()])
+            .args(["--describe", "--topic", topic])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.split_whitespace()
+            .skip_while(|w| *w != "PartitionCount:")
+            .nth(1)
+            .and_then(|n| n.parse().ok())
     }
 
     /// Kills the broker (SIGKILL) and starts it again on the same data and port.
@@ -968,4 +996,99 @@ fn flows_reach_kafka_in_goflow2_encoding() {
     }
     assert!(bad.is_empty(), "{} messages not as goflow2's schema says, e.g. {}", bad.len(), bad[0]);
     assert_eq!(packets, 10_000, "every packet of the trace");
+}
+
+/// Brokers that create no topics: a consuming collector names the missing topics once, with
+/// the command that creates them; `telemark kafka-topics` creates every topic of the config
+/// with the partitions asked for (Kafka's own TopicCommand reads them back), says which were
+/// there, grows them on request; the collector then says the topics are there. A property
+/// that would break commit-after-store is refused at start.
+#[test]
+fn kafka_topics_creates_the_topics_a_collector_names_missing() {
+    let broker = Broker::start_without_auto_create();
+    let dir = tempfile::tempdir().unwrap();
+    let kafka = dir.path().join("kafka.toml");
+    let conf = format!(
+        "[kafka]\nbrokers = \"{}\"\ntopic_prefix = \"kt.\"\n[consume]\ngroup = \"kt\"\n",
+        broker.brokers()
+    );
+    std::fs::write(&kafka, &conf).unwrap();
+    let all: Vec<String> = telemark_kafka::Kind::ALL.iter().map(|k| k.topic("kt.")).collect();
+
+    // A property the collector owns: refused, by name, before anything starts.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, format!("{conf}[kafka.properties]\n\"enable.auto.commit\" = \"true\"\n"))
+        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_telemark"))
+        .args(["collector", "--listen", "127.0.0.1:0", "--db"])
+        .arg(dir.path().join("bad.db"))
+        .arg("--kafka")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("enable.auto.commit"), "{err}");
+
+    let log_path = dir.path().join("collector.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_telemark"))
+        .args(["collector", "--listen", "127.0.0.1:0", "--retention", "0", "--db"])
+        .arg(dir.path().join("c.db"))
+        .arg("--kafka")
+        .arg(&kafka)
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let missing_lines = || {
+        std::fs::read_to_string(&log_path)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("reads nothing of these topics"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    wait_for("the missing topics named", 30, || !missing_lines().is_empty());
+    // Another round of asking (every 10 s): still said once.
+    std::thread::sleep(Duration::from_secs(11));
+    let said = missing_lines();
+    assert_eq!(said.len(), 1, "{said:?}");
+    for t in &all {
+        assert!(said[0].contains(t.as_str()), "{t} not named: {}", said[0]);
+    }
+    assert!(said[0].contains("telemark kafka-topics"), "{}", said[0]);
+    assert!(broker.topics().unwrap_or_default().iter().all(|t| !t.starts_with("kt.")));
+
+    let topics = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_telemark"))
+            .args(["kafka-topics", "--config"])
+            .arg(&kafka)
+            .args(args)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        println!("{text}");
+        text
+    };
+    let text = topics(&["--partitions", "3"]);
+    for t in &all {
+        assert_eq!(broker.partitions(t), Some(3), "{t}");
+        assert!(text.lines().any(|l| l.starts_with(t.as_str()) && l.contains("created")), "{t}");
+    }
+    let text = topics(&["--partitions", "5"]);
+    assert_eq!(text.lines().filter(|l| l.contains("fewer than 5")).count(), all.len(), "{text}");
+    assert_eq!(broker.partitions(&all[0]), Some(3));
+    let text = topics(&["--partitions", "5", "--grow"]);
+    for t in &all {
+        assert_eq!(broker.partitions(t), Some(5), "{t}");
+    }
+    assert_eq!(text.lines().filter(|l| l.contains("grown from 3 to 5")).count(), all.len());
+
+    wait_for("the collector to see its topics", 30, || {
+        std::fs::read_to_string(&log_path)
+            .unwrap_or_default()
+            .contains("every topic this collector reads is on the brokers now")
+    });
+    let _ = child.kill();
+    let _ = child.wait();
 }
