@@ -16,6 +16,7 @@ pub mod link;
 pub mod metrics;
 mod page;
 pub mod path;
+pub mod pg;
 pub mod store;
 pub mod validate;
 

@@ -63,6 +63,9 @@ pub enum StoreError {
          stored until the collector restarts"
     )]
     Gone(PathBuf),
+    /// The shared PostgreSQL store failed (unreachable, refused, …).
+    #[error("postgresql: {0}")]
+    Postgres(String),
 }
 
 impl From<rusqlite::Error> for StoreError {
@@ -540,7 +543,7 @@ const HOUR_NS: u64 = 3_600_000_000_000;
 
 /// Columns of `loss` added after its first release, oldest first.
 /// A loss record's drop reasons as stored: `{"NETFILTER_DROP": 30}`, or NULL for none.
-fn drops_json(d: &[telemark_core::records::DropCount]) -> Option<String> {
+pub(crate) fn drops_json(d: &[telemark_core::records::DropCount]) -> Option<String> {
     if d.is_empty() {
         return None;
     }
