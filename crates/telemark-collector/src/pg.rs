@@ -14,10 +14,21 @@
 //!   applies the missing ones at start, under an advisory lock, so collectors starting together
 //!   apply each once.
 
-use crate::store::StoreError;
-use postgres::{Client, NoTls, Transaction};
+use crate::flows::{DomainKey, Protocol, Remembered};
+use crate::link::Batch;
+use crate::path::PointRecords;
+use crate::store::{
+    Agent, FlowSummary, FlowTotals, LossRow, Publishing, Readers, RecordCursor, RecordFilter,
+    SeriesPoint, Store, StoreError, Stored, TopBy, TopFilter, TopTalker, Window,
+};
+use postgres::types::ToSql;
+use postgres::{Client, NoTls, Row, Transaction};
+use std::cell::RefCell;
 use std::collections::BTreeSet;
-use telemark_core::records::{Direction, Record};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use telemark_core::records::{Direction, EventRecord, Flow, FlowRecord, HealthRecord, Record};
+use telemark_wire::ipfix::{Template, TemplateRecord};
 
 /// A day in nanoseconds: the partitions' width.
 const DAY_NS: i64 = 86_400_000_000_000;
@@ -93,11 +104,35 @@ impl From<postgres::Error> for StoreError {
     }
 }
 
-/// One collector's connection to the shared store.
+/// One collector's connection to the shared store (a connection answers one request at a
+/// time: the writer's is behind the ingest lock, each reader's behind its own).
 pub struct PgStore {
-    client: Client,
+    client: RefCell<Client>,
+    url: String,
     /// Days whose partitions are known to exist.
     days: BTreeSet<i64>,
+}
+
+fn u(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// `SUM(x)` of stored counts as a BIGINT that never fails: PostgreSQL sums BIGINTs as
+/// NUMERIC, exact; held to 2^63 - 1 on the way out.
+fn usum(x: &str) -> String {
+    format!("LEAST(COALESCE(SUM({x}), 0), 9223372036854775807)::BIGINT")
+}
+
+fn flow_of(r: &Row) -> Flow {
+    Flow {
+        src: r.get(0),
+        dst: r.get(1),
+        sport: u16::try_from(r.get::<_, i32>(2)).unwrap_or(0),
+        dport: u16::try_from(r.get::<_, i32>(3)).unwrap_or(0),
+        proto: u8::try_from(r.get::<_, i16>(4)).unwrap_or(0),
+        spi: None,
+        si: None,
+    }
 }
 
 /// A record's own time, the one it is partitioned and expired by; records without one (flow
@@ -117,15 +152,15 @@ impl PgStore {
     /// Connects to `url` (`postgres://user@host/db`, or `host=/run/postgresql dbname=…`) and
     /// applies the migrations it lacks.
     pub fn connect(url: &str) -> Result<PgStore, StoreError> {
-        let client = Client::connect(url, NoTls)?;
-        let mut s = PgStore { client, days: BTreeSet::new() };
+        let client = RefCell::new(Client::connect(url, NoTls)?);
+        let mut s = PgStore { client, url: url.to_string(), days: BTreeSet::new() };
         s.migrate()?;
         Ok(s)
     }
 
     /// Applies every migration not yet applied, each once across collectors.
     fn migrate(&mut self) -> Result<(), StoreError> {
-        let mut tx = self.client.transaction()?;
+        let mut tx = self.client.get_mut().transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])?;
         tx.batch_execute(
             "CREATE TABLE IF NOT EXISTS telemark_migrations (
@@ -159,7 +194,7 @@ impl PgStore {
         if new.is_empty() {
             return Ok(());
         }
-        let mut tx = self.client.transaction()?;
+        let mut tx = self.client.get_mut().transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])?;
         for d in &new {
             for table in PARTITIONED {
@@ -185,7 +220,7 @@ impl PgStore {
         boot: u64,
         now: u64,
     ) -> Result<(), StoreError> {
-        self.client.execute(
+        self.client.get_mut().execute(
             "INSERT INTO agents (agent, version, boot, first_seen_ns, last_seen_ns)
              VALUES ($1, $2, $3, $4, $4)
              ON CONFLICT (agent) DO UPDATE SET version = $2, boot = $3, last_seen_ns = $4",
@@ -213,7 +248,7 @@ impl PgStore {
         let mut order: Vec<usize> = (0..records.len()).collect();
         order.sort_by_key(|&n| records[n].0);
         let mut new = vec![false; records.len()];
-        let mut tx = self.client.transaction()?;
+        let mut tx = self.client.get_mut().transaction()?;
         tx.execute(
             "INSERT INTO agents (agent, version, boot, first_seen_ns, last_seen_ns)
              VALUES ($1, $2, $3, $4, $4)
@@ -251,7 +286,8 @@ impl PgStore {
         if !["loss", "other", "flows", "seen", "flow_hours", "agents"].contains(&table) {
             return Err(StoreError::Postgres(format!("no table {table}")));
         }
-        let n: i64 = self.client.query_one(&format!("SELECT COUNT(*) FROM {table}"), &[])?.get(0);
+        let n: i64 =
+            self.client.get_mut().query_one(&format!("SELECT COUNT(*) FROM {table}"), &[])?.get(0);
         Ok(n as u64)
     }
 }
@@ -394,4 +430,714 @@ fn insert(
         tx.execute(&other, &[&agent, &boot, &seq, &kind, &i(time_of(r, now)), &json])?;
     }
     Ok(())
+}
+
+/// The API's questions, asked of the shared database: the same answers as the embedded
+/// store's ([`crate::store::Sqlite`]), from the same rules ([`crate::store::points_of`],
+/// [`crate::store::flows_of`], …) over rows read here.
+impl PgStore {
+    fn query(&self, sql: &str, args: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, StoreError> {
+        Ok(self.client.borrow_mut().query(sql, args)?)
+    }
+
+    /// `n` connections of their own for queries, each statement stopped after `budget`
+    /// (PostgreSQL's `statement_timeout`).
+    pub fn readers(&self, n: usize, budget: Duration) -> Result<Readers, StoreError> {
+        let mut conns = Vec::new();
+        for _ in 0..n.max(1) {
+            let mut c = Client::connect(&self.url, NoTls)?;
+            let ms = budget.as_millis().clamp(1, i32::MAX as u128);
+            c.batch_execute(&format!(
+                "SET statement_timeout = {ms}; SET default_transaction_read_only = on"
+            ))?;
+            conns.push(Mutex::new(Store::Postgres(PgStore {
+                client: RefCell::new(c),
+                url: self.url.clone(),
+                days: BTreeSet::new(),
+            })));
+        }
+        Ok(Readers::of(conns, budget))
+    }
+
+    /// Nothing to check: the database is a server's.
+    pub fn check_file(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Whether the server answers.
+    pub fn ready(&self) -> Result<(), StoreError> {
+        self.query("SELECT 1", &[]).map(drop)
+    }
+
+    /// Publishing keeps its outbox in the collector's own SQLite file, which a shared store
+    /// has not: refused.
+    pub fn publish(&mut self, _max: u64) -> Result<Arc<Publishing>, StoreError> {
+        Err(StoreError::Postgres(
+            "[publish] needs the embedded SQLite store (its outbox is in the same transaction \
+             as the records): publish from the collectors agents send to, or have agents \
+             publish to Kafka themselves"
+                .into(),
+        ))
+    }
+
+    /// The run `agent` registered last and when it was last heard from.
+    pub fn registered(&self, agent: &str) -> Result<Option<(u64, u64)>, StoreError> {
+        let rows =
+            self.query("SELECT boot, last_seen_ns FROM agents WHERE agent = $1", &[&agent])?;
+        Ok(rows.first().map(|r| (u(r.get(0)), u(r.get(1)))))
+    }
+
+    /// Records numbered from `seq` of `agent`'s run `boot`.
+    pub fn ingest(
+        &mut self,
+        agent: &str,
+        boot: u64,
+        seq: u64,
+        records: &[Record],
+        export_dropped: u64,
+        now: u64,
+    ) -> Result<Stored, StoreError> {
+        let numbered: Vec<(u64, &Record)> =
+            records.iter().enumerate().map(|(n, r)| (seq.saturating_add(n as u64), r)).collect();
+        self.store(agent, boot, &numbered, "unknown", Some(export_dropped), now)
+    }
+
+    /// Records read from Kafka.
+    pub fn ingest_numbered(
+        &mut self,
+        agent: &str,
+        boot: u64,
+        records: &[(u64, Record)],
+        now: u64,
+    ) -> Result<Stored, StoreError> {
+        let numbered: Vec<(u64, &Record)> = records.iter().map(|(s, r)| (*s, r)).collect();
+        self.store(agent, boot, &numbered, "kafka", None, now)
+    }
+
+    /// Flows decoded from an exporter's datagrams (the counts rule: `validate::counts`).
+    pub fn ingest_flows(
+        &mut self,
+        exporter: &str,
+        boot: u64,
+        records: &[(u64, Record)],
+        now: u64,
+    ) -> Result<Stored, StoreError> {
+        let (fit, refused): (Vec<_>, Vec<_>) =
+            records.iter().partition(|(_, r)| crate::validate::counts(r).is_ok());
+        let numbered: Vec<(u64, &Record)> = fit.into_iter().map(|(s, r)| (*s, r)).collect();
+        let mut st = self.store(exporter, boot, &numbered, "exporter", None, now)?;
+        st.refused = refused.len() as u64;
+        Ok(st)
+    }
+
+    /// Keeps what exporters' templates and options data taught the decoders.
+    pub fn remember_flow_state(&mut self, changes: &[Remembered]) -> Result<(), StoreError> {
+        let now = i(crate::now_ns());
+        let mut tx = self.client.get_mut().transaction()?;
+        let upsert = "INSERT INTO flow_state (exporter, domain, kind, id, options, value, seen_ns)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (exporter, domain, kind, id) DO UPDATE SET options = $5, value = $6,
+                seen_ns = $7";
+        for c in changes {
+            match c {
+                Remembered::Template(key, r) => {
+                    let Some((ip, domain)) = crate::store::flow_state_key(key) else { continue };
+                    match r {
+                        TemplateRecord::Define(t) => tx.execute(
+                            upsert,
+                            &[
+                                &ip,
+                                &domain,
+                                &"template",
+                                &i64::from(t.id),
+                                &i64::from(t.options),
+                                &t.to_bytes(),
+                                &now,
+                            ],
+                        )?,
+                        TemplateRecord::Withdraw(id) => tx.execute(
+                            "DELETE FROM flow_state WHERE exporter = $1 AND domain = $2
+                             AND kind = 'template' AND id = $3",
+                            &[&ip, &domain, &i64::from(*id)],
+                        )?,
+                        TemplateRecord::WithdrawAll { options } => tx.execute(
+                            "DELETE FROM flow_state WHERE exporter = $1 AND domain = $2
+                             AND kind = 'template' AND options = $3",
+                            &[&ip, &domain, &i64::from(*options)],
+                        )?,
+                    };
+                }
+                Remembered::Sampler(key, sampler, rate) => {
+                    let Some((ip, domain)) = crate::store::flow_state_key(key) else { continue };
+                    let id = sampler.map_or(-1, |s| s as i64);
+                    let value = i64::from(*rate).to_be_bytes().to_vec();
+                    tx.execute(upsert, &[&ip, &domain, &"sampler", &id, &0i64, &value, &now])?;
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// What [`PgStore::remember_flow_state`] kept, newest first, at most `limit` rows.
+    pub fn flow_state(&self, limit: usize) -> Result<Vec<Remembered>, StoreError> {
+        let rows = self.query(
+            "SELECT exporter, domain, kind, id, value FROM flow_state
+             ORDER BY seen_ns DESC LIMIT $1",
+            &[&i64::try_from(limit).unwrap_or(i64::MAX)],
+        )?;
+        let mut out = Vec::new();
+        for r in rows {
+            let (session, domain, kind, id, value): (String, i64, String, i64, Vec<u8>) =
+                (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
+            let Ok(session) = session.parse::<std::net::SocketAddr>() else { continue };
+            let protocol = match domain >> 32 {
+                9 => Protocol::NetflowV9,
+                10 => Protocol::Ipfix,
+                _ => continue,
+            };
+            let key =
+                DomainKey { session, protocol, domain: (domain & 0xffff_ffff) as u32, agent: None };
+            match kind.as_str() {
+                "template" => {
+                    if let Some(t) = Template::from_bytes(&value) {
+                        out.push(Remembered::Template(key, TemplateRecord::Define(t)));
+                    }
+                }
+                "sampler" => {
+                    let Ok(b) = <[u8; 8]>::try_from(value.as_slice()) else { continue };
+                    let rate = u32::try_from(i64::from_be_bytes(b)).unwrap_or(u32::MAX).max(1);
+                    out.push(Remembered::Sampler(key, (id != -1).then_some(id as u64), rate));
+                }
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes flow state not written since `before_ns`, and the oldest past `max_bytes`.
+    pub fn prune_flow_state(&mut self, before_ns: u64, max_bytes: u64) -> Result<u64, StoreError> {
+        let c = self.client.get_mut();
+        let mut n = c.execute(
+            "DELETE FROM flow_state WHERE seen_ns < $1 OR domain < 4294967296",
+            &[&i(before_ns)],
+        )?;
+        n += c.execute(
+            "DELETE FROM flow_state WHERE (exporter, domain, kind, id) IN (
+                SELECT exporter, domain, kind, id FROM (
+                    SELECT exporter, domain, kind, id, SUM(length(value)) OVER (
+                        ORDER BY seen_ns DESC, exporter, domain, kind, id
+                        ROWS UNBOUNDED PRECEDING) AS total
+                    FROM flow_state) t
+                WHERE total > $1)",
+            &[&i(max_bytes)],
+        )?;
+        Ok(n)
+    }
+
+    /// Drops the daily partitions wholly before `before_ns` (retention), and the keys and
+    /// hourly sums of that time; returns how many records went.
+    pub fn expire(&mut self, before_ns: u64) -> Result<u64, StoreError> {
+        let before = i(before_ns);
+        let mut gone = 0u64;
+        let mut tx = self.client.get_mut().transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])?;
+        for table in PARTITIONED {
+            let parts = tx.query(
+                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                 WHERE i.inhparent = $1::TEXT::regclass",
+                &[&table],
+            )?;
+            for p in parts {
+                let name: String = p.get(0);
+                let Some(day) = name
+                    .strip_prefix(table)
+                    .and_then(|r| r.strip_prefix("_d"))
+                    .and_then(|d| d.parse::<i64>().ok())
+                else {
+                    continue;
+                };
+                if (day + 1).saturating_mul(DAY_NS) <= before {
+                    if table != "flows" {
+                        let n: i64 =
+                            tx.query_one(&format!("SELECT COUNT(*) FROM {name}"), &[])?.get(0);
+                        gone += u(n);
+                    }
+                    tx.batch_execute(&format!("DROP TABLE {name}"))?;
+                    self.days.remove(&day);
+                }
+            }
+        }
+        tx.execute("DELETE FROM seen WHERE time_ns < $1", &[&before])?;
+        tx.execute("DELETE FROM flow_hours WHERE hour < $1", &[&(before / HOUR_NS)])?;
+        tx.commit()?;
+        Ok(gone)
+    }
+
+    /// The registered agents.
+    pub fn agents(&self) -> Result<Vec<Agent>, StoreError> {
+        let rows = self.query(
+            "SELECT agent, version, boot, first_seen_ns, last_seen_ns, records, export_dropped
+             FROM agents ORDER BY agent",
+            &[],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| Agent {
+                agent: r.get(0),
+                version: r.get(1),
+                boot: u(r.get(2)),
+                first_seen_ns: u(r.get(3)),
+                last_seen_ns: u(r.get(4)),
+                records: u(r.get(5)),
+                export_dropped: u(r.get(6)),
+            })
+            .collect())
+    }
+
+    /// Flows with batches in `w`, most lost first ([`crate::store::flows_of`]).
+    pub fn flows(
+        &self,
+        w: Window,
+        lossy_only: bool,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<FlowSummary>, StoreError> {
+        let sql = format!(
+            "SELECT src, dst, sport, dport, proto, NULLIF(spi, -1), NULLIF(si, -1), agent, point,
+                    NULLIF(upstream, ''), scope, SUM(lossy_batches)::BIGINT, {}, {},
+                    MIN(first_ns), MAX(last_ns), {}
+             FROM flow_hours WHERE hour >= $1 AND hour <= $2
+             GROUP BY src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope
+             HAVING NOT $3 OR MAX(lost) > 0 OR MAX(uncertain) > 0
+             ORDER BY src, dst, sport, dport, proto, spi, si",
+            usum("lost"),
+            usum("uncertain"),
+            usum("expected")
+        );
+        let hours = (i(w.from_ns) / HOUR_NS, i(w.to_ns.saturating_sub(1)) / HOUR_NS);
+        let rows = self.query(&sql, &[&hours.0, &hours.1, &lossy_only])?;
+        let rows = rows
+            .iter()
+            .map(|r| {
+                let mut flow = flow_of(r);
+                flow.spi = r.get::<_, Option<i64>>(5).and_then(|v| u32::try_from(v).ok());
+                flow.si = r.get::<_, Option<i16>>(6).and_then(|v| u8::try_from(v).ok());
+                let p = PointRecords {
+                    agent: r.get(7),
+                    point: r.get(8),
+                    upstream: r.get(9),
+                    scope: crate::store::scope_of(&r.get::<_, String>(10)),
+                    lossy_batches: u(r.get(11)),
+                    lost: u(r.get(12)),
+                    uncertain: u(r.get(13)),
+                    expected: u(r.get(16)),
+                    ..PointRecords::default()
+                };
+                (flow, p, u(r.get(14)), u(r.get(15)))
+            })
+            .collect();
+        crate::store::flows_of(rows, lossy_only, offset, limit, |f| self.points_in(f, w))
+    }
+
+    /// `flow`'s loss per agent and point in buckets of `bucket_ns`, in `w`.
+    pub fn series(
+        &self,
+        flow: &Flow,
+        w: Window,
+        bucket_ns: u64,
+    ) -> Result<Vec<SeriesPoint>, StoreError> {
+        let sql = format!(
+            "SELECT agent, point, (first_ns / $10) * $10 AS t, COUNT(*), {}, {}, {}, MAX(scope), {}
+             FROM loss WHERE {FLOW_IN} GROUP BY agent, point, t ORDER BY t, agent, point",
+            usum("COALESCE(expected, 0)"),
+            usum("lost"),
+            usum("late"),
+            usum("uncertain")
+        );
+        let bucket = i(bucket_ns.max(1));
+        let a = FlowArgs::of(flow, w);
+        let rows = self.query(&sql, &a.with(&bucket))?;
+        Ok(rows
+            .iter()
+            .map(|r| SeriesPoint {
+                agent: r.get(0),
+                point: r.get(1),
+                t_ns: u(r.get(2)),
+                batches: u(r.get(3)),
+                expected: u(r.get(4)),
+                lost: u(r.get(5)),
+                late: u(r.get(6)),
+                scope: crate::store::scope_of(&r.get::<_, String>(7)),
+                uncertain: u(r.get(8)),
+            })
+            .collect())
+    }
+
+    /// `flow`'s loss records in `w`, per point ([`crate::store::points_of`]).
+    pub fn points_in(&self, flow: &Flow, w: Window) -> Result<Vec<PointRecords>, StoreError> {
+        let sql = format!(
+            "SELECT agent, point, port, upstream, scope, color, first_ns, last_ns, observed,
+                    late, COALESCE(expected, 0), lost, uncertain, tail, drops
+             FROM loss WHERE {FLOW_IN} ORDER BY agent, point, first_ns, seq"
+        );
+        let a = FlowArgs::of(flow, w);
+        let rows = self.query(&sql, &a.args())?;
+        let rows = rows
+            .iter()
+            .map(|r| LossRow {
+                agent: r.get(0),
+                point: r.get(1),
+                port: r.get(2),
+                upstream: r.get(3),
+                scope: r.get(4),
+                batch: Batch {
+                    color: u8::try_from(r.get::<_, i16>(5)).unwrap_or(0),
+                    first_ns: u(r.get(6)),
+                    last_ns: u(r.get(7)),
+                    observed: u(r.get(8)),
+                    late: u(r.get(9)),
+                },
+                expected: u(r.get(10)),
+                lost: u(r.get(11)),
+                uncertain: u(r.get(12)),
+                tail: r.get(13),
+                drops: r.get(14),
+            })
+            .collect();
+        Ok(crate::store::points_of(rows))
+    }
+
+    /// Each agent's health since `since_ns` ([`crate::store::health_of`]).
+    pub fn health(&self, since_ns: u64) -> Result<Vec<HealthRecord>, StoreError> {
+        let rows = self.query(
+            "SELECT json FROM other WHERE kind = 'health' AND time_ns >= $1
+             ORDER BY agent, time_ns, seq",
+            &[&i(since_ns)],
+        )?;
+        Ok(crate::store::health_of(rows.iter().map(|r| r.get(0)).collect()))
+    }
+
+    /// INT events in `w`, newest first, at most `limit`, optionally of one detector or flow.
+    pub fn events(
+        &self,
+        w: Window,
+        detector: Option<&str>,
+        agent: Option<&str>,
+        flow: Option<&Flow>,
+        limit: u64,
+    ) -> Result<Vec<EventRecord>, StoreError> {
+        let src = flow.map(|f| f.src.as_str());
+        let dst = flow.map(|f| f.dst.as_str());
+        let ports = flow.map(|f| (i64::from(f.sport), i64::from(f.dport), i64::from(f.proto)));
+        let rows = self.query(
+            "SELECT json FROM other WHERE kind = 'event' AND time_ns >= $1 AND time_ns < $2
+               AND ($3::TEXT IS NULL OR json::jsonb->>'detector' = $3::TEXT)
+               AND ($4::TEXT IS NULL OR agent = $4::TEXT)
+               AND ($5::TEXT IS NULL OR (json::jsonb->'flow'->>'src' = $5::TEXT
+                    AND json::jsonb->'flow'->>'dst' = $6::TEXT
+                    AND (json::jsonb->'flow'->>'sport')::BIGINT = $7::BIGINT
+                    AND (json::jsonb->'flow'->>'dport')::BIGINT = $8::BIGINT
+                    AND (json::jsonb->'flow'->>'proto')::BIGINT = $9::BIGINT))
+             ORDER BY time_ns DESC, agent, seq LIMIT $10",
+            &[
+                &i(w.from_ns),
+                &i(w.to_ns),
+                &detector,
+                &agent,
+                &src,
+                &dst,
+                &ports.map(|p| p.0),
+                &ports.map(|p| p.1),
+                &ports.map(|p| p.2),
+                &i(limit),
+            ],
+        )?;
+        Ok(crate::store::events_of(rows.iter().map(|r| r.get(0)).collect()))
+    }
+
+    /// Whether any `flow` record in `w` was observed at egress.
+    fn egress_in(&self, w: Window) -> Result<bool, StoreError> {
+        let rows = self.query(
+            "SELECT EXISTS (SELECT 1 FROM flows
+               WHERE direction = 'egress' AND time_ns >= $1 AND time_ns < $2)",
+            &[&i(w.from_ns), &i(w.to_ns)],
+        )?;
+        Ok(rows.first().is_none_or(|r| r.get(0)))
+    }
+
+    /// The `limit` flows with the most bytes or packets in `w`.
+    pub fn top_talkers(
+        &self,
+        w: Window,
+        filter: &TopFilter<'_>,
+        by: TopBy,
+        limit: u64,
+    ) -> Result<Vec<TopTalker>, StoreError> {
+        let order = match by {
+            TopBy::Bytes => "bytes DESC, packets DESC",
+            TopBy::Packets => "packets DESC, bytes DESC",
+        };
+        let sql = format!(
+            "{}
+             SELECT src, dst, sport, dport, proto, {} AS packets, {} AS bytes,
+                    SUM(records)::BIGINT, bool_and(exact), COALESCE(SUM(var), 0)::FLOAT8
+             FROM kept GROUP BY 1, 2, 3, 4, 5 ORDER BY {order} LIMIT $6",
+            counted_once(
+                self.egress_in(w)?,
+                "time_ns >= $1 AND time_ns < $2
+                 AND ($3::TEXT IS NULL OR agent = $3::TEXT)
+                 AND ($4::TEXT IS NULL OR port = $4::TEXT)
+                 AND ($5::TEXT IS NULL OR point = $5::TEXT)"
+            ),
+            usum("packets"),
+            usum("bytes")
+        );
+        let rows = self.query(
+            &sql,
+            &[
+                &i(w.from_ns),
+                &i(w.to_ns),
+                &filter.exporter,
+                &filter.interface,
+                &filter.point,
+                &i(limit),
+            ],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| TopTalker {
+                flow: flow_of(r),
+                packets: u(r.get(5)),
+                bytes: u(r.get(6)),
+                records: u(r.get(7)),
+                exact: r.get::<_, Option<bool>>(8).unwrap_or(false),
+                error_bound: r.get::<_, f64>(9).sqrt().round() as u64,
+            })
+            .collect())
+    }
+
+    /// The `flow` records that match `filter` in `w`, oldest first, a page after `after`.
+    pub fn flow_records(
+        &self,
+        w: Window,
+        filter: &RecordFilter<'_>,
+        after: Option<&RecordCursor>,
+        limit: u64,
+    ) -> Result<Vec<(FlowRecord, RecordCursor)>, StoreError> {
+        let sql = format!(
+            "SELECT (SELECT json FROM other o
+                     WHERE o.agent = f.agent AND o.boot = f.boot AND o.seq = f.seq
+                       AND o.time_ns = f.time_ns AND o.kind = 'flow'),
+                    time_ns, agent, boot, seq
+             FROM flows f WHERE {RECORDS_MATCH}
+               AND ($12::BIGINT IS NULL
+                    OR (time_ns, agent, boot, seq) > ($12::BIGINT, $13::TEXT, $14::BIGINT, $15::BIGINT))
+             ORDER BY time_ns, agent, boot, seq LIMIT $16"
+        );
+        let at = after.map(|c| (c.time_ns, c.agent.as_str(), c.boot, c.seq));
+        let (t, a, bt, sq) = (at.map(|c| c.0), at.map(|c| c.1), at.map(|c| c.2), at.map(|c| c.3));
+        let f = RecordArgs::of(filter, w);
+        let mut args = f.args();
+        let limit = i(limit);
+        args.extend_from_slice(&[&t, &a, &bt, &sq, &limit]);
+        let rows = self.query(&sql, &args)?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let json: Option<String> = r.get(0);
+                let c = RecordCursor {
+                    time_ns: r.get(1),
+                    agent: r.get(2),
+                    boot: r.get(3),
+                    seq: r.get(4),
+                };
+                match serde_json::from_str::<Record>(json.as_deref()?) {
+                    Ok(Record::Flow(f)) => Some((f, c)),
+                    _ => None,
+                }
+            })
+            .collect())
+    }
+
+    /// What the `flow` records that match `filter` in `w` add up to.
+    pub fn flow_totals(
+        &self,
+        w: Window,
+        filter: &RecordFilter<'_>,
+    ) -> Result<FlowTotals, StoreError> {
+        let sql = format!(
+            "{}
+             SELECT (SELECT COALESCE(SUM(records), 0)::BIGINT FROM per),
+                    COALESCE(SUM(records), 0)::BIGINT, {}, {}
+             FROM kept",
+            counted_once(self.egress_in(w)?, RECORDS_MATCH),
+            usum("packets"),
+            usum("bytes")
+        );
+        let f = RecordArgs::of(filter, w);
+        let rows = self.query(&sql, &f.args())?;
+        Ok(rows
+            .first()
+            .map(|r| FlowTotals {
+                records: u(r.get(0)),
+                counted: u(r.get(1)),
+                packets: u(r.get(2)),
+                bytes: u(r.get(3)),
+            })
+            .unwrap_or_default())
+    }
+
+    /// Frames `agent`'s own receive rings dropped since `since_ns`, from its health records.
+    pub fn ring_drops(&self, agent: &str, since_ns: u64) -> Result<u64, StoreError> {
+        let rows = self.query(
+            &format!(
+                "SELECT {} FROM other WHERE agent = $1 AND kind = 'health' AND time_ns >= $2",
+                usum("(json::jsonb->>'rx_ring_drops')::NUMERIC")
+            ),
+            &[&agent, &i(since_ns)],
+        )?;
+        Ok(rows.first().map_or(0, |r| u(r.get(0))))
+    }
+
+    /// Records stored: (loss batches, other records), as PostgreSQL's statistics estimate
+    /// them (counting every row of a fleet's tables at each scrape would take seconds).
+    pub fn counts(&self) -> Result<(u64, u64), StoreError> {
+        let rows = self.query(
+            "SELECT p.relname, GREATEST(COALESCE(SUM(c.reltuples), 0), 0)::BIGINT
+             FROM pg_class p JOIN pg_inherits i ON i.inhparent = p.oid
+             JOIN pg_class c ON c.oid = i.inhrelid
+             WHERE p.relname IN ('loss', 'other') GROUP BY p.relname",
+            &[],
+        )?;
+        let get =
+            |t: &str| rows.iter().find(|r| r.get::<_, String>(0) == t).map_or(0, |r| u(r.get(1)));
+        Ok((get("loss"), get("other")))
+    }
+}
+
+/// One flow's loss records in a window: parameters $1..$9 ([`FlowArgs`]).
+const FLOW_IN: &str = "src = $1 AND dst = $2 AND sport = $3 AND dport = $4 AND proto = $5
+    AND spi IS NOT DISTINCT FROM $6 AND si IS NOT DISTINCT FROM $7
+    AND first_ns >= $8 AND first_ns < $9";
+
+/// The values of [`FLOW_IN`]'s parameters, typed as the columns are.
+struct FlowArgs {
+    src: String,
+    dst: String,
+    sport: i32,
+    dport: i32,
+    proto: i16,
+    spi: Option<i64>,
+    si: Option<i16>,
+    from: i64,
+    to: i64,
+}
+
+impl FlowArgs {
+    fn of(f: &Flow, w: Window) -> FlowArgs {
+        FlowArgs {
+            src: f.src.clone(),
+            dst: f.dst.clone(),
+            sport: i32::from(f.sport),
+            dport: i32::from(f.dport),
+            proto: i16::from(f.proto),
+            spi: f.spi.map(i64::from),
+            si: f.si.map(i16::from),
+            from: i(w.from_ns),
+            to: i(w.to_ns),
+        }
+    }
+
+    fn args(&self) -> Vec<&(dyn ToSql + Sync)> {
+        vec![
+            &self.src,
+            &self.dst,
+            &self.sport,
+            &self.dport,
+            &self.proto,
+            &self.spi,
+            &self.si,
+            &self.from,
+            &self.to,
+        ]
+    }
+
+    fn with<'a>(&'a self, extra: &'a (dyn ToSql + Sync)) -> Vec<&'a (dyn ToSql + Sync)> {
+        let mut a = self.args();
+        a.push(extra);
+        a
+    }
+}
+
+/// `flow` records matching a [`RecordFilter`] in a window: parameters $1..$11.
+const RECORDS_MATCH: &str = "time_ns >= $1 AND time_ns < $2
+    AND ($3::TEXT IS NULL OR agent = $3::TEXT)
+    AND ($4::TEXT IS NULL OR port = $4::TEXT)
+    AND ($5::TEXT IS NULL OR point = $5::TEXT)
+    AND ($6::TEXT IS NULL OR src = $6::TEXT)
+    AND ($7::TEXT IS NULL OR dst = $7::TEXT)
+    AND ($8::BIGINT IS NULL OR sport = $8::BIGINT)
+    AND ($9::BIGINT IS NULL OR dport = $9::BIGINT)
+    AND ($10::BIGINT IS NULL OR proto = $10::BIGINT)
+    AND ($11::TEXT IS NULL OR COALESCE(direction, 'unknown') = $11::TEXT)";
+
+/// The values of [`RECORDS_MATCH`]'s parameters.
+struct RecordArgs<'a> {
+    from: i64,
+    to: i64,
+    f: &'a RecordFilter<'a>,
+}
+
+impl<'a> RecordArgs<'a> {
+    fn of(f: &'a RecordFilter<'a>, w: Window) -> RecordArgs<'a> {
+        RecordArgs { from: i(w.from_ns), to: i(w.to_ns), f }
+    }
+
+    fn args(&self) -> Vec<&(dyn ToSql + Sync)> {
+        let f = self.f;
+        vec![
+            &self.from,
+            &self.to,
+            &f.exporter,
+            &f.interface,
+            &f.point,
+            &f.src,
+            &f.dst,
+            &f.sport,
+            &f.dport,
+            &f.proto,
+            &f.direction,
+        ]
+    }
+}
+
+/// The `flow` rows matching `cond`, as `per` and `kept` (the rule of
+/// [`crate::store`]'s `counted_once`: a flow seen at an interface's egress is counted there
+/// only), in PostgreSQL's words.
+fn counted_once(egress: bool, cond: &str) -> String {
+    if !egress {
+        return format!(
+            "WITH per AS (
+               SELECT src, dst, sport, dport, proto, packets, bytes, 1 AS records, exact,
+                      error_bound::FLOAT8 * error_bound AS var
+               FROM flows WHERE {cond}),
+             kept AS (SELECT * FROM per)"
+        );
+    }
+    format!(
+        "WITH per AS (
+           SELECT agent, port, src, dst, sport, dport, proto,
+                  direction IS NOT DISTINCT FROM 'egress' AS egress,
+                  SUM(packets) AS packets, SUM(bytes) AS bytes, COUNT(*) AS records,
+                  bool_and(exact) AS exact, SUM(error_bound::FLOAT8 * error_bound) AS var
+           FROM flows WHERE {cond}
+           GROUP BY 1, 2, 3, 4, 5, 6, 7, 8),
+         kept AS (
+           SELECT * FROM (
+             SELECT *, bool_and(egress) OVER (PARTITION BY agent, port, src, dst, sport, dport,
+                    proto) AS only_egress
+             FROM per) t
+           WHERE egress = only_egress)"
+    )
 }

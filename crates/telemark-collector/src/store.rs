@@ -176,8 +176,9 @@ pub struct FlowSummary {
     pub last_ns: u64,
 }
 
-/// The database: the writer's connection, or (from [`Store::readers`]) a read-only one.
-pub struct Store {
+/// The embedded SQLite database: the writer's connection, or (from [`Sqlite::readers`]) a
+/// read-only one.
+pub struct Sqlite {
     db: Connection,
     path: PathBuf,
     /// The file opened (device, inode), to notice it being removed or replaced; `None` for an
@@ -190,6 +191,230 @@ pub struct Store {
     publishing: Option<Arc<Publishing>>,
     /// When the reading in progress must stop ([`mono_ns`]; 0: no limit, as for writes).
     deadline: Arc<AtomicU64>,
+}
+
+/// The collector's store: the embedded SQLite database (one collector), or a PostgreSQL
+/// database that any number of collectors share ([`crate::pg`], docs/scale.md). Every query
+/// the API, the page and `/metrics` make goes through here; the rules that turn stored rows
+/// into answers are written once, whichever database holds them.
+pub enum Store {
+    /// One collector's own file.
+    Sqlite(Sqlite),
+    /// A database shared by collectors.
+    Postgres(crate::pg::PgStore),
+}
+
+/// `$e` on whichever backend `$store` is, bound to `$s`.
+macro_rules! each {
+    ($store:expr, $s:ident => $e:expr) => {
+        match $store {
+            Store::Sqlite($s) => $e,
+            Store::Postgres($s) => $e,
+        }
+    };
+}
+
+impl Store {
+    /// Opens the store `db` names: a `postgres://` or `postgresql://` URL, or a SQLite file
+    /// (created if needed; `":memory:"` for a throw-away one).
+    pub fn open(db: &Path) -> Result<Store, StoreError> {
+        let text = db.to_string_lossy();
+        if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            return Ok(Store::Postgres(crate::pg::PgStore::connect(&text)?));
+        }
+        Ok(Store::Sqlite(Sqlite::open(db)?))
+    }
+
+    /// `n` connections for queries, each request's reading limited to `budget`.
+    pub fn readers(&self, n: usize, budget: Duration) -> Result<Readers, StoreError> {
+        each!(self, s => s.readers(n, budget))
+    }
+
+    fn set_deadline(&self, at: u64) {
+        if let Store::Sqlite(s) = self {
+            s.deadline.store(at, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the store is still the one opened (a SQLite file not removed or replaced).
+    pub fn check_file(&self) -> Result<(), StoreError> {
+        each!(self, s => s.check_file())
+    }
+
+    /// Whether the store can take writes and answer reads now.
+    pub fn ready(&self) -> Result<(), StoreError> {
+        each!(self, s => s.ready())
+    }
+
+    /// From now on, records stored from agents also go to the outbox, for Kafka.
+    pub fn publish(&mut self, max: u64) -> Result<Arc<Publishing>, StoreError> {
+        each!(self, s => s.publish(max))
+    }
+
+    /// Registers `agent` (or updates it on a new run).
+    pub fn register(
+        &mut self,
+        agent: &str,
+        version: &str,
+        boot: u64,
+        now: u64,
+    ) -> Result<(), StoreError> {
+        each!(self, s => s.register(agent, version, boot, now))
+    }
+
+    /// The run `agent` registered last and when it was last heard from.
+    pub fn registered(&self, agent: &str) -> Result<Option<(u64, u64)>, StoreError> {
+        each!(self, s => s.registered(agent))
+    }
+
+    /// Stores `records` numbered from `seq` of `agent`'s run `boot`, durably.
+    pub fn ingest(
+        &mut self,
+        agent: &str,
+        boot: u64,
+        seq: u64,
+        records: &[Record],
+        export_dropped: u64,
+        now: u64,
+    ) -> Result<Stored, StoreError> {
+        each!(self, s => s.ingest(agent, boot, seq, records, export_dropped, now))
+    }
+
+    /// Keeps what flow exporters' templates and options data taught the decoders.
+    pub fn remember_flow_state(&mut self, changes: &[Remembered]) -> Result<(), StoreError> {
+        each!(self, s => s.remember_flow_state(changes))
+    }
+
+    /// What [`Store::remember_flow_state`] kept, newest first, at most `limit` rows.
+    pub fn flow_state(&self, limit: usize) -> Result<Vec<Remembered>, StoreError> {
+        each!(self, s => s.flow_state(limit))
+    }
+
+    /// Deletes old flow state; returns how many rows went.
+    pub fn prune_flow_state(&mut self, before_ns: u64, max_bytes: u64) -> Result<u64, StoreError> {
+        each!(self, s => s.prune_flow_state(before_ns, max_bytes))
+    }
+
+    /// Stores records read from Kafka, each numbered in `agent`'s run `boot`.
+    pub fn ingest_numbered(
+        &mut self,
+        agent: &str,
+        boot: u64,
+        records: &[(u64, Record)],
+        now: u64,
+    ) -> Result<Stored, StoreError> {
+        each!(self, s => s.ingest_numbered(agent, boot, records, now))
+    }
+
+    /// Stores flows decoded from an exporter's datagrams.
+    pub fn ingest_flows(
+        &mut self,
+        exporter: &str,
+        boot: u64,
+        records: &[(u64, Record)],
+        now: u64,
+    ) -> Result<Stored, StoreError> {
+        each!(self, s => s.ingest_flows(exporter, boot, records, now))
+    }
+
+    /// Deletes records whose time is before `before_ns`; returns how many.
+    pub fn expire(&mut self, before_ns: u64) -> Result<u64, StoreError> {
+        each!(self, s => s.expire(before_ns))
+    }
+
+    /// The registered agents.
+    pub fn agents(&self) -> Result<Vec<Agent>, StoreError> {
+        each!(self, s => s.agents())
+    }
+
+    /// Flows with batches in `w`, most lost first (see [`Sqlite::flows`]).
+    pub fn flows(
+        &self,
+        w: Window,
+        lossy_only: bool,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<FlowSummary>, StoreError> {
+        each!(self, s => s.flows(w, lossy_only, offset, limit))
+    }
+
+    /// `flow`'s loss per agent and point in buckets of `bucket_ns`, in `w`.
+    pub fn series(
+        &self,
+        flow: &Flow,
+        w: Window,
+        bucket_ns: u64,
+    ) -> Result<Vec<SeriesPoint>, StoreError> {
+        each!(self, s => s.series(flow, w, bucket_ns))
+    }
+
+    /// `flow`'s loss records since `since_ns`, per point.
+    pub fn points(&self, flow: &Flow, since_ns: u64) -> Result<Vec<PointRecords>, StoreError> {
+        self.points_in(flow, Window::since(since_ns))
+    }
+
+    /// `flow`'s loss records in `w`, per point, each point's batches in order of first packet.
+    pub fn points_in(&self, flow: &Flow, w: Window) -> Result<Vec<PointRecords>, StoreError> {
+        each!(self, s => s.points_in(flow, w))
+    }
+
+    /// Each agent's health since `since_ns`.
+    pub fn health(&self, since_ns: u64) -> Result<Vec<HealthRecord>, StoreError> {
+        each!(self, s => s.health(since_ns))
+    }
+
+    /// INT events in `w`, newest first, at most `limit`, optionally of one detector or flow.
+    pub fn events(
+        &self,
+        w: Window,
+        detector: Option<&str>,
+        agent: Option<&str>,
+        flow: Option<&Flow>,
+        limit: u64,
+    ) -> Result<Vec<EventRecord>, StoreError> {
+        each!(self, s => s.events(w, detector, agent, flow, limit))
+    }
+
+    /// The `limit` flows with the most bytes or packets in `w`.
+    pub fn top_talkers(
+        &self,
+        w: Window,
+        filter: &TopFilter<'_>,
+        by: TopBy,
+        limit: u64,
+    ) -> Result<Vec<TopTalker>, StoreError> {
+        each!(self, s => s.top_talkers(w, filter, by, limit))
+    }
+
+    /// The `flow` records that match `filter` in `w`, a page after `after`.
+    pub fn flow_records(
+        &self,
+        w: Window,
+        filter: &RecordFilter<'_>,
+        after: Option<&RecordCursor>,
+        limit: u64,
+    ) -> Result<Vec<(FlowRecord, RecordCursor)>, StoreError> {
+        each!(self, s => s.flow_records(w, filter, after, limit))
+    }
+
+    /// What the `flow` records that match `filter` in `w` add up to.
+    pub fn flow_totals(
+        &self,
+        w: Window,
+        filter: &RecordFilter<'_>,
+    ) -> Result<FlowTotals, StoreError> {
+        each!(self, s => s.flow_totals(w, filter))
+    }
+
+    /// Frames `agent`'s own receive rings dropped since `since_ns`.
+    pub fn ring_drops(&self, agent: &str, since_ns: u64) -> Result<u64, StoreError> {
+        each!(self, s => s.ring_drops(agent, since_ns))
+    }
+
+    /// Records stored: (loss batches, other records).
+    pub fn counts(&self) -> Result<(u64, u64), StoreError> {
+        each!(self, s => s.counts())
+    }
 }
 
 /// Longest a request waits for a free reader connection before it is answered 503.
@@ -282,6 +507,11 @@ impl Default for Readers {
 }
 
 impl Readers {
+    /// Connections of a backend's own.
+    pub(crate) fn of(conns: Vec<Mutex<Store>>, budget: Duration) -> Readers {
+        Readers { conns, budget }
+    }
+
     /// A connection for one request's reading, its budget starting now: one of the readers,
     /// or the writer's (`writer`) when there are none.
     pub fn get<'a>(&'a self, writer: &'a Mutex<Store>) -> Result<Reader<'a>, StoreError> {
@@ -311,7 +541,7 @@ impl Readers {
                 }
             }
         };
-        guard.deadline.store(mono_ns().saturating_add(budget), Ordering::Relaxed);
+        guard.set_deadline(mono_ns().saturating_add(budget));
         Ok(Reader(guard))
     }
 
@@ -339,7 +569,7 @@ impl std::ops::Deref for Reader<'_> {
 
 impl Drop for Reader<'_> {
     fn drop(&mut self) {
-        self.0.deadline.store(0, Ordering::Relaxed);
+        self.0.set_deadline(0);
     }
 }
 
@@ -489,7 +719,7 @@ CREATE TABLE IF NOT EXISTS flow_hours (
 
 /// The flow-state row key of a session's domain: its address and port, and the protocol's
 /// version above the domain's 32 bits. Only v9 and IPFIX have templates to keep.
-fn flow_state_key(k: &DomainKey) -> Option<(String, i64)> {
+pub(crate) fn flow_state_key(k: &DomainKey) -> Option<(String, i64)> {
     let version: i64 = match k.protocol {
         Protocol::NetflowV9 => 9,
         Protocol::Ipfix => 10,
@@ -553,7 +783,7 @@ pub(crate) fn drops_json(d: &[telemark_core::records::DropCount]) -> Option<Stri
 }
 
 /// The stored form back (a row that does not parse names no reasons).
-fn drops_from_json(s: &str) -> std::collections::BTreeMap<String, u64> {
+pub(crate) fn drops_from_json(s: &str) -> std::collections::BTreeMap<String, u64> {
     serde_json::from_str(s).unwrap_or_default()
 }
 
@@ -613,9 +843,9 @@ fn u(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
-impl Store {
+impl Sqlite {
     /// Opens (creating if needed) the database at `path`; `":memory:"` for a throw-away one.
-    pub fn open(path: &Path) -> Result<Store, StoreError> {
+    pub fn open(path: &Path) -> Result<Sqlite, StoreError> {
         let db = Connection::open(path)?;
         let deadline = Arc::new(AtomicU64::new(0));
         prepare(&db, &deadline)?;
@@ -649,7 +879,7 @@ impl Store {
             }
         }
         let in_memory = path.as_os_str() == ":memory:";
-        let mut store = Store {
+        let mut store = Sqlite {
             db,
             path: path.to_path_buf(),
             file: None,
@@ -683,14 +913,14 @@ impl Store {
                 db.busy_timeout(Duration::from_secs(5))?;
                 let deadline = Arc::new(AtomicU64::new(0));
                 prepare(&db, &deadline)?;
-                conns.push(Mutex::new(Store {
+                conns.push(Mutex::new(Store::Sqlite(Sqlite {
                     db,
                     path: self.path.clone(),
                     file: self.file,
                     rows: self.rows.clone(),
                     publishing: None,
                     deadline,
-                }));
+                })));
             }
         }
         Ok(Readers { conns, budget })
@@ -1212,65 +1442,8 @@ impl Store {
             let expected = u(r.get(16)?);
             Ok((flow_of(r)?, PointRecords { expected, ..p }, u(r.get(14)?), u(r.get(15)?)))
         })?;
-        let mut out: Vec<FlowSummary> = Vec::new();
-        let mut points: Vec<PointRecords> = Vec::new();
-        let finish = |out: &mut Vec<FlowSummary>, points: &mut Vec<PointRecords>| {
-            if let Some(f) = out.last_mut() {
-                (f.lost, f.uncertain) = crate::path::path_loss(points);
-                f.packets = points.iter().map(|p| p.expected).max().unwrap_or(0);
-                f.lossy_batches = points.iter().map(|p| p.lossy_batches).max().unwrap_or(0);
-            }
-            points.clear();
-        };
-        for row in rows {
-            let (flow, p, first, last) = row?;
-            match out.last_mut() {
-                Some(f) if f.flow == flow => {
-                    f.first_ns = f.first_ns.min(first);
-                    f.last_ns = f.last_ns.max(last);
-                }
-                _ => {
-                    finish(&mut out, &mut points);
-                    out.push(FlowSummary {
-                        flow,
-                        lossy_batches: 0,
-                        packets: 0,
-                        lost: 0,
-                        uncertain: 0,
-                        ratio: 0.0,
-                        first_ns: first,
-                        last_ns: last,
-                    });
-                }
-            }
-            points.push(p);
-        }
-        finish(&mut out, &mut points);
-        let rank = |a: &FlowSummary, b: &FlowSummary| {
-            b.lost.cmp(&a.lost).then(b.uncertain.cmp(&a.uncertain)).then(b.packets.cmp(&a.packets))
-        };
-        out.sort_by(rank);
-        let out: Vec<FlowSummary> = out.into_iter().skip(offset).take(limit).collect();
-        // The listed flows' figures from their segments, which line batches up where the
-        // points report every batch (path figures against B miss a flow's last batch).
-        // A flow counted in the hours but with no batch in `w` itself (or none lossy, when
-        // only lossy ones are asked for) is left out: a page may then hold fewer than `limit`.
-        let mut exact = Vec::with_capacity(out.len());
-        for mut f in out {
-            let points = self.points_in(&f.flow, w)?;
-            if points.is_empty() {
-                continue;
-            }
-            let segs = crate::path::segments(&points);
-            f.lost = segs.iter().fold(0, |a, s| a.saturating_add(s.lost));
-            f.uncertain = segs.iter().fold(0, |a, s| a.saturating_add(s.uncertain));
-            f.packets = points.iter().map(|p| p.expected).max().unwrap_or(0);
-            f.ratio = if f.packets > 0 { f.lost as f64 / f.packets as f64 } else { 0.0 };
-            if !lossy_only || f.lost > 0 || f.uncertain > 0 {
-                exact.push(f);
-            }
-        }
-        Ok(exact)
+        let rows = rows.collect::<Result<Vec<_>, _>>()?;
+        flows_of(rows, lossy_only, offset, limit, |f| self.points_in(f, w))
     }
 
     /// `flow`'s loss per agent and point in buckets of `bucket_ns`, in `w`.
@@ -1318,53 +1491,27 @@ impl Store {
         );
         let range = w.args();
         let rows = self.query(&sql, &flow_args(flow, &range), |r| {
-            let head = (r.get::<_, String>(0)?, r.get::<_, String>(1)?);
-            let batch = Batch {
-                color: r.get(5)?,
-                first_ns: u(r.get(6)?),
-                last_ns: u(r.get(7)?),
-                observed: u(r.get(8)?),
-                late: u(r.get(9)?),
-            };
-            let sums = (u(r.get(10)?), u(r.get(11)?), u(r.get(12)?), r.get::<_, bool>(13)?);
-            let drops = r.get::<_, Option<String>>(14)?;
-            let port = r.get::<_, String>(2)?;
-            Ok((head, port, r.get(3)?, r.get::<_, String>(4)?, batch, sums, drops))
+            Ok(LossRow {
+                agent: r.get(0)?,
+                point: r.get(1)?,
+                port: r.get(2)?,
+                upstream: r.get(3)?,
+                scope: r.get(4)?,
+                batch: Batch {
+                    color: r.get(5)?,
+                    first_ns: u(r.get(6)?),
+                    last_ns: u(r.get(7)?),
+                    observed: u(r.get(8)?),
+                    late: u(r.get(9)?),
+                },
+                expected: u(r.get(10)?),
+                lost: u(r.get(11)?),
+                uncertain: u(r.get(12)?),
+                tail: r.get(13)?,
+                drops: r.get(14)?,
+            })
         })?;
-        let mut out: Vec<PointRecords> = Vec::new();
-        for ((agent, point), port, upstream, scope, batch, sums, drops) in rows {
-            let (expected, lost, uncertain, tail) = sums;
-            let p = match out.last_mut() {
-                Some(p) if p.agent == agent && p.point == point => p,
-                _ => {
-                    out.push(PointRecords {
-                        agent,
-                        point,
-                        port,
-                        upstream,
-                        scope: scope_of(&scope),
-                        ..PointRecords::default()
-                    });
-                    let Some(p) = out.last_mut() else { break };
-                    p
-                }
-            };
-            p.batches.push(batch);
-            p.ended = tail;
-            p.expected = p.expected.saturating_add(expected);
-            p.lost = p.lost.saturating_add(lost);
-            p.uncertain = p.uncertain.saturating_add(uncertain);
-            p.lossy_batches += u64::from(lost > 0);
-            p.every_batch |= lost == 0 && uncertain == 0;
-            for (reason, n) in drops.as_deref().map(drops_from_json).unwrap_or_default() {
-                let e = p.drops.entry(reason).or_default();
-                *e = e.saturating_add(n);
-            }
-        }
-        for p in &mut out {
-            p.every_batch |= crate::path::unbroken(&p.batches);
-        }
-        Ok(out)
+        Ok(points_of(rows))
     }
 
     /// Each agent's health since `since_ns`: its `health` records' counters summed, per point
@@ -1376,51 +1523,7 @@ impl Store {
             &[(":since", &i(since_ns))],
             |r| r.get::<_, String>(0),
         )?;
-        let mut out: Vec<HealthRecord> = Vec::new();
-        for json in rows {
-            // Stored only after it parsed as a record: a row that does not is skipped.
-            let Ok(Record::Health(h)) = serde_json::from_str::<Record>(&json) else { continue };
-            let sum = match out.last_mut() {
-                Some(s) if s.agent == h.agent => s,
-                _ => {
-                    out.push(HealthRecord {
-                        agent: h.agent.clone(),
-                        interval_start_ns: h.interval_start_ns,
-                        ..HealthRecord::default()
-                    });
-                    let Some(s) = out.last_mut() else { break };
-                    s
-                }
-            };
-            sum.interval_end_ns = h.interval_end_ns;
-            // Saturating: a sum of stored counts is never wrapped round.
-            sum.rx = sum.rx.saturating_add(h.rx);
-            sum.rx_ring_drops = sum.rx_ring_drops.saturating_add(h.rx_ring_drops);
-            sum.tx_drops = sum.tx_drops.saturating_add(h.tx_drops);
-            sum.events_lost = sum.events_lost.saturating_add(h.events_lost);
-            sum.export_dropped = h.export_dropped;
-            for p in h.points {
-                let at = sum.points.iter().position(|q| q.point == p.point && q.port == p.port);
-                let q = match at {
-                    Some(k) => &mut sum.points[k],
-                    None => {
-                        sum.points.push(PointHealth {
-                            point: p.point.clone(),
-                            port: p.port.clone(),
-                            ..PointHealth::default()
-                        });
-                        let Some(q) = sum.points.last_mut() else { break };
-                        q
-                    }
-                };
-                q.flows_admitted = q.flows_admitted.saturating_add(p.flows_admitted);
-                q.flows_evicted = q.flows_evicted.saturating_add(p.flows_evicted);
-                q.packets_refused = q.packets_refused.saturating_add(p.packets_refused);
-                q.packets_unselected = q.packets_unselected.saturating_add(p.packets_unselected);
-                (q.flows, q.capacity) = (p.flows, p.capacity);
-            }
-        }
-        Ok(out)
+        Ok(health_of(rows))
     }
 
     /// INT events in `w`, newest first, at most `limit`, optionally of one detector or flow.
@@ -1460,13 +1563,7 @@ impl Store {
             ],
             |r| r.get::<_, String>(0),
         )?;
-        let mut out = Vec::new();
-        for json in rows {
-            // Stored only after it parsed as a record: a row that does not is skipped.
-            let Ok(Record::Event(e)) = serde_json::from_str::<Record>(&json) else { continue };
-            out.push(e);
-        }
-        Ok(out)
+        Ok(events_of(rows))
     }
 
     /// Whether any `flow` record in `w` was observed at egress ([`counted_once`]).
@@ -1645,8 +1742,198 @@ impl Store {
     }
 }
 
+/// Per flow and point, its hourly sums in a window (`flow_hours`): the flow, the point's
+/// figures, its first and last batch time.
+pub(crate) type HourRow = (Flow, PointRecords, u64, u64);
+
+/// The flows of `rows` (ordered by flow) ranked most lost first, `limit` of them after
+/// `offset`, each flow's figures covering its whole path, each segment once: ranked by their
+/// path loss ([`crate::path::path_loss`]), then read exactly from the batches of the
+/// window (`points_in`) and summed over their segments.
+pub(crate) fn flows_of(
+    rows: Vec<HourRow>,
+    lossy_only: bool,
+    offset: usize,
+    limit: usize,
+    points_in: impl Fn(&Flow) -> Result<Vec<PointRecords>, StoreError>,
+) -> Result<Vec<FlowSummary>, StoreError> {
+    let mut out: Vec<FlowSummary> = Vec::new();
+    let mut points: Vec<PointRecords> = Vec::new();
+    let finish = |out: &mut Vec<FlowSummary>, points: &mut Vec<PointRecords>| {
+        if let Some(f) = out.last_mut() {
+            (f.lost, f.uncertain) = crate::path::path_loss(points);
+            f.packets = points.iter().map(|p| p.expected).max().unwrap_or(0);
+            f.lossy_batches = points.iter().map(|p| p.lossy_batches).max().unwrap_or(0);
+        }
+        points.clear();
+    };
+    for (flow, p, first, last) in rows {
+        match out.last_mut() {
+            Some(f) if f.flow == flow => {
+                f.first_ns = f.first_ns.min(first);
+                f.last_ns = f.last_ns.max(last);
+            }
+            _ => {
+                finish(&mut out, &mut points);
+                out.push(FlowSummary {
+                    flow,
+                    lossy_batches: 0,
+                    packets: 0,
+                    lost: 0,
+                    uncertain: 0,
+                    ratio: 0.0,
+                    first_ns: first,
+                    last_ns: last,
+                });
+            }
+        }
+        points.push(p);
+    }
+    finish(&mut out, &mut points);
+    let rank = |a: &FlowSummary, b: &FlowSummary| {
+        b.lost.cmp(&a.lost).then(b.uncertain.cmp(&a.uncertain)).then(b.packets.cmp(&a.packets))
+    };
+    out.sort_by(rank);
+    let out: Vec<FlowSummary> = out.into_iter().skip(offset).take(limit).collect();
+    // The listed flows' figures from their segments, which line batches up where the
+    // points report every batch (path figures against B miss a flow's last batch).
+    // A flow counted in the hours but with no batch in `w` itself (or none lossy, when
+    // only lossy ones are asked for) is left out: a page may then hold fewer than `limit`.
+    let mut exact = Vec::with_capacity(out.len());
+    for mut f in out {
+        let points = points_in(&f.flow)?;
+        if points.is_empty() {
+            continue;
+        }
+        let segs = crate::path::segments(&points);
+        f.lost = segs.iter().fold(0, |a, s| a.saturating_add(s.lost));
+        f.uncertain = segs.iter().fold(0, |a, s| a.saturating_add(s.uncertain));
+        f.packets = points.iter().map(|p| p.expected).max().unwrap_or(0);
+        f.ratio = if f.packets > 0 { f.lost as f64 / f.packets as f64 } else { 0.0 };
+        if !lossy_only || f.lost > 0 || f.uncertain > 0 {
+            exact.push(f);
+        }
+    }
+    Ok(exact)
+}
+
+/// One stored loss batch as the queries read it (either database).
+pub(crate) struct LossRow {
+    pub agent: String,
+    pub point: String,
+    pub port: String,
+    pub upstream: Option<String>,
+    pub scope: String,
+    pub batch: Batch,
+    pub expected: u64,
+    pub lost: u64,
+    pub uncertain: u64,
+    pub tail: bool,
+    /// The drop reasons as stored ([`drops_json`]).
+    pub drops: Option<String>,
+}
+
+/// A flow's loss batches, ordered by (agent, point, first_ns, seq), grouped per point: each
+/// point's batches in order of first packet, its sums, and its drop reasons.
+pub(crate) fn points_of(rows: Vec<LossRow>) -> Vec<PointRecords> {
+    let mut out: Vec<PointRecords> = Vec::new();
+    for row in rows {
+        let p = match out.last_mut() {
+            Some(p) if p.agent == row.agent && p.point == row.point => p,
+            _ => {
+                out.push(PointRecords {
+                    agent: row.agent,
+                    point: row.point,
+                    port: row.port,
+                    upstream: row.upstream,
+                    scope: scope_of(&row.scope),
+                    ..PointRecords::default()
+                });
+                let Some(p) = out.last_mut() else { break };
+                p
+            }
+        };
+        p.batches.push(row.batch);
+        p.ended = row.tail;
+        p.expected = p.expected.saturating_add(row.expected);
+        p.lost = p.lost.saturating_add(row.lost);
+        p.uncertain = p.uncertain.saturating_add(row.uncertain);
+        p.lossy_batches += u64::from(row.lost > 0);
+        p.every_batch |= row.lost == 0 && row.uncertain == 0;
+        for (reason, n) in row.drops.as_deref().map(drops_from_json).unwrap_or_default() {
+            let e = p.drops.entry(reason).or_default();
+            *e = e.saturating_add(n);
+        }
+    }
+    for p in &mut out {
+        p.every_batch |= crate::path::unbroken(&p.batches);
+    }
+    out
+}
+
+/// Stored `health` records (JSON, ordered by agent, time, seq) summed per agent, per point
+/// too; `flows`, `capacity` and `export_dropped` as the latest record has them.
+pub(crate) fn health_of(rows: Vec<String>) -> Vec<HealthRecord> {
+    let mut out: Vec<HealthRecord> = Vec::new();
+    for json in rows {
+        // Stored only after it parsed as a record: a row that does not is skipped.
+        let Ok(Record::Health(h)) = serde_json::from_str::<Record>(&json) else { continue };
+        let sum = match out.last_mut() {
+            Some(s) if s.agent == h.agent => s,
+            _ => {
+                out.push(HealthRecord {
+                    agent: h.agent.clone(),
+                    interval_start_ns: h.interval_start_ns,
+                    ..HealthRecord::default()
+                });
+                let Some(s) = out.last_mut() else { break };
+                s
+            }
+        };
+        sum.interval_end_ns = h.interval_end_ns;
+        // Saturating: a sum of stored counts is never wrapped round.
+        sum.rx = sum.rx.saturating_add(h.rx);
+        sum.rx_ring_drops = sum.rx_ring_drops.saturating_add(h.rx_ring_drops);
+        sum.tx_drops = sum.tx_drops.saturating_add(h.tx_drops);
+        sum.events_lost = sum.events_lost.saturating_add(h.events_lost);
+        sum.export_dropped = h.export_dropped;
+        for p in h.points {
+            let at = sum.points.iter().position(|q| q.point == p.point && q.port == p.port);
+            let q = match at {
+                Some(k) => &mut sum.points[k],
+                None => {
+                    sum.points.push(PointHealth {
+                        point: p.point.clone(),
+                        port: p.port.clone(),
+                        ..PointHealth::default()
+                    });
+                    let Some(q) = sum.points.last_mut() else { break };
+                    q
+                }
+            };
+            q.flows_admitted = q.flows_admitted.saturating_add(p.flows_admitted);
+            q.flows_evicted = q.flows_evicted.saturating_add(p.flows_evicted);
+            q.packets_refused = q.packets_refused.saturating_add(p.packets_refused);
+            q.packets_unselected = q.packets_unselected.saturating_add(p.packets_unselected);
+            (q.flows, q.capacity) = (p.flows, p.capacity);
+        }
+    }
+    out
+}
+
+/// Stored `event` records (JSON) back.
+pub(crate) fn events_of(rows: Vec<String>) -> Vec<EventRecord> {
+    // Stored only after it parsed as a record: a row that does not is skipped.
+    rows.iter()
+        .filter_map(|json| match serde_json::from_str::<Record>(json) {
+            Ok(Record::Event(e)) => Some(e),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A stored scope back (anything unknown, as old rows have none, is a segment).
-fn scope_of(s: &str) -> Scope {
+pub(crate) fn scope_of(s: &str) -> Scope {
     if s == Scope::Path.as_str() {
         Scope::Path
     } else {
@@ -1669,6 +1956,15 @@ fn flow_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Flow> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Store {
+        fn sqlite(&self) -> &Sqlite {
+            match self {
+                Store::Sqlite(s) => s,
+                Store::Postgres(_) => panic!("a SQLite store"),
+            }
+        }
+    }
     use telemark_core::records::{FlowRecord, LossRecord};
 
     fn flow_record(sport: u16, packets: u64) -> Record {
@@ -1702,7 +1998,7 @@ mod tests {
     fn readers_are_their_own_connections_and_one_too_many_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.db");
-        let writer = Mutex::new(Store::open(&path).unwrap());
+        let writer = Mutex::new(Store::Sqlite(Sqlite::open(&path).unwrap()));
         let readers = writer.lock().unwrap().readers(2, DEFAULT_QUERY_BUDGET).unwrap();
         assert_eq!(readers.len(), 2);
         let a = readers.get(&writer).unwrap();
@@ -1712,11 +2008,11 @@ mod tests {
         writer.lock().unwrap().register("a", "1", 7, 0).unwrap();
         assert_eq!(a.agents().unwrap().len(), 1);
         // A reader cannot write.
-        assert!(a.db.execute("DELETE FROM agents", []).is_err());
+        assert!(a.sqlite().db.execute("DELETE FROM agents", []).is_err());
         drop((a, b));
         assert!(readers.get(&writer).is_ok());
         // In memory there is no second connection: reads take the writer's.
-        let mem = Mutex::new(Store::open(Path::new(":memory:")).unwrap());
+        let mem = Mutex::new(Store::Sqlite(Sqlite::open(Path::new(":memory:")).unwrap()));
         let none = mem.lock().unwrap().readers(2, DEFAULT_QUERY_BUDGET).unwrap();
         assert!(none.is_empty());
         let r = none.get(&mem).unwrap();
@@ -1729,11 +2025,11 @@ mod tests {
     fn a_query_past_its_budget_is_stopped() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.db");
-        let writer = Mutex::new(Store::open(&path).unwrap());
+        let writer = Mutex::new(Store::Sqlite(Sqlite::open(&path).unwrap()));
         let readers = writer.lock().unwrap().readers(1, Duration::from_millis(1)).unwrap();
         let r = readers.get(&writer).unwrap();
         // Far more than 1 ms of work (a billion-row recursive count).
-        let slow = r.db.query_row(
+        let slow = r.sqlite().db.query_row(
             "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 1e9)
              SELECT COUNT(*) FROM c",
             [],
@@ -1742,14 +2038,14 @@ mod tests {
         assert!(matches!(StoreError::from(slow.unwrap_err()), StoreError::OverBudget));
         drop(r);
         // The writer has no budget: the same statement there is not stopped by one.
-        assert_eq!(writer.lock().unwrap().deadline.load(Ordering::Relaxed), 0);
+        assert_eq!(writer.lock().unwrap().sqlite().deadline.load(Ordering::Relaxed), 0);
     }
 
     #[test]
     fn sums_of_stored_counts_never_fail_nor_wrap() {
         // Rows a collector stored before counts were held to 2^53 - 1 (and Kafka-era rows):
         // SQLite's SUM failed on them ("integer overflow", "Invalid column type Real").
-        let mut s = Store::open(Path::new(":memory:")).unwrap();
+        let mut s = Sqlite::open(Path::new(":memory:")).unwrap();
         let recs = vec![
             flow_record(1, i64::MAX as u64),
             flow_record(1, 5),
@@ -1802,7 +2098,7 @@ mod tests {
             with(1, 4, ing, 9_000),
             with(3, 6, None, 9_000),
         ];
-        let top = |s: &Store, from: u64, to: u64| {
+        let top = |s: &Sqlite, from: u64, to: u64| {
             let w = Window { from_ns: from, to_ns: to };
             let mut t: Vec<(u16, u64, u64)> = s
                 .top_talkers(w, &TopFilter::default(), TopBy::Packets, 10)
@@ -1817,21 +2113,21 @@ mod tests {
         let want_1 = (vec![(1, 10, 1), (2, 7, 1), (3, 5, 1)], (4, 3, 22));
         let want_2 = (vec![(1, 4, 1), (3, 6, 1)], (2, 2, 10));
         {
-            let mut s = Store::open(&path).unwrap();
+            let mut s = Sqlite::open(&path).unwrap();
             s.ingest("192.0.2.1", 1, 0, &recs, 0, 1).unwrap();
             assert_eq!(top(&s, 0, 5_000), want_1);
             assert_eq!(top(&s, 5_000, 10_000), want_2);
             // A database written before the flow columns existed.
             s.db.execute_batch("DROP TABLE flows").unwrap();
         }
-        let s = Store::open(&path).unwrap();
+        let s = Sqlite::open(&path).unwrap();
         assert_eq!(top(&s, 0, 5_000), want_1, "filled from the stored records at start");
         assert_eq!(top(&s, 5_000, 10_000), want_2);
     }
 
     #[test]
     fn flow_record_pages_follow_one_another_from_their_cursor() {
-        let mut s = Store::open(Path::new(":memory:")).unwrap();
+        let mut s = Sqlite::open(Path::new(":memory:")).unwrap();
         let recs: Vec<Record> = (1..=7).map(|p| flow_record(p as u16, p)).collect();
         s.ingest("agent.with/odd name", 1, 0, &recs, 0, 1).unwrap();
         let (w, f) = (Window::since(0), RecordFilter::default());
@@ -1902,11 +2198,11 @@ mod tests {
         runs.push(("a", a));
         runs.push(("b", b));
 
-        let mut in_order = Store::open(Path::new(":memory:")).unwrap();
+        let mut in_order = Sqlite::open(Path::new(":memory:")).unwrap();
         for (agent, recs) in &runs {
             in_order.ingest_numbered(agent, 1, recs, 1).unwrap();
         }
-        let mut shuffled = Store::open(Path::new(":memory:")).unwrap();
+        let mut shuffled = Sqlite::open(Path::new(":memory:")).unwrap();
         let mut all: Vec<(&str, (u64, Record))> = runs
             .iter()
             .flat_map(|(agent, recs)| recs.iter().map(move |r| (*agent, r.clone())))
@@ -1925,7 +2221,7 @@ mod tests {
             }
         }
         let w = Window::since(0);
-        let answer = |s: &Store| {
+        let answer = |s: &Sqlite| {
             let points = s.points_in(&flow, w).unwrap();
             format!(
                 "{:?}\n{:?}\n{:?}\n{:?}\n{:?}",
@@ -1946,7 +2242,7 @@ mod tests {
 
     #[test]
     fn same_seq_is_stored_once() {
-        let mut s = Store::open(Path::new(":memory:")).unwrap();
+        let mut s = Sqlite::open(Path::new(":memory:")).unwrap();
         s.register("a", "1", 7, 0).unwrap();
         let r = Record::Loss(LossRecord {
             agent: "a".into(),
@@ -2016,10 +2312,10 @@ pub struct TopFilter<'a> {
 /// as `TIME.BOOT.SEQ.AGENT_HEX`; opaque to clients.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordCursor {
-    time_ns: i64,
-    agent: String,
-    boot: i64,
-    seq: i64,
+    pub(crate) time_ns: i64,
+    pub(crate) agent: String,
+    pub(crate) boot: i64,
+    pub(crate) seq: i64,
 }
 
 impl std::fmt::Display for RecordCursor {

@@ -2,10 +2,13 @@
 //! test as the `postgres` user on its own port and socket directory, and read back with
 //! `psql`, not through Telemark. Needs root (to run the server as `postgres`).
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use telemark_collector::pg::PgStore;
-use telemark_core::records::{Flow, LossRecord, Record, Scope};
+use telemark_collector::{Collector, Config};
+use telemark_core::records::{Flow, HealthRecord, LossRecord, Record, Scope};
+use telemark_transport::exporter::Exporter;
 
 const BIN: &str = "/usr/lib/postgresql/15/bin";
 
@@ -60,13 +63,10 @@ impl Server {
         s
     }
 
-    /// The connection string collectors use.
+    /// The URL collectors take (`--db`): the socket directory percent-encoded as the host.
     fn url(&self) -> String {
-        format!(
-            "host={} port={} user=postgres dbname=telemark",
-            self.dir.path().display(),
-            self.port
-        )
+        let host = self.dir.path().display().to_string().replace('/', "%2F");
+        format!("postgresql://postgres@{host}:{}/telemark", self.port)
     }
 
     /// `sql`'s output by psql (unaligned, tuples only).
@@ -185,4 +185,104 @@ fn two_collectors_store_each_record_once() {
     assert_eq!(parts, "3", "one partition a day");
     let _third = PgStore::connect(&server.url()).unwrap();
     assert_eq!(server.psql("telemark", "SELECT COUNT(*) FROM telemark_migrations"), "1");
+}
+
+fn get(addr: SocketAddr, path: &str) -> serde_json::Value {
+    let r = ureq::get(&format!("http://{addr}{path}")).call().unwrap();
+    serde_json::from_str(&r.into_string().unwrap()).unwrap()
+}
+
+/// A minute ago, on a whole second.
+fn base_ns() -> u64 {
+    (telemark_collector::now_ns() / 1_000_000_000 - 60) * 1_000_000_000
+}
+
+/// One flow through two switches, whose agents send to two collectors on one database: sw-b
+/// (a little loss inside it) to the first, sw-f (a lot on the link into it) to the second.
+/// Each collector's `/api/v1/localise` names the same, right segment with the truth's count,
+/// `/api/v1/flows` gives the same whole-path loss from both, and a ring-drop caveat that sw-f's
+/// health records (sent to the second) give shows on the first.
+#[test]
+fn a_flows_points_at_two_collectors_give_one_answer() {
+    let server = Server::start();
+    let start = || {
+        let cfg = Config {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            db: server.url().into(),
+            workers: 2,
+            ..Config::default()
+        };
+        Collector::start(&cfg).expect("collector starts on PostgreSQL")
+    };
+    let (c1, c2) = (start(), start());
+    let base = base_ns();
+    let loss =
+        |agent: &str, point: &str, upstream: Option<&str>, batch: u64, lost: u64, skew: u64| {
+            Record::Loss(LossRecord {
+                agent: agent.into(),
+                port: "p1".into(),
+                point: point.into(),
+                upstream: upstream.map(str::to_string),
+                flow: Flow {
+                    src: "10.0.0.1".into(),
+                    dst: "10.0.0.7".into(),
+                    sport: 40000,
+                    dport: 5201,
+                    proto: 17,
+                    spi: None,
+                    si: None,
+                },
+                color: (batch % 2) as u8,
+                batch,
+                first_ns: base + batch * 10_000_000 + skew,
+                last_ns: base + batch * 10_000_000 + 9_000_000 + skew,
+                expected: Some(100),
+                observed: 100 - lost,
+                lost,
+                late: 0,
+                uncertain: 0,
+                scope: if upstream.is_some() { Scope::Segment } else { Scope::Path },
+                tail: false,
+                drops: Vec::new(),
+            })
+        };
+    let mut b = Exporter::new(&format!("http://{}", c1.addr), "sw-b", 1, 1000);
+    let mut f = Exporter::new(&format!("http://{}", c2.addr), "sw-f", 1, 1000);
+    for n in 0..40 {
+        let inside_b = u64::from(n % 10 == 0);
+        if inside_b > 0 {
+            b.push(loss("sw-b", "egress", Some("ingress"), n, inside_b, 0));
+        }
+        // 300 µs after sw-b: the collector finds sw-b upstream by that.
+        f.push(loss("sw-f", "ingress", None, n, 5 + n % 3 + inside_b, 300_000));
+    }
+    f.push(Record::Health(HealthRecord {
+        agent: "sw-f".into(),
+        interval_start_ns: base,
+        interval_end_ns: base + 1_000_000_000,
+        rx: 1000,
+        rx_ring_drops: 37,
+        ..Default::default()
+    }));
+    b.flush().unwrap();
+    f.flush().unwrap();
+    let truth_f: u64 = (0..40).map(|n| 5 + n % 3).sum();
+    let q = "/api/v1/localise?src=10.0.0.1&dst=10.0.0.7&sport=40000&dport=5201&proto=17";
+    let answers: Vec<serde_json::Value> = [&c1, &c2].iter().map(|c| get(c.addr, q)).collect();
+    for v in &answers {
+        assert_eq!(v["lost"].as_u64(), Some(truth_f + 4), "{v}");
+        assert_eq!(v["verdict"]["agent"], "sw-f", "{v}");
+        assert_eq!(v["verdict"]["point"], "ingress", "{v}");
+        assert_eq!(v["verdict"]["lost"].as_u64(), Some(truth_f), "{v}");
+        let caveat = v["verdict"]["caveat"].as_str().unwrap_or_default();
+        assert!(caveat.contains("sw-f dropped 37 frames"), "{v}");
+    }
+    assert_eq!(answers[0], answers[1]);
+    for c in [&c1, &c2] {
+        let flows = get(c.addr, "/api/v1/flows");
+        assert_eq!(flows[0]["lost"].as_u64(), Some(truth_f + 4), "{flows}");
+        let agents = get(c.addr, "/api/v1/agents");
+        assert_eq!(agents.as_array().map(Vec::len), Some(2), "{agents}");
+    }
+    assert_eq!(server.psql("telemark", "SELECT COUNT(*) FROM loss"), "44");
 }
