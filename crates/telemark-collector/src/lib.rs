@@ -38,6 +38,9 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Database file.
     pub db: PathBuf,
+    /// The PostgreSQL password, read from this file (kept out of the URL, the command line and
+    /// the logs).
+    pub db_password_file: Option<PathBuf>,
     /// Records older than this are deleted (checked once a minute); 0 keeps everything.
     pub retention: Duration,
     /// What a client may make the server hold (body, head, URL, connections, timeouts).
@@ -67,6 +70,7 @@ impl Default for Config {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 9900)),
             db: PathBuf::from("telemark.db"),
+            db_password_file: None,
             retention: Duration::from_secs(7 * 24 * 3600),
             limits: Limits::default(),
             tls: None,
@@ -98,8 +102,8 @@ pub enum StartError {
     /// The database could not be opened.
     #[error("cannot open database {path}: {err}")]
     Db {
-        /// Its path.
-        path: PathBuf,
+        /// Its path or URL (without a password: [`store::describe`]).
+        path: String,
         /// Why.
         err: store::StoreError,
     },
@@ -145,8 +149,15 @@ impl Collector {
         if cfg.auth.is_none() && !cfg.listen.ip().is_loopback() {
             return Err(StartError::Exposed { addr: cfg.listen });
         }
-        let mut store = store::Store::open(&cfg.db)
-            .map_err(|err| StartError::Db { path: cfg.db.clone(), err })?;
+        let db_err = |err| StartError::Db { path: store::describe(&cfg.db), err };
+        let password = match &cfg.db_password_file {
+            Some(f) => Some(std::fs::read_to_string(f).map_err(|e| {
+                db_err(store::StoreError::Postgres(format!("password file {}: {e}", f.display())))
+            })?),
+            None => None,
+        };
+        let mut store = store::Store::open_with(&cfg.db, password.as_deref().map(str::trim_end))
+            .map_err(db_err)?;
         let publish = match cfg.kafka.as_ref().and_then(|k| k.publish.as_ref()) {
             Some(_) if cfg.db.as_os_str() == ":memory:" => {
                 return Err(StartError::Kafka(
@@ -155,16 +166,10 @@ impl Collector {
                         .into(),
                 ))
             }
-            Some(p) => Some(
-                store
-                    .publish(p.outbox_max)
-                    .map_err(|err| StartError::Db { path: cfg.db.clone(), err })?,
-            ),
+            Some(p) => Some(store.publish(p.outbox_max).map_err(db_err)?),
             None => None,
         };
-        let readers = store
-            .readers(cfg.readers(), cfg.query_budget)
-            .map_err(|err| StartError::Db { path: cfg.db.clone(), err })?;
+        let readers = store.readers(cfg.readers(), cfg.query_budget).map_err(db_err)?;
         let ingest = Arc::new(Ingest::new(store));
         let api = Arc::new(Api {
             ingest: ingest.clone(),

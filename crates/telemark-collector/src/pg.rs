@@ -108,7 +108,7 @@ impl From<postgres::Error> for StoreError {
 /// time: the writer's is behind the ingest lock, each reader's behind its own).
 pub struct PgStore {
     client: RefCell<Client>,
-    url: String,
+    config: postgres::Config,
     /// Days whose partitions are known to exist.
     days: BTreeSet<i64>,
 }
@@ -149,11 +149,19 @@ fn time_of(r: &Record, now: u64) -> u64 {
 }
 
 impl PgStore {
-    /// Connects to `url` (`postgres://user@host/db`, or `host=/run/postgresql dbname=…`) and
-    /// applies the migrations it lacks.
-    pub fn connect(url: &str) -> Result<PgStore, StoreError> {
-        let client = RefCell::new(Client::connect(url, NoTls)?);
-        let mut s = PgStore { client, url: url.to_string(), days: BTreeSet::new() };
+    /// Connects to `url` (`postgresql://user@host:port/db`; a Unix socket's directory
+    /// percent-encoded as the host), with `password` if given apart, and applies the
+    /// migrations the database lacks.
+    pub fn connect(url: &str, password: Option<&str>) -> Result<PgStore, StoreError> {
+        let mut config: postgres::Config =
+            url.parse().map_err(|e| StoreError::Postgres(format!("the URL: {e}")))?;
+        if let Some(p) = password {
+            config.password(p);
+        }
+        config.application_name("telemark-collector");
+        config.connect_timeout(Duration::from_secs(10));
+        let client = RefCell::new(config.connect(NoTls)?);
+        let mut s = PgStore { client, config, days: BTreeSet::new() };
         s.migrate()?;
         Ok(s)
     }
@@ -256,14 +264,19 @@ impl PgStore {
                 last_seen_ns = GREATEST(agents.last_seen_ns, $4)",
             &[&agent, &version, &i(boot), &i(now)],
         )?;
-        let seen = tx.prepare(
-            "INSERT INTO seen (agent, boot, seq, time_ns) VALUES ($1, $2, $3, $4)
-             ON CONFLICT DO NOTHING",
+        // One statement for the batch's keys: the new ones come back.
+        let seqs: Vec<i64> = order.iter().map(|&n| i(records[n].0)).collect();
+        let times: Vec<i64> = order.iter().map(|&n| i(time_of(records[n].1, now))).collect();
+        let taken = tx.query(
+            "INSERT INTO seen (agent, boot, seq, time_ns)
+             SELECT $1, $2, s, t FROM unnest($3::BIGINT[], $4::BIGINT[]) AS u(s, t) ORDER BY s
+             ON CONFLICT DO NOTHING RETURNING seq",
+            &[&agent, &i(boot), &seqs, &times],
         )?;
+        let mut taken: BTreeSet<i64> = taken.iter().map(|r| r.get(0)).collect();
         for &n in &order {
-            let (seq, r) = records[n];
-            let t = i(time_of(r, now));
-            new[n] = tx.execute(&seen, &[&agent, &i(boot), &i(seq), &t])? == 1;
+            // A seq twice in one request is stored once: the first is the new one.
+            new[n] = taken.remove(&i(records[n].0));
         }
         let fresh: Vec<(u64, &Record)> =
             order.iter().filter(|&&n| new[n]).map(|&n| records[n]).collect();
@@ -292,8 +305,9 @@ impl PgStore {
     }
 }
 
-/// Inserts records already known to be new: loss batches and their hourly sums, flow
-/// records in columns, everything else whole as JSON.
+/// Inserts records already known to be new, in a few statements whatever their number (each
+/// column as an array, `unnest`ed: one round trip per table): loss batches and their hourly
+/// sums, flow records in columns, and every record but loss whole, as JSON.
 fn insert(
     tx: &mut Transaction<'_>,
     agent: &str,
@@ -301,97 +315,42 @@ fn insert(
     records: &[(u64, &Record)],
     now: u64,
 ) -> Result<(), StoreError> {
-    let loss = tx.prepare(
-        "INSERT INTO loss (agent, boot, seq, port, point, upstream, src, dst, sport, dport,
-            proto, spi, si, color, batch, first_ns, last_ns, expected, observed, lost, late,
-            uncertain, scope, tail, drops)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-            $18, $19, $20, $21, $22, $23, $24, $25)",
-    )?;
-    let other = tx.prepare(
-        "INSERT INTO other (agent, boot, seq, kind, time_ns, json) VALUES ($1, $2, $3, $4, $5, $6)",
-    )?;
-    let flows = tx.prepare(
-        "INSERT INTO flows (time_ns, agent, boot, seq, port, point, direction, src, dst, sport,
-            dport, proto, packets, bytes, exact, error_bound)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
-    )?;
-    let hours = tx.prepare(
-        "INSERT INTO flow_hours (hour, src, dst, sport, dport, proto, spi, si, agent, point,
-            upstream, scope, batches, lossy_batches, expected, lost, uncertain, first_ns, last_ns)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 1, $13, $14::BIGINT,
-            $15::BIGINT, $16::BIGINT, $17, $18)
-         ON CONFLICT (hour, src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope)
-         DO UPDATE SET batches = flow_hours.batches + 1,
-            lossy_batches = flow_hours.lossy_batches + excluded.lossy_batches,
-            expected = flow_hours.expected + excluded.expected,
-            lost = flow_hours.lost + excluded.lost,
-            uncertain = flow_hours.uncertain + excluded.uncertain,
-            first_ns = LEAST(flow_hours.first_ns, excluded.first_ns),
-            last_ns = GREATEST(flow_hours.last_ns, excluded.last_ns)",
-    )?;
-    let (boot, agent) = (i(boot), agent);
+    let boot = i(boot);
+    let mut loss = LossColumns::default();
+    let mut hours: std::collections::BTreeMap<HourKey, HourSums> = Default::default();
+    let mut other = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut flows = FlowColumns::default();
     for &(seq, r) in records {
         let seq = i(seq);
         let kind = match r {
             Record::Loss(l) => {
+                loss.push(seq, l);
                 let f = &l.flow;
-                let (sport, dport, proto) =
-                    (i32::from(f.sport), i32::from(f.dport), i16::from(f.proto));
-                let (spi, si) = (f.spi.map(i64::from), f.si.map(i16::from));
-                tx.execute(
-                    &loss,
-                    &[
-                        &agent,
-                        &boot,
-                        &seq,
-                        &l.port,
-                        &l.point,
-                        &l.upstream,
-                        &f.src,
-                        &f.dst,
-                        &sport,
-                        &dport,
-                        &proto,
-                        &spi,
-                        &si,
-                        &i16::from(l.color),
-                        &i(l.batch),
-                        &i(l.first_ns),
-                        &i(l.last_ns),
-                        &l.expected.map(i),
-                        &i(l.observed),
-                        &i(l.lost),
-                        &i(l.late),
-                        &i(l.uncertain),
-                        &l.scope.as_str(),
-                        &l.tail,
-                        &crate::store::drops_json(&l.drops),
-                    ],
-                )?;
-                tx.execute(
-                    &hours,
-                    &[
-                        &(i(l.first_ns) / HOUR_NS),
-                        &f.src,
-                        &f.dst,
-                        &sport,
-                        &dport,
-                        &proto,
-                        &spi.unwrap_or(-1),
-                        &si.unwrap_or(-1),
-                        &agent,
-                        &l.point,
-                        &l.upstream.as_deref().unwrap_or(""),
-                        &l.scope.as_str(),
-                        &i64::from(l.lost > 0),
-                        &i(l.expected.unwrap_or(0)),
-                        &i(l.lost),
-                        &i(l.uncertain),
-                        &i(l.first_ns),
-                        &i(l.last_ns),
-                    ],
-                )?;
+                let key = HourKey {
+                    hour: i(l.first_ns) / HOUR_NS,
+                    src: f.src.clone(),
+                    dst: f.dst.clone(),
+                    sport: i32::from(f.sport),
+                    dport: i32::from(f.dport),
+                    proto: i16::from(f.proto),
+                    spi: f.spi.map_or(-1, i64::from),
+                    si: f.si.map_or(-1, i16::from),
+                    point: l.point.clone(),
+                    upstream: l.upstream.clone().unwrap_or_default(),
+                    scope: l.scope.as_str().to_string(),
+                };
+                let h = hours.entry(key).or_insert(HourSums {
+                    first_ns: i64::MAX,
+                    last_ns: i64::MIN,
+                    ..HourSums::default()
+                });
+                h.batches += 1;
+                h.lossy_batches += i64::from(l.lost > 0);
+                h.expected += i128::from(l.expected.unwrap_or(0));
+                h.lost += i128::from(l.lost);
+                h.uncertain += i128::from(l.uncertain);
+                h.first_ns = h.first_ns.min(i(l.first_ns));
+                h.last_ns = h.last_ns.max(i(l.last_ns));
                 continue;
             }
             Record::Summary(_) => "summary",
@@ -401,35 +360,316 @@ fn insert(
             Record::Health(_) => "health",
             Record::Event(_) => "event",
             Record::Flow(f) => {
-                let fl = &f.flow;
-                tx.execute(
-                    &flows,
-                    &[
-                        &i(f.window_end_ns),
-                        &agent,
-                        &boot,
-                        &seq,
-                        &f.port,
-                        &f.point,
-                        &f.exported.direction.map(Direction::name),
-                        &fl.src,
-                        &fl.dst,
-                        &i32::from(fl.sport),
-                        &i32::from(fl.dport),
-                        &i16::from(fl.proto),
-                        &i(f.packets),
-                        &i(f.bytes),
-                        &f.exact,
-                        &i(f.error_bound),
-                    ],
-                )?;
+                flows.push(seq, f);
                 "flow"
             }
         };
-        let json = serde_json::to_string(r).unwrap_or_default();
-        tx.execute(&other, &[&agent, &boot, &seq, &kind, &i(time_of(r, now)), &json])?;
+        other.0.push(seq);
+        other.1.push(kind);
+        other.2.push(i(time_of(r, now)));
+        other.3.push(serde_json::to_string(r).unwrap_or_default());
+    }
+    if !loss.seq.is_empty() {
+        let l = &loss;
+        tx.execute(
+            "INSERT INTO loss (agent, boot, seq, port, point, upstream, src, dst, sport, dport,
+                proto, spi, si, color, batch, first_ns, last_ns, expected, observed, lost, late,
+                uncertain, scope, tail, drops)
+             SELECT $1, $2, * FROM unnest($3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::TEXT[],
+                $7::TEXT[], $8::TEXT[], $9::INTEGER[], $10::INTEGER[], $11::SMALLINT[],
+                $12::BIGINT[], $13::SMALLINT[], $14::SMALLINT[], $15::BIGINT[], $16::BIGINT[],
+                $17::BIGINT[], $18::BIGINT[], $19::BIGINT[], $20::BIGINT[], $21::BIGINT[],
+                $22::BIGINT[], $23::TEXT[], $24::BOOLEAN[], $25::TEXT[])",
+            &[
+                &agent,
+                &boot,
+                &l.seq,
+                &l.port,
+                &l.point,
+                &l.upstream,
+                &l.src,
+                &l.dst,
+                &l.sport,
+                &l.dport,
+                &l.proto,
+                &l.spi,
+                &l.si,
+                &l.color,
+                &l.batch,
+                &l.first_ns,
+                &l.last_ns,
+                &l.expected,
+                &l.observed,
+                &l.lost,
+                &l.late,
+                &l.uncertain,
+                &l.scope,
+                &l.tail,
+                &l.drops,
+            ],
+        )?;
+    }
+    if !hours.is_empty() {
+        // Sums per key, in key order: one upsert touches each row once, and two collectors
+        // take the rows' locks in the same order.
+        let mut c = HourColumns::default();
+        for (k, h) in hours {
+            c.push(k, h);
+        }
+        tx.execute(
+            "INSERT INTO flow_hours (hour, src, dst, sport, dport, proto, spi, si, agent, point,
+                upstream, scope, batches, lossy_batches, expected, lost, uncertain, first_ns,
+                last_ns)
+             SELECT hour, src, dst, sport, dport, proto, spi, si, $1, point, upstream, scope,
+                batches, lossy, expected::NUMERIC, lost::NUMERIC, uncertain::NUMERIC, first_ns,
+                last_ns
+             FROM unnest($2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::INTEGER[], $6::INTEGER[],
+                $7::SMALLINT[], $8::BIGINT[], $9::SMALLINT[], $10::TEXT[], $11::TEXT[],
+                $12::TEXT[], $13::BIGINT[], $14::BIGINT[], $15::TEXT[], $16::TEXT[], $17::TEXT[],
+                $18::BIGINT[], $19::BIGINT[])
+                AS u(hour, src, dst, sport, dport, proto, spi, si, point, upstream, scope,
+                     batches, lossy, expected, lost, uncertain, first_ns, last_ns)
+             ON CONFLICT (hour, src, dst, sport, dport, proto, spi, si, agent, point, upstream,
+                scope)
+             DO UPDATE SET batches = flow_hours.batches + excluded.batches,
+                lossy_batches = flow_hours.lossy_batches + excluded.lossy_batches,
+                expected = flow_hours.expected + excluded.expected,
+                lost = flow_hours.lost + excluded.lost,
+                uncertain = flow_hours.uncertain + excluded.uncertain,
+                first_ns = LEAST(flow_hours.first_ns, excluded.first_ns),
+                last_ns = GREATEST(flow_hours.last_ns, excluded.last_ns)",
+            &[
+                &agent,
+                &c.hour,
+                &c.src,
+                &c.dst,
+                &c.sport,
+                &c.dport,
+                &c.proto,
+                &c.spi,
+                &c.si,
+                &c.point,
+                &c.upstream,
+                &c.scope,
+                &c.batches,
+                &c.lossy,
+                &c.expected,
+                &c.lost,
+                &c.uncertain,
+                &c.first_ns,
+                &c.last_ns,
+            ],
+        )?;
+    }
+    if !flows.seq.is_empty() {
+        let f = &flows;
+        tx.execute(
+            "INSERT INTO flows (time_ns, agent, boot, seq, port, point, direction, src, dst,
+                sport, dport, proto, packets, bytes, exact, error_bound)
+             SELECT t, $1, $2, seq, port, point, direction, src, dst, sport, dport, proto,
+                packets, bytes, exact, error_bound
+             FROM unnest($3::BIGINT[], $4::BIGINT[], $5::TEXT[], $6::TEXT[], $7::TEXT[],
+                $8::TEXT[], $9::TEXT[], $10::INTEGER[], $11::INTEGER[], $12::SMALLINT[],
+                $13::BIGINT[], $14::BIGINT[], $15::BOOLEAN[], $16::BIGINT[])
+                AS u(t, seq, port, point, direction, src, dst, sport, dport, proto, packets,
+                     bytes, exact, error_bound)",
+            &[
+                &agent,
+                &boot,
+                &f.time,
+                &f.seq,
+                &f.port,
+                &f.point,
+                &f.direction,
+                &f.src,
+                &f.dst,
+                &f.sport,
+                &f.dport,
+                &f.proto,
+                &f.packets,
+                &f.bytes,
+                &f.exact,
+                &f.error_bound,
+            ],
+        )?;
+    }
+    if !other.0.is_empty() {
+        tx.execute(
+            "INSERT INTO other (agent, boot, seq, kind, time_ns, json)
+             SELECT $1, $2, * FROM unnest($3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::TEXT[])",
+            &[&agent, &boot, &other.0, &other.1, &other.2, &other.3],
+        )?;
     }
     Ok(())
+}
+
+/// A batch's loss records, column by column.
+#[derive(Default)]
+struct LossColumns {
+    seq: Vec<i64>,
+    port: Vec<String>,
+    point: Vec<String>,
+    upstream: Vec<Option<String>>,
+    src: Vec<String>,
+    dst: Vec<String>,
+    sport: Vec<i32>,
+    dport: Vec<i32>,
+    proto: Vec<i16>,
+    spi: Vec<Option<i64>>,
+    si: Vec<Option<i16>>,
+    color: Vec<i16>,
+    batch: Vec<i64>,
+    first_ns: Vec<i64>,
+    last_ns: Vec<i64>,
+    expected: Vec<Option<i64>>,
+    observed: Vec<i64>,
+    lost: Vec<i64>,
+    late: Vec<i64>,
+    uncertain: Vec<i64>,
+    scope: Vec<&'static str>,
+    tail: Vec<bool>,
+    drops: Vec<Option<String>>,
+}
+
+impl LossColumns {
+    fn push(&mut self, seq: i64, l: &telemark_core::records::LossRecord) {
+        let f = &l.flow;
+        self.seq.push(seq);
+        self.port.push(l.port.clone());
+        self.point.push(l.point.clone());
+        self.upstream.push(l.upstream.clone());
+        self.src.push(f.src.clone());
+        self.dst.push(f.dst.clone());
+        self.sport.push(i32::from(f.sport));
+        self.dport.push(i32::from(f.dport));
+        self.proto.push(i16::from(f.proto));
+        self.spi.push(f.spi.map(i64::from));
+        self.si.push(f.si.map(i16::from));
+        self.color.push(i16::from(l.color));
+        self.batch.push(i(l.batch));
+        self.first_ns.push(i(l.first_ns));
+        self.last_ns.push(i(l.last_ns));
+        self.expected.push(l.expected.map(i));
+        self.observed.push(i(l.observed));
+        self.lost.push(i(l.lost));
+        self.late.push(i(l.late));
+        self.uncertain.push(i(l.uncertain));
+        self.scope.push(l.scope.as_str());
+        self.tail.push(l.tail);
+        self.drops.push(crate::store::drops_json(&l.drops));
+    }
+}
+
+/// A row of `flow_hours` (absent NSH fields and upstreams as -1 and '').
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct HourKey {
+    hour: i64,
+    src: String,
+    dst: String,
+    sport: i32,
+    dport: i32,
+    proto: i16,
+    spi: i64,
+    si: i16,
+    point: String,
+    upstream: String,
+    scope: String,
+}
+
+/// What a batch adds to a `flow_hours` row (sums exact: NUMERIC in the table).
+#[derive(Default)]
+struct HourSums {
+    batches: i64,
+    lossy_batches: i64,
+    expected: i128,
+    lost: i128,
+    uncertain: i128,
+    first_ns: i64,
+    last_ns: i64,
+}
+
+/// `flow_hours` rows, column by column (sums as decimal text, cast to NUMERIC).
+#[derive(Default)]
+struct HourColumns {
+    hour: Vec<i64>,
+    src: Vec<String>,
+    dst: Vec<String>,
+    sport: Vec<i32>,
+    dport: Vec<i32>,
+    proto: Vec<i16>,
+    spi: Vec<i64>,
+    si: Vec<i16>,
+    point: Vec<String>,
+    upstream: Vec<String>,
+    scope: Vec<String>,
+    batches: Vec<i64>,
+    lossy: Vec<i64>,
+    expected: Vec<String>,
+    lost: Vec<String>,
+    uncertain: Vec<String>,
+    first_ns: Vec<i64>,
+    last_ns: Vec<i64>,
+}
+
+impl HourColumns {
+    fn push(&mut self, k: HourKey, h: HourSums) {
+        self.hour.push(k.hour);
+        self.src.push(k.src);
+        self.dst.push(k.dst);
+        self.sport.push(k.sport);
+        self.dport.push(k.dport);
+        self.proto.push(k.proto);
+        self.spi.push(k.spi);
+        self.si.push(k.si);
+        self.point.push(k.point);
+        self.upstream.push(k.upstream);
+        self.scope.push(k.scope);
+        self.batches.push(h.batches);
+        self.lossy.push(h.lossy_batches);
+        self.expected.push(h.expected.to_string());
+        self.lost.push(h.lost.to_string());
+        self.uncertain.push(h.uncertain.to_string());
+        self.first_ns.push(h.first_ns);
+        self.last_ns.push(h.last_ns);
+    }
+}
+
+/// A batch's flow records, column by column.
+#[derive(Default)]
+struct FlowColumns {
+    time: Vec<i64>,
+    seq: Vec<i64>,
+    port: Vec<String>,
+    point: Vec<String>,
+    direction: Vec<Option<&'static str>>,
+    src: Vec<String>,
+    dst: Vec<String>,
+    sport: Vec<i32>,
+    dport: Vec<i32>,
+    proto: Vec<i16>,
+    packets: Vec<i64>,
+    bytes: Vec<i64>,
+    exact: Vec<bool>,
+    error_bound: Vec<i64>,
+}
+
+impl FlowColumns {
+    fn push(&mut self, seq: i64, f: &FlowRecord) {
+        self.time.push(i(f.window_end_ns));
+        self.seq.push(seq);
+        self.port.push(f.port.clone());
+        self.point.push(f.point.clone());
+        self.direction.push(f.exported.direction.map(Direction::name));
+        self.src.push(f.flow.src.clone());
+        self.dst.push(f.flow.dst.clone());
+        self.sport.push(i32::from(f.flow.sport));
+        self.dport.push(i32::from(f.flow.dport));
+        self.proto.push(i16::from(f.flow.proto));
+        self.packets.push(i(f.packets));
+        self.bytes.push(i(f.bytes));
+        self.exact.push(f.exact);
+        self.error_bound.push(i(f.error_bound));
+    }
 }
 
 /// The API's questions, asked of the shared database: the same answers as the embedded
@@ -445,14 +685,14 @@ impl PgStore {
     pub fn readers(&self, n: usize, budget: Duration) -> Result<Readers, StoreError> {
         let mut conns = Vec::new();
         for _ in 0..n.max(1) {
-            let mut c = Client::connect(&self.url, NoTls)?;
+            let mut c = self.config.connect(NoTls)?;
             let ms = budget.as_millis().clamp(1, i32::MAX as u128);
             c.batch_execute(&format!(
                 "SET statement_timeout = {ms}; SET default_transaction_read_only = on"
             ))?;
             conns.push(Mutex::new(Store::Postgres(PgStore {
                 client: RefCell::new(c),
-                url: self.url.clone(),
+                config: self.config.clone(),
                 days: BTreeSet::new(),
             })));
         }

@@ -204,6 +204,29 @@ pub enum Store {
     Postgres(crate::pg::PgStore),
 }
 
+/// Whether `db` names a PostgreSQL database (a URL) rather than a SQLite file.
+pub fn is_postgres(db: &Path) -> bool {
+    let t = db.to_string_lossy();
+    t.starts_with("postgres://") || t.starts_with("postgresql://")
+}
+
+/// `db` as logs and errors show it: a URL's password, if it has one, masked.
+pub fn describe(db: &Path) -> String {
+    let t = db.to_string_lossy().into_owned();
+    if !is_postgres(db) {
+        return t;
+    }
+    let Some((scheme, rest)) = t.split_once("://") else { return t };
+    let (auth, host) = match rest.split_once('@') {
+        Some(x) => x,
+        None => return t,
+    };
+    match auth.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => t,
+    }
+}
+
 /// `$e` on whichever backend `$store` is, bound to `$s`.
 macro_rules! each {
     ($store:expr, $s:ident => $e:expr) => {
@@ -218,9 +241,14 @@ impl Store {
     /// Opens the store `db` names: a `postgres://` or `postgresql://` URL, or a SQLite file
     /// (created if needed; `":memory:"` for a throw-away one).
     pub fn open(db: &Path) -> Result<Store, StoreError> {
-        let text = db.to_string_lossy();
-        if text.starts_with("postgres://") || text.starts_with("postgresql://") {
-            return Ok(Store::Postgres(crate::pg::PgStore::connect(&text)?));
+        Store::open_with(db, None)
+    }
+
+    /// [`Store::open`], with PostgreSQL's password given apart from the URL.
+    pub fn open_with(db: &Path, password: Option<&str>) -> Result<Store, StoreError> {
+        if is_postgres(db) {
+            let url = db.to_string_lossy();
+            return Ok(Store::Postgres(crate::pg::PgStore::connect(&url, password)?));
         }
         Ok(Store::Sqlite(Sqlite::open(db)?))
     }
@@ -2238,6 +2266,17 @@ mod tests {
             "loss in the answer: {want}"
         );
         assert_eq!(answer(&shuffled), want);
+    }
+
+    #[test]
+    fn a_database_url_is_shown_without_its_password() {
+        let d = |s: &str| describe(Path::new(s));
+        assert_eq!(
+            d("postgresql://tm:s3cret@db:5432/telemark"),
+            "postgresql://tm:***@db:5432/telemark"
+        );
+        assert_eq!(d("postgres://tm@db/telemark"), "postgres://tm@db/telemark");
+        assert_eq!(d("/var/lib/telemark/a:b@c.db"), "/var/lib/telemark/a:b@c.db");
     }
 
     #[test]

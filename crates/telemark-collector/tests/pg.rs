@@ -142,7 +142,7 @@ fn two_collectors_store_each_record_once() {
     }
     let total = records.len() as u64;
     let run = |rev: bool, chunk: usize| {
-        let mut s = PgStore::connect(&server.url()).unwrap();
+        let mut s = PgStore::connect(&server.url(), None).unwrap();
         let mut mine: Vec<&(&str, u64, Record)> = records.iter().collect();
         if rev {
             mine.reverse();
@@ -183,8 +183,25 @@ fn two_collectors_store_each_record_once() {
     let parts = server
         .psql("telemark", "SELECT COUNT(*) FROM pg_inherits WHERE inhparent = 'loss'::regclass");
     assert_eq!(parts, "3", "one partition a day");
-    let _third = PgStore::connect(&server.url()).unwrap();
+    let mut third = PgStore::connect(&server.url(), None).unwrap();
     assert_eq!(server.psql("telemark", "SELECT COUNT(*) FROM telemark_migrations"), "1");
+
+    // Retention drops whole days: everything before the second day's start goes, nothing
+    // after it.
+    const DAY: u64 = 86_400_000_000_000;
+    let second_day = (1_790_000_000_000_000_000 / DAY + 1) * DAY;
+    let keep = server
+        .psql("telemark", &format!("SELECT COUNT(*) FROM loss WHERE first_ns >= {second_day}"));
+    let gone = third.expire(second_day).unwrap();
+    assert_eq!(server.psql("telemark", "SELECT COUNT(*) FROM loss"), keep);
+    assert_eq!(gone, total - keep.parse::<u64>().unwrap());
+    assert_eq!(
+        server.psql(
+            "telemark",
+            "SELECT COUNT(*) FROM pg_inherits WHERE inhparent = 'loss'::regclass"
+        ),
+        "2"
+    );
 }
 
 fn get(addr: SocketAddr, path: &str) -> serde_json::Value {

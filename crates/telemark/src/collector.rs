@@ -14,9 +14,14 @@ pub struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:9900")]
     pub listen: std::net::SocketAddr,
-    /// SQLite database file (created if missing).
+    /// Where records are stored: a SQLite file (created if missing), or a PostgreSQL database
+    /// that several collectors share (`postgresql://user@host:5432/telemark`; a Unix socket's
+    /// directory percent-encoded as the host: `postgresql://telemark@%2Frun%2Fpostgresql/telemark`).
     #[arg(long, default_value = "telemark.db")]
     pub db: PathBuf,
+    /// PostgreSQL: the password, read from this file (never on the command line).
+    #[arg(long)]
+    pub db_password_file: Option<PathBuf>,
     /// Delete records older than this (e.g. 3600s, 90m, 48h, 7d; 0 keeps everything).
     #[arg(long, default_value = "7d", value_parser = parse_duration)]
     pub retention: Duration,
@@ -146,6 +151,7 @@ pub fn run(a: Args) -> Result<()> {
         tls,
         listen: a.listen,
         db: a.db,
+        db_password_file: a.db_password_file,
         retention: a.retention,
         limits: telemark_transport::server::Limits {
             max_body: a.max_body,
@@ -191,7 +197,7 @@ pub fn run(a: Args) -> Result<()> {
         "telemark collector: {}://{} (page, /api/v1/…, /metrics), database {}",
         if cfg.tls.is_some() { "https" } else { "http" },
         c.addr,
-        cfg.db.display()
+        telemark_collector::store::describe(&cfg.db)
     );
     for sig in signals.forever() {
         if sig != SIGHUP {
