@@ -1,6 +1,6 @@
 //! The collector's shared store: one PostgreSQL database that any number of collectors write
-//! and read (docs/scale.md). Work in progress on branch postgres-store: schema, migrations,
-//! partitions and the write path first.
+//! and read (docs/collector.md, "A shared store"), answering every query the embedded SQLite
+//! store answers.
 //!
 //! - **Stored once, whoever stores it.** A record's (agent, boot, seq) goes into `seen` in the
 //!   transaction that stores the record; a second collector storing the same record (a Kafka
