@@ -422,8 +422,13 @@ pub fn consume(
                     }
                 }
             } else {
-                // Not stored: not committed either. Read again from the last commit.
+                // Not stored: not committed either, and read again (the consumer's position
+                // is past it). If even the seek fails, the group reads it again once this
+                // collector restarts or leaves, from the last commit.
                 stats.consumer_errors.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = consumer.rewind(&batch) {
+                    tracing::warn!("{e}");
+                }
                 std::thread::sleep(Duration::from_millis(500));
             }
             stats.partitions.store(consumer.partitions() as u64, Ordering::Relaxed);

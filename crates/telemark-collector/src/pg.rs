@@ -39,60 +39,63 @@ const SCHEMA_LOCK: i64 = 0x7465_6c65_6d61_726b;
 
 /// Migrations, in order; each is applied once, in one transaction.
 const MIGRATIONS: [&str; 1] = [
-    // 1: the first schema.
-    "CREATE TABLE agents (
-        agent TEXT PRIMARY KEY, version TEXT NOT NULL, boot BIGINT NOT NULL,
+    // 1: the first schema. Text in byte order (COLLATE "C"), as SQLite compares it: lists
+    // sort alike on either store, whatever the database's locale.
+    r#"CREATE TABLE agents (
+        agent TEXT COLLATE "C" PRIMARY KEY, version TEXT COLLATE "C" NOT NULL, boot BIGINT NOT NULL,
         first_seen_ns BIGINT NOT NULL, last_seen_ns BIGINT NOT NULL,
         records BIGINT NOT NULL DEFAULT 0, export_dropped BIGINT NOT NULL DEFAULT 0
     );
     CREATE TABLE seen (
-        agent TEXT NOT NULL, boot BIGINT NOT NULL, seq BIGINT NOT NULL, time_ns BIGINT NOT NULL,
+        agent TEXT COLLATE "C" NOT NULL, boot BIGINT NOT NULL, seq BIGINT NOT NULL, time_ns BIGINT NOT NULL,
         PRIMARY KEY (agent, boot, seq)
     );
     CREATE INDEX seen_time ON seen (time_ns);
     CREATE TABLE loss (
-        agent TEXT NOT NULL, boot BIGINT NOT NULL, seq BIGINT NOT NULL,
-        port TEXT NOT NULL, point TEXT NOT NULL, upstream TEXT,
-        src TEXT NOT NULL, dst TEXT NOT NULL, sport INTEGER NOT NULL, dport INTEGER NOT NULL,
+        agent TEXT COLLATE "C" NOT NULL, boot BIGINT NOT NULL, seq BIGINT NOT NULL,
+        port TEXT COLLATE "C" NOT NULL, point TEXT COLLATE "C" NOT NULL, upstream TEXT COLLATE "C",
+        src TEXT COLLATE "C" NOT NULL, dst TEXT COLLATE "C" NOT NULL, sport INTEGER NOT NULL, dport INTEGER NOT NULL,
         proto SMALLINT NOT NULL, spi BIGINT, si SMALLINT,
         color SMALLINT NOT NULL, batch BIGINT NOT NULL, first_ns BIGINT NOT NULL,
         last_ns BIGINT NOT NULL, expected BIGINT, observed BIGINT NOT NULL,
         lost BIGINT NOT NULL, late BIGINT NOT NULL, uncertain BIGINT NOT NULL,
-        scope TEXT NOT NULL, tail BOOLEAN NOT NULL, drops TEXT
+        scope TEXT COLLATE "C" NOT NULL, tail BOOLEAN NOT NULL, drops TEXT
     ) PARTITION BY RANGE (first_ns);
     CREATE INDEX loss_flow ON loss (src, dst, sport, dport, proto, first_ns);
     CREATE TABLE other (
-        agent TEXT NOT NULL, boot BIGINT NOT NULL, seq BIGINT NOT NULL,
-        kind TEXT NOT NULL, time_ns BIGINT NOT NULL, json TEXT NOT NULL
+        agent TEXT COLLATE "C" NOT NULL, boot BIGINT NOT NULL, seq BIGINT NOT NULL,
+        kind TEXT COLLATE "C" NOT NULL, time_ns BIGINT NOT NULL, json TEXT COLLATE "C" NOT NULL
     ) PARTITION BY RANGE (time_ns);
     CREATE INDEX other_kind_time ON other (kind, time_ns);
     CREATE TABLE flows (
-        time_ns BIGINT NOT NULL, agent TEXT NOT NULL, boot BIGINT NOT NULL, seq BIGINT NOT NULL,
-        port TEXT NOT NULL, point TEXT NOT NULL, direction TEXT,
-        src TEXT NOT NULL, dst TEXT NOT NULL, sport INTEGER NOT NULL, dport INTEGER NOT NULL,
+        time_ns BIGINT NOT NULL, agent TEXT COLLATE "C" NOT NULL, boot BIGINT NOT NULL, seq BIGINT NOT NULL,
+        port TEXT COLLATE "C" NOT NULL, point TEXT COLLATE "C" NOT NULL, direction TEXT COLLATE "C",
+        src TEXT COLLATE "C" NOT NULL, dst TEXT COLLATE "C" NOT NULL, sport INTEGER NOT NULL, dport INTEGER NOT NULL,
         proto SMALLINT NOT NULL, packets BIGINT NOT NULL, bytes BIGINT NOT NULL,
         exact BOOLEAN NOT NULL, error_bound BIGINT NOT NULL
     ) PARTITION BY RANGE (time_ns);
     CREATE INDEX flows_time ON flows (time_ns);
     CREATE TABLE flow_hours (
         hour BIGINT NOT NULL,
-        src TEXT NOT NULL, dst TEXT NOT NULL, sport INTEGER NOT NULL, dport INTEGER NOT NULL,
+        src TEXT COLLATE "C" NOT NULL, dst TEXT COLLATE "C" NOT NULL, sport INTEGER NOT NULL, dport INTEGER NOT NULL,
         proto SMALLINT NOT NULL, spi BIGINT NOT NULL, si SMALLINT NOT NULL,
-        agent TEXT NOT NULL, point TEXT NOT NULL, upstream TEXT NOT NULL, scope TEXT NOT NULL,
+        agent TEXT COLLATE "C" NOT NULL, point TEXT COLLATE "C" NOT NULL, upstream TEXT COLLATE "C" NOT NULL, scope TEXT COLLATE "C" NOT NULL,
         batches BIGINT NOT NULL, lossy_batches BIGINT NOT NULL, expected NUMERIC NOT NULL,
         lost NUMERIC NOT NULL, uncertain NUMERIC NOT NULL,
         first_ns BIGINT NOT NULL, last_ns BIGINT NOT NULL,
         PRIMARY KEY (hour, src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope)
     );
     CREATE TABLE flow_state (
-        exporter TEXT NOT NULL, domain BIGINT NOT NULL, kind TEXT NOT NULL, id BIGINT NOT NULL,
+        exporter TEXT COLLATE "C" NOT NULL, domain BIGINT NOT NULL, kind TEXT COLLATE "C" NOT NULL, id BIGINT NOT NULL,
         options BIGINT NOT NULL DEFAULT 0, value BYTEA NOT NULL, seen_ns BIGINT NOT NULL,
         PRIMARY KEY (exporter, domain, kind, id)
-    );",
+    );"#,
 ];
 
-/// The tables partitioned by day, with the column they are partitioned on.
-const PARTITIONED: [&str; 3] = ["loss", "other", "flows"];
+/// The tables partitioned by day, in the order a batch writes them (loss, flows, other):
+/// creating or dropping a partition locks its parent table, and taking those locks in the
+/// writers' order keeps a collector's DDL and another's batch from deadlocking.
+const PARTITIONED: [&str; 3] = ["loss", "flows", "other"];
 
 fn i(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
@@ -100,8 +103,18 @@ fn i(v: u64) -> i64 {
 
 impl From<postgres::Error> for StoreError {
     fn from(e: postgres::Error) -> StoreError {
+        // A reader's statement_timeout stopped it: the budget, not the database, failed.
+        if e.code() == Some(&postgres::error::SqlState::QUERY_CANCELED) {
+            return StoreError::OverBudget;
+        }
         StoreError::Postgres(e.to_string())
     }
+}
+
+/// Whether `e` is "no partition of relation … found for row": a day another collector's
+/// retention dropped after this one saw it.
+fn missing_partition(e: &postgres::Error) -> bool {
+    e.code() == Some(&postgres::error::SqlState::CHECK_VIOLATION)
 }
 
 /// One collector's connection to the shared store (a connection answers one request at a
@@ -109,8 +122,11 @@ impl From<postgres::Error> for StoreError {
 pub struct PgStore {
     client: RefCell<Client>,
     config: postgres::Config,
+    /// What a new connection of this kind runs first (a reader's budget).
+    setup: &'static str,
+    budget_ms: u128,
     /// Days whose partitions are known to exist.
-    days: BTreeSet<i64>,
+    days: RefCell<BTreeSet<i64>>,
 }
 
 fn u(v: i64) -> u64 {
@@ -161,7 +177,7 @@ impl PgStore {
         config.application_name("telemark-collector");
         config.connect_timeout(Duration::from_secs(10));
         let client = RefCell::new(config.connect(NoTls)?);
-        let mut s = PgStore { client, config, days: BTreeSet::new() };
+        let mut s = PgStore { client, config, setup: "", budget_ms: 0, days: RefCell::default() };
         s.migrate()?;
         Ok(s)
     }
@@ -197,8 +213,8 @@ impl PgStore {
 
     /// Makes sure the partitions of `days` exist (in a transaction of their own, under the
     /// schema lock: collectors create each once).
-    fn ensure_days(&mut self, days: impl Iterator<Item = i64>) -> Result<(), StoreError> {
-        let new: BTreeSet<i64> = days.filter(|d| !self.days.contains(d)).collect();
+    fn ensure_days(&mut self, days: impl Iterator<Item = i64>) -> Result<(), postgres::Error> {
+        let new: BTreeSet<i64> = days.filter(|d| !self.days.get_mut().contains(d)).collect();
         if new.is_empty() {
             return Ok(());
         }
@@ -216,7 +232,7 @@ impl PgStore {
             }
         }
         tx.commit()?;
-        self.days.extend(new);
+        self.days.get_mut().extend(new);
         Ok(())
     }
 
@@ -228,6 +244,7 @@ impl PgStore {
         boot: u64,
         now: u64,
     ) -> Result<(), StoreError> {
+        self.reconnect_if_closed()?;
         self.client.get_mut().execute(
             "INSERT INTO agents (agent, version, boot, first_seen_ns, last_seen_ns)
              VALUES ($1, $2, $3, $4, $4)
@@ -247,8 +264,28 @@ impl PgStore {
         version: &str,
         export_dropped: Option<u64>,
         now: u64,
-    ) -> Result<crate::store::Stored, StoreError> {
-        let mut st = crate::store::Stored::default();
+    ) -> Result<Stored, StoreError> {
+        self.reconnect_if_closed()?;
+        match self.store_once(agent, boot, records, version, export_dropped, now) {
+            // A day another collector's retention dropped since this one saw it: made again.
+            Err(e) if missing_partition(&e) => {
+                self.days.get_mut().clear();
+                Ok(self.store_once(agent, boot, records, version, export_dropped, now)?)
+            }
+            r => Ok(r?),
+        }
+    }
+
+    fn store_once(
+        &mut self,
+        agent: &str,
+        boot: u64,
+        records: &[(u64, &Record)],
+        version: &str,
+        export_dropped: Option<u64>,
+        now: u64,
+    ) -> Result<Stored, postgres::Error> {
+        let mut st = Stored::default();
         // Days before the transaction: partitions are made in one of their own.
         self.ensure_days(records.iter().map(|(_, r)| i(time_of(r, now)).div_euclid(DAY_NS)))?;
         // Key order, so that two collectors storing overlapping batches take their keys in
@@ -314,7 +351,7 @@ fn insert(
     boot: u64,
     records: &[(u64, &Record)],
     now: u64,
-) -> Result<(), StoreError> {
+) -> Result<(), postgres::Error> {
     let boot = i(boot);
     let mut loss = LossColumns::default();
     let mut hours: std::collections::BTreeMap<HourKey, HourSums> = Default::default();
@@ -677,23 +714,41 @@ impl FlowColumns {
 /// [`crate::store::flows_of`], …) over rows read here.
 impl PgStore {
     fn query(&self, sql: &str, args: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, StoreError> {
+        self.reconnect_if_closed()?;
         Ok(self.client.borrow_mut().query(sql, args)?)
+    }
+
+    /// A connection the server closed (a restart, a failover) is made again, with what this
+    /// kind of connection runs first; the partitions it knew are asked again.
+    fn reconnect_if_closed(&self) -> Result<(), StoreError> {
+        let mut c = self.client.borrow_mut();
+        if !c.is_closed() {
+            return Ok(());
+        }
+        let mut fresh = self.config.connect(NoTls)?;
+        if !self.setup.is_empty() {
+            fresh.batch_execute(&self.setup.replace("{budget}", &self.budget_ms.to_string()))?;
+        }
+        *c = fresh;
+        self.days.borrow_mut().clear();
+        tracing::info!("postgresql: connected again");
+        Ok(())
     }
 
     /// `n` connections of their own for queries, each statement stopped after `budget`
     /// (PostgreSQL's `statement_timeout`).
     pub fn readers(&self, n: usize, budget: Duration) -> Result<Readers, StoreError> {
         let mut conns = Vec::new();
+        let ms = budget.as_millis().clamp(1, i32::MAX as u128);
         for _ in 0..n.max(1) {
             let mut c = self.config.connect(NoTls)?;
-            let ms = budget.as_millis().clamp(1, i32::MAX as u128);
-            c.batch_execute(&format!(
-                "SET statement_timeout = {ms}; SET default_transaction_read_only = on"
-            ))?;
+            c.batch_execute(&READER_SETUP.replace("{budget}", &ms.to_string()))?;
             conns.push(Mutex::new(Store::Postgres(PgStore {
                 client: RefCell::new(c),
                 config: self.config.clone(),
-                days: BTreeSet::new(),
+                setup: READER_SETUP,
+                budget_ms: ms,
+                days: RefCell::default(),
             })));
         }
         Ok(Readers::of(conns, budget))
@@ -772,6 +827,7 @@ impl PgStore {
 
     /// Keeps what exporters' templates and options data taught the decoders.
     pub fn remember_flow_state(&mut self, changes: &[Remembered]) -> Result<(), StoreError> {
+        self.reconnect_if_closed()?;
         let now = i(crate::now_ns());
         let mut tx = self.client.get_mut().transaction()?;
         let upsert = "INSERT INTO flow_state (exporter, domain, kind, id, options, value, seen_ns)
@@ -857,6 +913,7 @@ impl PgStore {
 
     /// Deletes flow state not written since `before_ns`, and the oldest past `max_bytes`.
     pub fn prune_flow_state(&mut self, before_ns: u64, max_bytes: u64) -> Result<u64, StoreError> {
+        self.reconnect_if_closed()?;
         let c = self.client.get_mut();
         let mut n = c.execute(
             "DELETE FROM flow_state WHERE seen_ns < $1 OR domain < 4294967296",
@@ -876,8 +933,9 @@ impl PgStore {
     }
 
     /// Drops the daily partitions wholly before `before_ns` (retention), and the keys and
-    /// hourly sums of that time; returns how many records went.
+    /// hourly sums of those days; returns how many records went.
     pub fn expire(&mut self, before_ns: u64) -> Result<u64, StoreError> {
+        self.reconnect_if_closed()?;
         let before = i(before_ns);
         let mut gone = 0u64;
         let mut tx = self.client.get_mut().transaction()?;
@@ -904,12 +962,15 @@ impl PgStore {
                         gone += u(n);
                     }
                     tx.batch_execute(&format!("DROP TABLE {name}"))?;
-                    self.days.remove(&day);
+                    self.days.get_mut().remove(&day);
                 }
             }
         }
-        tx.execute("DELETE FROM seen WHERE time_ns < $1", &[&before])?;
-        tx.execute("DELETE FROM flow_hours WHERE hour < $1", &[&(before / HOUR_NS)])?;
+        // Keys and hourly sums go with their day's partition, not before: a record of a day
+        // still kept, redelivered, must find its key.
+        let cut = before.div_euclid(DAY_NS) * DAY_NS;
+        tx.execute("DELETE FROM seen WHERE time_ns < $1", &[&cut])?;
+        tx.execute("DELETE FROM flow_hours WHERE hour < $1", &[&(cut / HOUR_NS)])?;
         tx.commit()?;
         Ok(gone)
     }
@@ -1244,7 +1305,7 @@ impl PgStore {
     /// them (counting every row of a fleet's tables at each scrape would take seconds).
     pub fn counts(&self) -> Result<(u64, u64), StoreError> {
         let rows = self.query(
-            "SELECT p.relname, GREATEST(COALESCE(SUM(c.reltuples), 0), 0)::BIGINT
+            "SELECT p.relname, COALESCE(SUM(GREATEST(c.reltuples, 0)), 0)::BIGINT
              FROM pg_class p JOIN pg_inherits i ON i.inhparent = p.oid
              JOIN pg_class c ON c.oid = i.inhrelid
              WHERE p.relname IN ('loss', 'other') GROUP BY p.relname",
@@ -1255,6 +1316,11 @@ impl PgStore {
         Ok((get("loss"), get("other")))
     }
 }
+
+/// What a reader connection runs first: each statement stopped after the query budget
+/// (`{budget}` ms), and no writes.
+const READER_SETUP: &str =
+    "SET statement_timeout = {budget}; SET default_transaction_read_only = on";
 
 /// One flow's loss records in a window: parameters $1..$9 ([`FlowArgs`]).
 const FLOW_IN: &str = "src = $1 AND dst = $2 AND sport = $3 AND dport = $4 AND proto = $5

@@ -197,6 +197,9 @@ pub struct Sqlite {
 /// database that any number of collectors share ([`crate::pg`], docs/scale.md). Every query
 /// the API, the page and `/metrics` make goes through here; the rules that turn stored rows
 /// into answers are written once, whichever database holds them.
+// A collector holds a handful (its writer and its readers), each behind a mutex: their
+// size does not matter, and boxing would only add an indirection to every query.
+#[allow(clippy::large_enum_variant)]
 pub enum Store {
     /// One collector's own file.
     Sqlite(Sqlite),
@@ -210,20 +213,37 @@ pub fn is_postgres(db: &Path) -> bool {
     t.starts_with("postgres://") || t.starts_with("postgresql://")
 }
 
-/// `db` as logs and errors show it: a URL's password, if it has one, masked.
+/// `db` as logs and errors show it: a URL's password, in its user part or as a `password`
+/// parameter, masked.
 pub fn describe(db: &Path) -> String {
     let t = db.to_string_lossy().into_owned();
     if !is_postgres(db) {
         return t;
     }
-    let Some((scheme, rest)) = t.split_once("://") else { return t };
-    let (auth, host) = match rest.split_once('@') {
-        Some(x) => x,
-        None => return t,
+    let (url, query) = match t.split_once('?') {
+        Some((u, q)) => (u.to_string(), Some(q)),
+        None => (t.clone(), None),
     };
-    match auth.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => t,
+    let url = match url.split_once("://").and_then(|(scheme, rest)| {
+        let (auth, host) = rest.rsplit_once('@')?;
+        let (user, _) = auth.split_once(':')?;
+        Some(format!("{scheme}://{user}:***@{host}"))
+    }) {
+        Some(masked) => masked,
+        None => url,
+    };
+    match query {
+        None => url,
+        Some(q) => {
+            let params: Vec<String> = q
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                    _ => kv.to_string(),
+                })
+                .collect();
+            format!("{url}?{}", params.join("&"))
+        }
     }
 }
 
@@ -2277,6 +2297,11 @@ mod tests {
         );
         assert_eq!(d("postgres://tm@db/telemark"), "postgres://tm@db/telemark");
         assert_eq!(d("/var/lib/telemark/a:b@c.db"), "/var/lib/telemark/a:b@c.db");
+        assert_eq!(d("postgresql://tm:p@ss@db/t"), "postgresql://tm:***@db/t");
+        assert_eq!(
+            d("postgresql://tm@db/t?sslmode=disable&password=s3cret"),
+            "postgresql://tm@db/t?sslmode=disable&password=***"
+        );
     }
 
     #[test]

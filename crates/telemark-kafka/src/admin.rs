@@ -123,7 +123,7 @@ pub fn ensure_topics(
     };
     let failed = |results: &[Result<String, (String, RDKafkaErrorCode)>], t: &str| {
         results.iter().find_map(|r| match r {
-            Err((name, code)) if name == t => Some(code.to_string()),
+            Err((name, code)) if name == t => Some(*code),
             _ => None,
         })
     };
@@ -133,17 +133,20 @@ pub fn ensure_topics(
         .map(|(t, h)| {
             let outcome = match *h {
                 None => match failed(&created, t) {
-                    // Another client created it meanwhile: there now.
-                    Some(e) if e.contains("already exists") => {
-                        TopicOutcome::Present { partitions: plan.partitions }
+                    // Another client created it meanwhile: there now, with its own count.
+                    Some(RDKafkaErrorCode::TopicAlreadyExists) => {
+                        let now = partitions(&a, std::slice::from_ref(t), timeout)
+                            .ok()
+                            .and_then(|p| p.first().copied().flatten());
+                        TopicOutcome::Present { partitions: now.unwrap_or(0) }
                     }
-                    Some(e) => TopicOutcome::Failed(e),
+                    Some(e) => TopicOutcome::Failed(e.to_string()),
                     None => TopicOutcome::Created { partitions: plan.partitions },
                 },
                 Some(n) if n >= plan.partitions => TopicOutcome::Present { partitions: n },
                 Some(n) if !plan.grow => TopicOutcome::TooFew { partitions: n },
                 Some(n) => match failed(&grown, t) {
-                    Some(e) => TopicOutcome::Failed(e),
+                    Some(e) => TopicOutcome::Failed(e.to_string()),
                     None => TopicOutcome::Grown { from: n, to: plan.partitions },
                 },
             };

@@ -97,6 +97,8 @@ pub struct Batch {
     pub refused: Vec<DecodeError>,
     /// Per (topic, partition), the offset after the last message read.
     next: Offsets,
+    /// Per (topic, partition), the offset of the first message read.
+    first: Offsets,
 }
 
 impl Batch {
@@ -183,6 +185,7 @@ impl Consumer {
                 }
                 Err(e) => b.refused.push(e),
             }
+            b.first.entry(part.clone()).or_insert(m.offset());
             b.next.insert(part, m.offset() + 1);
             if self.drop_revoked(&mut b) {
                 break;
@@ -207,6 +210,7 @@ impl Consumer {
         b.records.retain(|_| keep.next().unwrap_or(true));
         b.from.retain(|p| !revoked.contains(p));
         b.next.retain(|p, _| !revoked.contains(p));
+        b.first.retain(|p, _| !revoked.contains(p));
         true
     }
 
@@ -244,6 +248,17 @@ impl Consumer {
                     pending.remove(&key);
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Reads `batch` again: its partitions go back to its first offsets (call when storing
+    /// it failed, so that the next poll does not read past it and a later commit skip it).
+    pub fn rewind(&self, batch: &Batch) -> Result<(), String> {
+        for ((topic, partition), first) in &batch.first {
+            self.inner
+                .seek(topic, *partition, Offset::Offset(*first), Duration::from_secs(5))
+                .map_err(|e| format!("kafka seek {topic}/{partition} to {first}: {e}"))?;
         }
         Ok(())
     }
