@@ -119,7 +119,14 @@ fn the_agent_finds_the_routers_loss_and_leaves_nothing_behind() {
     });
     let received = rx.join().unwrap();
     let nft = counter(&r.exec("nft list chain inet tme fw"), "packets ");
-    let queue = counter(&r.exec("tc -s qdisc show dev r-out"), "dropped ");
+    let queue_all = counter(&r.exec("tc -s qdisc show dev r-out"), "dropped ");
+    // tbf counts every packet its queue drops: the router's own (an ARP request, an IPv6
+    // neighbour solicitation) now and then besides the test's. The receiver's count tells the
+    // test's apart: nft's rule counts test packets only.
+    let queue = SENT
+        .checked_sub(received + nft)
+        .unwrap_or_else(|| panic!("received {received} + nft {nft} > sent {SENT}"));
+    assert!(queue_all >= queue && queue_all - queue <= 2, "tbf {queue_all}, test's {queue}");
     let dropped = nft + queue;
 
     // SIGTERM: the agent reads its last periods, then removes its hooks.
@@ -151,7 +158,6 @@ fn the_agent_finds_the_routers_loss_and_leaves_nothing_behind() {
         }
     }
     eprintln!("nft dropped {nft}, tbf {queue}; agent: lost {lost}, uncertain {uncertain}");
-    assert_eq!(received + dropped, SENT, "nft {nft}, tbf {queue}");
     assert!(queue > 20, "the queue dropped only {queue}");
     assert_eq!(
         lost + uncertain,
