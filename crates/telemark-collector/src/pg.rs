@@ -14,7 +14,7 @@
 //!   applies the missing ones at start, under an advisory lock, so collectors starting together
 //!   apply each once.
 
-use crate::flows::{DomainKey, Protocol, Remembered};
+use crate::flows::Remembered;
 use crate::link::Batch;
 use crate::path::PointRecords;
 use crate::store::{
@@ -886,14 +886,7 @@ impl PgStore {
         for r in rows {
             let (session, domain, kind, id, value): (String, i64, String, i64, Vec<u8>) =
                 (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
-            let Ok(session) = session.parse::<std::net::SocketAddr>() else { continue };
-            let protocol = match domain >> 32 {
-                9 => Protocol::NetflowV9,
-                10 => Protocol::Ipfix,
-                _ => continue,
-            };
-            let key =
-                DomainKey { session, protocol, domain: (domain & 0xffff_ffff) as u32, agent: None };
+            let Some(key) = crate::store::flow_state_domain(&session, domain) else { continue };
             match kind.as_str() {
                 "template" => {
                     if let Some(t) = Template::from_bytes(&value) {

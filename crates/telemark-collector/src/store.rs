@@ -776,6 +776,18 @@ pub(crate) fn flow_state_key(k: &DomainKey) -> Option<(String, i64)> {
     Some((k.session.to_string(), (version << 32) | i64::from(k.domain)))
 }
 
+/// The domain a flow-state row's key names ([`flow_state_key`] read back); `None` for a row
+/// that does not read (or was written by a collector that keyed templates by address alone).
+pub(crate) fn flow_state_domain(session: &str, domain: i64) -> Option<DomainKey> {
+    let session = session.parse::<std::net::SocketAddr>().ok()?;
+    let protocol = match domain >> 32 {
+        9 => Protocol::NetflowV9,
+        10 => Protocol::Ipfix,
+        _ => return None,
+    };
+    Some(DomainKey { session, protocol, domain: (domain & 0xffff_ffff) as u32, agent: None })
+}
+
 fn table_exists(db: &Connection, name: &str) -> Result<bool, StoreError> {
     let n: i64 = db.query_row(
         "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
@@ -1139,14 +1151,7 @@ impl Sqlite {
         let mut out = Vec::new();
         for row in rows {
             let (session, domain, kind, id, value) = row?;
-            let Ok(session) = session.parse::<std::net::SocketAddr>() else { continue };
-            let protocol = match domain >> 32 {
-                9 => Protocol::NetflowV9,
-                10 => Protocol::Ipfix,
-                _ => continue,
-            };
-            let domain = (domain & 0xffff_ffff) as u32;
-            let key = DomainKey { session, protocol, domain, agent: None };
+            let Some(key) = flow_state_domain(&session, domain) else { continue };
             match (kind.as_str(), value) {
                 ("template", rusqlite::types::Value::Blob(b)) => {
                     if let Some(t) = Template::from_bytes(&b) {
