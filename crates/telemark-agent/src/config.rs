@@ -1198,6 +1198,18 @@ mod tests {
         assert_eq!(c.collector.as_deref(), Some("http://127.0.0.1:9900"));
     }
 
+    /// deploy/agent-kafka.toml (a fleet's agent, publishing to Kafka) is valid as it is.
+    #[test]
+    fn the_fleet_deploy_config_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/agent-kafka.toml");
+        let c = FileConfig::load(&path).unwrap().validate().unwrap();
+        let k = c.kafka.expect("[kafka]");
+        assert_eq!(k.brokers.split(',').count(), 3);
+        assert_eq!(k.topic_prefix, "telemark.");
+        assert!(c.collector.is_none());
+        assert_eq!(c.ebpf.expect("eBPF datapath").ports.len(), 2);
+    }
+
     /// deploy/agent.toml (a real host's taps) is valid once its CA and token files exist.
     #[test]
     fn the_deploy_config_loads() {

@@ -525,6 +525,18 @@ fn store(
 mod tests {
     use super::*;
 
+    /// deploy/kafka.toml (the fleet's collectors) loads: a consumer group over every kind,
+    /// no [publish] (refused with a PostgreSQL store), the session timeout the user's.
+    #[test]
+    fn the_fleet_deploy_config_loads() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kafka.toml");
+        let f = KafkaFile::load(&path).unwrap();
+        assert!(f.publish.is_none());
+        let c = f.consume.expect("[consume]");
+        assert_eq!(c.kinds().unwrap(), Kind::ALL.to_vec());
+        assert_eq!(f.kafka.properties.get("session.timeout.ms").map(String::as_str), Some("30000"));
+    }
+
     /// The Kafka families keep the sample names and labels they had when written by hand (the
     /// live before/after comparison has no broker to show them).
     #[test]

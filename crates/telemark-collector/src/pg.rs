@@ -107,7 +107,15 @@ impl From<postgres::Error> for StoreError {
         if e.code() == Some(&postgres::error::SqlState::QUERY_CANCELED) {
             return StoreError::OverBudget;
         }
-        StoreError::Postgres(e.to_string())
+        // The client's own text is the kind ("db error", "error connecting to server"); the
+        // cause (the server's message, the refused connection) is in its source chain.
+        let mut text = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            text = format!("{text}: {c}");
+            cause = c.source();
+        }
+        StoreError::Postgres(text)
     }
 }
 

@@ -37,8 +37,8 @@ enum Cmd {
     /// statistics next to a counting-only reference program, and TCP and UDP through a Linux
     /// bridge with it, with libpcap meters (softflowd, pmacctd) and with the AF_PACKET switch.
     BenchEbpf(bench_ebpf::Args),
-    /// The telemetry server: acknowledged ingest from agents, SQLite store, loss localisation,
-    /// HTTP JSON API, Prometheus /metrics and a page.
+    /// The telemetry server: acknowledged ingest from agents, a SQLite or PostgreSQL store,
+    /// loss localisation, HTTP JSON API, Prometheus /metrics and a page.
     Collector(collector::Args),
     /// The loss monitor on live interfaces (AF_PACKET): a software switch between port pairs,
     /// or a tap; exports lossy batches to a collector.

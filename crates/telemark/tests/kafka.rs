@@ -1092,3 +1092,208 @@ fn kafka_topics_creates_the_topics_a_collector_names_missing() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A fleet's records for the fault test: `flows` flows through two switches, sw-b (a packet
+/// lost inside it now and then: a segment inside a host) and sw-f downstream (loss on the link
+/// into it in every batch), as their agents would post them: per agent, its records in order
+/// with their sequence numbers. Returns the two agents' records and, per flow (its source
+/// port), the truth: (lost on the link into sw-f, lost inside sw-b).
+type Fleet = (Vec<(&'static str, u64, serde_json::Value)>, BTreeMap<u16, (u64, u64)>);
+
+fn fleet_records(flows: u16, batches: u64, base: u64) -> Fleet {
+    let mut out = Vec::new();
+    let mut truth = BTreeMap::new();
+    let mut seq = BTreeMap::from([("sw-b", 0u64), ("sw-f", 0u64)]);
+    for f in 0..flows {
+        let sport = 40000 + f;
+        let (mut link, mut inside) = (0, 0);
+        for n in 0..batches {
+            let inside_b = u64::from((n + u64::from(f)) % 10 == 0);
+            let on_link = 1 + (n + u64::from(f)) % 3;
+            let (link_b, inside_n) = (on_link, inside_b);
+            link += link_b;
+            inside += inside_n;
+            let mut rec = |agent: &'static str, point: &str, upstream: Option<&str>, lost, skew| {
+                let first = base + n * 10_000_000 + skew;
+                let r = serde_json::json!({
+                    "kind": "loss", "agent": agent, "port": "p1", "point": point,
+                    "upstream": upstream,
+                    "flow": {"src": "10.0.0.1", "dst": "10.0.0.7", "sport": sport,
+                             "dport": 5201, "proto": 17},
+                    "color": n % 2, "batch": n, "first_ns": first, "last_ns": first + 9_000_000,
+                    "expected": 100, "observed": 100 - lost, "lost": lost, "late": 0,
+                    "scope": if upstream.is_some() { "segment" } else { "path" },
+                });
+                let s = seq.get_mut(agent).unwrap();
+                out.push((agent, *s, r));
+                *s += 1;
+            };
+            if inside_n > 0 {
+                rec("sw-b", "egress", Some("ingress"), inside_n, 0);
+            }
+            // 300 µs after sw-b: the collector finds sw-b upstream by that.
+            rec("sw-f", "ingress", None, link_b + inside_n, 300_000);
+        }
+        truth.insert(sport, (link, inside));
+    }
+    (out, truth)
+}
+
+/// Registers the agent of `records` (one agent's, in sequence order, run 1) at the collector
+/// at `base` and posts them in bodies of `chunk`, pausing `pause` between bodies.
+fn post_records(
+    base: &str,
+    records: &[(&str, u64, serde_json::Value)],
+    chunk: usize,
+    pause: Duration,
+) {
+    if let Some((agent, ..)) = records.first() {
+        let reg = serde_json::json!({"agent": agent, "version": "test", "boot": 1});
+        ureq::post(&format!("{base}/api/v1/agents")).send_json(reg).unwrap();
+    }
+    for c in records.chunks(chunk) {
+        let agent = c[0].0;
+        let recs: Vec<&serde_json::Value> = c.iter().map(|r| &r.2).collect();
+        let body = serde_json::json!({"agent": agent, "boot": 1, "seq": c[0].1, "records": recs});
+        let r = ureq::post(&format!("{base}/api/v1/ingest")).send_json(body).unwrap();
+        assert_eq!(r.status(), 200);
+        std::thread::sleep(pause);
+    }
+}
+
+/// The issue-34 fault test (root: the PostgreSQL server runs as `postgres`). A collector
+/// publishes two switches' records of 900 flows to Kafka as they come; three collectors in one
+/// consumer group store them into one PostgreSQL database. Meanwhile the broker is SIGKILLed
+/// and restarted twice and one consuming collector is SIGKILLed and restarted. Then:
+/// - psql (not Telemark) finds every record stored exactly once, and the per-flow loss sums
+///   equal the truth;
+/// - every collector's `/api/v1/localise` gives, for every flow, the link into sw-f and the
+///   segment inside sw-b with the truth's counts, and `/api/v1/flows` the flow's whole loss.
+#[test]
+fn three_collectors_on_one_database_answer_every_flow_through_kills() {
+    let server = common::pg::Server::start();
+    let mut broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let publish = dir.path().join("publish.toml");
+    std::fs::write(
+        &publish,
+        format!(
+            "[kafka]\nbrokers = \"{}\"\ndelivery_timeout_ms = 10000\nlinger_ms = 20\n[publish]\n",
+            broker.brokers()
+        ),
+    )
+    .unwrap();
+    let consume = dir.path().join("consume.toml");
+    std::fs::write(
+        &consume,
+        format!(
+            "[kafka]\nbrokers = \"{}\"\n[consume]\ngroup = \"tm-fleet\"\n\
+             [kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n",
+            broker.brokers()
+        ),
+    )
+    .unwrap();
+    let url = server.url();
+    let db = Path::new(&url);
+    let p = Collector::start(&dir.path().join("p.db"), Some(&publish));
+    let start = || Collector::start(db, Some(&consume));
+    let mut group = [start(), start(), start()];
+    let base_ns = (telemark_collector::now_ns() / 1_000_000_000 - 600) * 1_000_000_000;
+    let (records, truth) = fleet_records(900, 20, base_ns);
+    let total = records.len();
+    // The topics exist once the first record is published; then the group settles.
+    let (b, f): (Vec<_>, Vec<_>) = records.into_iter().partition(|r| r.0 == "sw-b");
+    post_records(&p.base, &f[..1], 1, Duration::ZERO);
+    wait_for("every member owns partitions", 90, || {
+        group.iter().all(|c| c.metric("telemark_collector_kafka_partitions") > 0)
+    });
+    // About 30 s of ingest, while the broker and a collector are killed.
+    let feeder = {
+        let base = p.base.clone();
+        std::thread::spawn(move || {
+            post_records(&base, &b, 200, Duration::from_millis(100));
+            post_records(&base, &f[1..], 400, Duration::from_millis(600));
+        })
+    };
+    std::thread::sleep(Duration::from_secs(4));
+    broker.kill_and_restart(Duration::from_secs(4));
+    std::thread::sleep(Duration::from_secs(3));
+    kill(group[1].child.id(), "KILL");
+    group[1] = start();
+    std::thread::sleep(Duration::from_secs(3));
+    broker.kill_and_restart(Duration::from_secs(4));
+    feeder.join().unwrap();
+
+    let stored = || server.psql("telemark", "SELECT COUNT(*) FROM loss").parse::<usize>().unwrap();
+    wait_for("every record stored", 240, || stored() >= total);
+    std::thread::sleep(Duration::from_secs(3));
+    let counts = server.psql(
+        "telemark",
+        "SELECT COUNT(*), COUNT(DISTINCT (agent, boot, seq)), SUM(lost) FROM loss",
+    );
+    let link: u64 = truth.values().map(|t| t.0).sum();
+    let inside: u64 = truth.values().map(|t| t.1).sum();
+    assert_eq!(counts, format!("{total}|{total}|{}", link + 2 * inside), "stored once, in all");
+    let on_kafka = origins(&broker, "telemark.loss.v1");
+    let twice: usize = on_kafka.values().map(|n| n - 1).sum();
+    let redelivered: u64 =
+        group.iter().map(|c| c.metric("telemark_collector_kafka_consumed_duplicates_total")).sum();
+    println!(
+        "fleet: {total} records, {} on Kafka ({twice} twice); the group read {redelivered} \
+         again (the restarted member's count since its restart), the database holds {total}",
+        on_kafka.len()
+    );
+    assert_eq!(on_kafka.len(), total, "every record is on Kafka");
+
+    // Every collector answers every flow whole.
+    let q =
+        |sport: u16| format!("src=10.0.0.1&dst=10.0.0.7&sport={sport}&dport=5201&proto=17&from=0");
+    for (i, c) in group.iter().enumerate() {
+        let flows: serde_json::Value =
+            ureq::get(&format!("{}/api/v1/flows?limit=2000&from=0", c.base))
+                .call()
+                .unwrap()
+                .into_json()
+                .unwrap();
+        let listed: BTreeMap<u64, u64> = flows
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| (f["flow"]["sport"].as_u64().unwrap(), f["lost"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(listed.len(), truth.len(), "collector {i} lists every flow");
+        let mut wrong = Vec::new();
+        for (&sport, &(link, inside)) in &truth {
+            if listed.get(&u64::from(sport)) != Some(&(link + inside)) {
+                wrong.push(format!(
+                    "{sport}: /flows {:?} for {}",
+                    listed.get(&u64::from(sport)),
+                    link + inside
+                ));
+            }
+            let v: serde_json::Value =
+                ureq::get(&format!("{}/api/v1/localise?{}", c.base, q(sport)))
+                    .call()
+                    .unwrap()
+                    .into_json()
+                    .unwrap();
+            let seg = |agent: &str, point: &str| {
+                v["segments"].as_array().and_then(|s| {
+                    s.iter()
+                        .find(|s| s["agent"] == agent && s["point"] == point)
+                        .and_then(|s| s["lost"].as_u64())
+                })
+            };
+            let got = (seg("sw-f", "ingress"), seg("sw-b", "egress"), v["lost"].as_u64());
+            if got != (Some(link), Some(inside), Some(link + inside)) {
+                wrong.push(format!("{sport}: localise {got:?} for ({link}, {inside}): {v}"));
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "collector {i}: {} flows wrong: {:?}",
+            wrong.len(),
+            &wrong[..wrong.len().min(3)]
+        );
+    }
+}

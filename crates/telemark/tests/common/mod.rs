@@ -3,6 +3,8 @@
 //! tests). Each test binary uses some of them.
 #![allow(dead_code)]
 
+pub mod pg;
+
 use std::io::{BufRead, BufReader};
 use std::net::UdpSocket;
 use std::path::Path;
