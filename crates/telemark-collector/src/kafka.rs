@@ -481,8 +481,8 @@ impl MissingTopics {
     }
 }
 
-/// Stores `records` grouped by (agent, boot), each group in one transaction; false when a
-/// store failed (nothing of the batch is committed then).
+/// Stores `records` grouped by (agent, boot) (on PostgreSQL all in one transaction); false
+/// when a store failed (the batch is read again; what was stored of it is found again).
 fn store(
     ingest: &Ingest,
     records: &[(Origin, telemark_core::records::Record)],
@@ -503,20 +503,21 @@ fn store(
         }
         runs.entry((o.agent.as_str(), o.boot)).or_default().push((o.seq, r.clone()));
     }
-    let mut st = ingest.store();
-    for ((agent, boot), recs) in runs {
-        match st.ingest_numbered(agent, boot, &recs, now) {
-            Ok(s) => {
-                stats.consumed.fetch_add(s.accepted, Ordering::Relaxed);
-                stats.consumed_duplicates.fetch_add(s.duplicates, Ordering::Relaxed);
-                let plain: Vec<_> = recs.into_iter().map(|(_, r)| r).collect();
-                ingest.metrics.ingested(&plain, &s);
-            }
-            Err(e) => {
-                tracing::warn!("kafka: storing records of {agent}: {e}");
-                return false;
-            }
+    let runs: Vec<crate::store::NumberedRun<'_>> =
+        runs.into_iter().map(|((agent, boot), recs)| (agent, boot, recs)).collect();
+    let stored = ingest.store().ingest_numbered_runs(&runs, now);
+    let stored = match stored {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("kafka: storing {} records: {e}", records.len());
+            return false;
         }
+    };
+    for ((_, _, recs), s) in runs.into_iter().zip(stored) {
+        stats.consumed.fetch_add(s.accepted, Ordering::Relaxed);
+        stats.consumed_duplicates.fetch_add(s.duplicates, Ordering::Relaxed);
+        let plain: Vec<_> = recs.into_iter().map(|(_, r)| r).collect();
+        ingest.metrics.ingested(&plain, &s);
     }
     true
 }

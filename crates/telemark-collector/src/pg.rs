@@ -184,6 +184,9 @@ impl PgStore {
         }
         config.application_name("telemark-collector");
         config.connect_timeout(Duration::from_secs(10));
+        // The server's notices ("relation … already exists, skipping" from the idempotent
+        // DDL every collector runs) are expected: debug, not the log's info.
+        config.notice_callback(|n| tracing::debug!("postgresql: {}", n.message()));
         let client = RefCell::new(config.connect(NoTls)?);
         let mut s = PgStore { client, config, setup: "", budget_ms: 0, days: RefCell::default() };
         s.migrate()?;
@@ -273,70 +276,36 @@ impl PgStore {
         export_dropped: Option<u64>,
         now: u64,
     ) -> Result<Stored, StoreError> {
+        let run = Run { agent, boot, records: records.to_vec(), version, export_dropped };
+        Ok(self.store_runs(std::slice::from_ref(&run), now)?.pop().unwrap_or_default())
+    }
+
+    /// Stores several runs' records in one transaction (a Kafka poll holds many agents'):
+    /// what one commit costs is paid once, not once per agent. Each run's outcome, in order.
+    pub fn store_runs(&mut self, runs: &[Run<'_>], now: u64) -> Result<Vec<Stored>, StoreError> {
         self.reconnect_if_closed()?;
-        match self.store_once(agent, boot, records, version, export_dropped, now) {
+        match self.store_runs_once(runs, now) {
             // A day another collector's retention dropped since this one saw it: made again.
             Err(e) if missing_partition(&e) => {
                 self.days.get_mut().clear();
-                Ok(self.store_once(agent, boot, records, version, export_dropped, now)?)
+                Ok(self.store_runs_once(runs, now)?)
             }
             r => Ok(r?),
         }
     }
 
-    fn store_once(
+    fn store_runs_once(
         &mut self,
-        agent: &str,
-        boot: u64,
-        records: &[(u64, &Record)],
-        version: &str,
-        export_dropped: Option<u64>,
+        runs: &[Run<'_>],
         now: u64,
-    ) -> Result<Stored, postgres::Error> {
-        let mut st = Stored::default();
+    ) -> Result<Vec<Stored>, postgres::Error> {
         // Days before the transaction: partitions are made in one of their own.
-        self.ensure_days(records.iter().map(|(_, r)| i(time_of(r, now)).div_euclid(DAY_NS)))?;
-        // Key order, so that two collectors storing overlapping batches take their keys in
-        // the same order and cannot deadlock.
-        let mut order: Vec<usize> = (0..records.len()).collect();
-        order.sort_by_key(|&n| records[n].0);
-        let mut new = vec![false; records.len()];
+        let days = runs.iter().flat_map(|r| &r.records);
+        self.ensure_days(days.map(|(_, r)| i(time_of(r, now)).div_euclid(DAY_NS)))?;
         let mut tx = self.client.get_mut().transaction()?;
-        tx.execute(
-            "INSERT INTO agents (agent, version, boot, first_seen_ns, last_seen_ns)
-             VALUES ($1, $2, $3, $4, $4)
-             ON CONFLICT (agent) DO UPDATE SET boot = GREATEST(agents.boot, $3),
-                last_seen_ns = GREATEST(agents.last_seen_ns, $4)",
-            &[&agent, &version, &i(boot), &i(now)],
-        )?;
-        // One statement for the batch's keys: the new ones come back.
-        let seqs: Vec<i64> = order.iter().map(|&n| i(records[n].0)).collect();
-        let times: Vec<i64> = order.iter().map(|&n| i(time_of(records[n].1, now))).collect();
-        let taken = tx.query(
-            "INSERT INTO seen (agent, boot, seq, time_ns)
-             SELECT $1, $2, s, t FROM unnest($3::BIGINT[], $4::BIGINT[]) AS u(s, t) ORDER BY s
-             ON CONFLICT DO NOTHING RETURNING seq",
-            &[&agent, &i(boot), &seqs, &times],
-        )?;
-        let mut taken: BTreeSet<i64> = taken.iter().map(|r| r.get(0)).collect();
-        for &n in &order {
-            // A seq twice in one request is stored once: the first is the new one.
-            new[n] = taken.remove(&i(records[n].0));
-        }
-        let fresh: Vec<(u64, &Record)> =
-            order.iter().filter(|&&n| new[n]).map(|&n| records[n]).collect();
-        insert(&mut tx, agent, boot, &fresh, now)?;
-        let accepted = fresh.len() as u64;
-        tx.execute(
-            "UPDATE agents SET records = records + $2,
-                export_dropped = COALESCE($3, export_dropped) WHERE agent = $1",
-            &[&agent, &i(accepted), &export_dropped.map(i)],
-        )?;
+        let out = store_all(&mut tx, runs, now)?;
         tx.commit()?;
-        st.accepted = accepted;
-        st.duplicates = records.len() as u64 - accepted;
-        st.new = new;
-        Ok(st)
+        Ok(out)
     }
 
     /// Rows in `table` (for tests and the sizing report).
@@ -353,25 +322,125 @@ impl PgStore {
 /// Inserts records already known to be new, in a few statements whatever their number (each
 /// column as an array, `unnest`ed: one round trip per table): loss batches and their hourly
 /// sums, flow records in columns, and every record but loss whole, as JSON.
+/// One agent run's records for [`PgStore::store_runs`].
+pub struct Run<'a> {
+    /// The agent (or exporter).
+    pub agent: &'a str,
+    /// Its run.
+    pub boot: u64,
+    /// Its records, each with its sequence number.
+    pub records: Vec<(u64, &'a Record)>,
+    /// What registers it if it was not (`kafka`, `exporter`, …).
+    pub version: &'a str,
+    /// The export drops its last request reported (agents over HTTP only).
+    pub export_dropped: Option<u64>,
+}
+
+/// Stores the runs' new records inside `tx`, in a fixed number of statements whatever the
+/// number of runs: the keys go into `seen` first, and only the records whose keys were new
+/// are stored (each record once, whoever stores it). Keys, agents and hourly sums are taken
+/// in key order, so two collectors storing overlapping batches cannot deadlock.
+fn store_all(
+    tx: &mut Transaction<'_>,
+    runs: &[Run<'_>],
+    now: u64,
+) -> Result<Vec<Stored>, postgres::Error> {
+    // Every record as (run, its index in the run), in (agent, boot, seq) order.
+    let mut order: Vec<(usize, usize)> = runs
+        .iter()
+        .enumerate()
+        .flat_map(|(r, run)| (0..run.records.len()).map(move |n| (r, n)))
+        .collect();
+    order.sort_by(|&(ra, na), &(rb, nb)| {
+        let (a, b) = (&runs[ra], &runs[rb]);
+        (a.agent, a.boot, a.records[na].0).cmp(&(b.agent, b.boot, b.records[nb].0))
+    });
+    // The agents, once each (their newest run, the first version named).
+    let mut agents: std::collections::BTreeMap<&str, (&str, u64)> = Default::default();
+    for run in runs {
+        let e = agents.entry(run.agent).or_insert((run.version, run.boot));
+        e.1 = e.1.max(run.boot);
+    }
+    let names: Vec<&str> = agents.keys().copied().collect();
+    let versions: Vec<&str> = agents.values().map(|v| v.0).collect();
+    let boots: Vec<i64> = agents.values().map(|v| i(v.1)).collect();
+    tx.execute(
+        "INSERT INTO agents (agent, version, boot, first_seen_ns, last_seen_ns)
+         SELECT a, v, b, $4, $4 FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS u(a, v, b)
+         ON CONFLICT (agent) DO UPDATE SET boot = GREATEST(agents.boot, excluded.boot),
+            last_seen_ns = GREATEST(agents.last_seen_ns, excluded.last_seen_ns)",
+        &[&names, &versions, &boots, &i(now)],
+    )?;
+    // One statement for every key: the new ones come back.
+    let key = |&(r, n): &(usize, usize)| (runs[r].agent, i(runs[r].boot), i(runs[r].records[n].0));
+    let k_agent: Vec<&str> = order.iter().map(|o| key(o).0).collect();
+    let k_boot: Vec<i64> = order.iter().map(|o| key(o).1).collect();
+    let k_seq: Vec<i64> = order.iter().map(|o| key(o).2).collect();
+    let k_time: Vec<i64> =
+        order.iter().map(|&(r, n)| i(time_of(runs[r].records[n].1, now))).collect();
+    let taken = tx.query(
+        "INSERT INTO seen (agent, boot, seq, time_ns)
+         SELECT a, b, s, t FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::BIGINT[])
+            AS u(a, b, s, t) ORDER BY a, b, s
+         ON CONFLICT DO NOTHING RETURNING agent, boot, seq",
+        &[&k_agent, &k_boot, &k_seq, &k_time],
+    )?;
+    let mut taken: BTreeSet<(String, i64, i64)> =
+        taken.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+    let mut out: Vec<Stored> = runs
+        .iter()
+        .map(|run| Stored { new: vec![false; run.records.len()], ..Stored::default() })
+        .collect();
+    let mut fresh = Vec::new();
+    for o in &order {
+        let (agent, boot, seq) = key(o);
+        // A key twice in one poll is stored once: the first is the new one.
+        if taken.remove(&(agent.to_string(), boot, seq)) {
+            let (r, n) = *o;
+            out[r].new[n] = true;
+            out[r].accepted += 1;
+            fresh.push((agent, boot, runs[r].records[n].0, runs[r].records[n].1));
+        }
+    }
+    insert(tx, &fresh, now)?;
+    // What each agent's records and last reported export drops come to.
+    let mut counts: std::collections::BTreeMap<&str, (i64, Option<i64>)> = Default::default();
+    for (run, st) in runs.iter().zip(&mut out) {
+        st.duplicates = run.records.len() as u64 - st.accepted;
+        let c = counts.entry(run.agent).or_default();
+        c.0 += i(st.accepted);
+        c.1 = run.export_dropped.map(i).or(c.1);
+    }
+    let names: Vec<&str> = counts.keys().copied().collect();
+    let added: Vec<i64> = counts.values().map(|c| c.0).collect();
+    let dropped: Vec<Option<i64>> = counts.values().map(|c| c.1).collect();
+    tx.execute(
+        "UPDATE agents SET records = agents.records + u.n,
+            export_dropped = COALESCE(u.d, agents.export_dropped)
+         FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[]) AS u(a, n, d)
+         WHERE agents.agent = u.a",
+        &[&names, &added, &dropped],
+    )?;
+    Ok(out)
+}
+
 fn insert(
     tx: &mut Transaction<'_>,
-    agent: &str,
-    boot: u64,
-    records: &[(u64, &Record)],
+    records: &[(&str, i64, u64, &Record)],
     now: u64,
 ) -> Result<(), postgres::Error> {
-    let boot = i(boot);
     let mut loss = LossColumns::default();
     let mut hours: std::collections::BTreeMap<HourKey, HourSums> = Default::default();
-    let mut other = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut other = OtherColumns::default();
     let mut flows = FlowColumns::default();
-    for &(seq, r) in records {
+    for &(agent, boot, seq, r) in records {
         let seq = i(seq);
         let kind = match r {
             Record::Loss(l) => {
-                loss.push(seq, l);
+                loss.push(agent, boot, seq, l);
                 let f = &l.flow;
                 let key = HourKey {
+                    agent: agent.to_string(),
                     hour: i(l.first_ns) / HOUR_NS,
                     src: f.src.clone(),
                     dst: f.dst.clone(),
@@ -405,14 +474,16 @@ fn insert(
             Record::Health(_) => "health",
             Record::Event(_) => "event",
             Record::Flow(f) => {
-                flows.push(seq, f);
+                flows.push(agent, boot, seq, f);
                 "flow"
             }
         };
-        other.0.push(seq);
-        other.1.push(kind);
-        other.2.push(i(time_of(r, now)));
-        other.3.push(serde_json::to_string(r).unwrap_or_default());
+        other.agent.push(agent);
+        other.boot.push(boot);
+        other.seq.push(seq);
+        other.kind.push(kind);
+        other.time.push(i(time_of(r, now)));
+        other.json.push(serde_json::to_string(r).unwrap_or_default());
     }
     if !loss.seq.is_empty() {
         let l = &loss;
@@ -420,14 +491,14 @@ fn insert(
             "INSERT INTO loss (agent, boot, seq, port, point, upstream, src, dst, sport, dport,
                 proto, spi, si, color, batch, first_ns, last_ns, expected, observed, lost, late,
                 uncertain, scope, tail, drops)
-             SELECT $1, $2, * FROM unnest($3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::TEXT[],
-                $7::TEXT[], $8::TEXT[], $9::INTEGER[], $10::INTEGER[], $11::SMALLINT[],
-                $12::BIGINT[], $13::SMALLINT[], $14::SMALLINT[], $15::BIGINT[], $16::BIGINT[],
-                $17::BIGINT[], $18::BIGINT[], $19::BIGINT[], $20::BIGINT[], $21::BIGINT[],
-                $22::BIGINT[], $23::TEXT[], $24::BOOLEAN[], $25::TEXT[])",
+             SELECT * FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[],
+                $5::TEXT[], $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::INTEGER[], $10::INTEGER[],
+                $11::SMALLINT[], $12::BIGINT[], $13::SMALLINT[], $14::SMALLINT[], $15::BIGINT[],
+                $16::BIGINT[], $17::BIGINT[], $18::BIGINT[], $19::BIGINT[], $20::BIGINT[],
+                $21::BIGINT[], $22::BIGINT[], $23::TEXT[], $24::BOOLEAN[], $25::TEXT[])",
             &[
-                &agent,
-                &boot,
+                &l.agent,
+                &l.boot,
                 &l.seq,
                 &l.port,
                 &l.point,
@@ -465,14 +536,14 @@ fn insert(
             "INSERT INTO flow_hours (hour, src, dst, sport, dport, proto, spi, si, agent, point,
                 upstream, scope, batches, lossy_batches, expected, lost, uncertain, first_ns,
                 last_ns)
-             SELECT hour, src, dst, sport, dport, proto, spi, si, $1, point, upstream, scope,
+             SELECT hour, src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope,
                 batches, lossy, expected::NUMERIC, lost::NUMERIC, uncertain::NUMERIC, first_ns,
                 last_ns
-             FROM unnest($2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::INTEGER[], $6::INTEGER[],
-                $7::SMALLINT[], $8::BIGINT[], $9::SMALLINT[], $10::TEXT[], $11::TEXT[],
-                $12::TEXT[], $13::BIGINT[], $14::BIGINT[], $15::TEXT[], $16::TEXT[], $17::TEXT[],
-                $18::BIGINT[], $19::BIGINT[])
-                AS u(hour, src, dst, sport, dport, proto, spi, si, point, upstream, scope,
+             FROM unnest($1::TEXT[], $2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::INTEGER[],
+                $6::INTEGER[], $7::SMALLINT[], $8::BIGINT[], $9::SMALLINT[], $10::TEXT[],
+                $11::TEXT[], $12::TEXT[], $13::BIGINT[], $14::BIGINT[], $15::TEXT[], $16::TEXT[],
+                $17::TEXT[], $18::BIGINT[], $19::BIGINT[])
+                AS u(agent, hour, src, dst, sport, dport, proto, spi, si, point, upstream, scope,
                      batches, lossy, expected, lost, uncertain, first_ns, last_ns)
              ON CONFLICT (hour, src, dst, sport, dport, proto, spi, si, agent, point, upstream,
                 scope)
@@ -484,7 +555,7 @@ fn insert(
                 first_ns = LEAST(flow_hours.first_ns, excluded.first_ns),
                 last_ns = GREATEST(flow_hours.last_ns, excluded.last_ns)",
             &[
-                &agent,
+                &c.agent,
                 &c.hour,
                 &c.src,
                 &c.dst,
@@ -511,16 +582,16 @@ fn insert(
         tx.execute(
             "INSERT INTO flows (time_ns, agent, boot, seq, port, point, direction, src, dst,
                 sport, dport, proto, packets, bytes, exact, error_bound)
-             SELECT t, $1, $2, seq, port, point, direction, src, dst, sport, dport, proto,
+             SELECT t, agent, boot, seq, port, point, direction, src, dst, sport, dport, proto,
                 packets, bytes, exact, error_bound
-             FROM unnest($3::BIGINT[], $4::BIGINT[], $5::TEXT[], $6::TEXT[], $7::TEXT[],
-                $8::TEXT[], $9::TEXT[], $10::INTEGER[], $11::INTEGER[], $12::SMALLINT[],
-                $13::BIGINT[], $14::BIGINT[], $15::BOOLEAN[], $16::BIGINT[])
-                AS u(t, seq, port, point, direction, src, dst, sport, dport, proto, packets,
-                     bytes, exact, error_bound)",
+             FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::BIGINT[], $5::TEXT[],
+                $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::TEXT[], $10::INTEGER[], $11::INTEGER[],
+                $12::SMALLINT[], $13::BIGINT[], $14::BIGINT[], $15::BOOLEAN[], $16::BIGINT[])
+                AS u(agent, boot, t, seq, port, point, direction, src, dst, sport, dport, proto,
+                     packets, bytes, exact, error_bound)",
             &[
-                &agent,
-                &boot,
+                &f.agent,
+                &f.boot,
                 &f.time,
                 &f.seq,
                 &f.port,
@@ -538,19 +609,34 @@ fn insert(
             ],
         )?;
     }
-    if !other.0.is_empty() {
+    if !other.seq.is_empty() {
+        let o = &other;
         tx.execute(
             "INSERT INTO other (agent, boot, seq, kind, time_ns, json)
-             SELECT $1, $2, * FROM unnest($3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::TEXT[])",
-            &[&agent, &boot, &other.0, &other.1, &other.2, &other.3],
+             SELECT * FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[],
+                $5::BIGINT[], $6::TEXT[])",
+            &[&o.agent, &o.boot, &o.seq, &o.kind, &o.time, &o.json],
         )?;
     }
     Ok(())
 }
 
+/// A batch's records other than loss and flows, column by column.
+#[derive(Default)]
+struct OtherColumns<'a> {
+    agent: Vec<&'a str>,
+    boot: Vec<i64>,
+    seq: Vec<i64>,
+    kind: Vec<&'static str>,
+    time: Vec<i64>,
+    json: Vec<String>,
+}
+
 /// A batch's loss records, column by column.
 #[derive(Default)]
-struct LossColumns {
+struct LossColumns<'a> {
+    agent: Vec<&'a str>,
+    boot: Vec<i64>,
     seq: Vec<i64>,
     port: Vec<String>,
     point: Vec<String>,
@@ -576,9 +662,17 @@ struct LossColumns {
     drops: Vec<Option<String>>,
 }
 
-impl LossColumns {
-    fn push(&mut self, seq: i64, l: &telemark_core::records::LossRecord) {
+impl<'a> LossColumns<'a> {
+    fn push(
+        &mut self,
+        agent: &'a str,
+        boot: i64,
+        seq: i64,
+        l: &telemark_core::records::LossRecord,
+    ) {
         let f = &l.flow;
+        self.agent.push(agent);
+        self.boot.push(boot);
         self.seq.push(seq);
         self.port.push(l.port.clone());
         self.point.push(l.point.clone());
@@ -608,6 +702,7 @@ impl LossColumns {
 /// A row of `flow_hours` (absent NSH fields and upstreams as -1 and '').
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
 struct HourKey {
+    agent: String,
     hour: i64,
     src: String,
     dst: String,
@@ -636,6 +731,7 @@ struct HourSums {
 /// `flow_hours` rows, column by column (sums as decimal text, cast to NUMERIC).
 #[derive(Default)]
 struct HourColumns {
+    agent: Vec<String>,
     hour: Vec<i64>,
     src: Vec<String>,
     dst: Vec<String>,
@@ -658,6 +754,7 @@ struct HourColumns {
 
 impl HourColumns {
     fn push(&mut self, k: HourKey, h: HourSums) {
+        self.agent.push(k.agent);
         self.hour.push(k.hour);
         self.src.push(k.src);
         self.dst.push(k.dst);
@@ -681,7 +778,9 @@ impl HourColumns {
 
 /// A batch's flow records, column by column.
 #[derive(Default)]
-struct FlowColumns {
+struct FlowColumns<'a> {
+    agent: Vec<&'a str>,
+    boot: Vec<i64>,
     time: Vec<i64>,
     seq: Vec<i64>,
     port: Vec<String>,
@@ -698,8 +797,10 @@ struct FlowColumns {
     error_bound: Vec<i64>,
 }
 
-impl FlowColumns {
-    fn push(&mut self, seq: i64, f: &FlowRecord) {
+impl<'a> FlowColumns<'a> {
+    fn push(&mut self, agent: &'a str, boot: i64, seq: i64, f: &FlowRecord) {
+        self.agent.push(agent);
+        self.boot.push(boot);
         self.time.push(i(f.window_end_ns));
         self.seq.push(seq);
         self.port.push(f.port.clone());
@@ -815,6 +916,25 @@ impl PgStore {
     ) -> Result<Stored, StoreError> {
         let numbered: Vec<(u64, &Record)> = records.iter().map(|(s, r)| (*s, r)).collect();
         self.store(agent, boot, &numbered, "kafka", None, now)
+    }
+
+    /// Several agents' runs of records read from Kafka (one poll), in one transaction.
+    pub fn ingest_numbered_runs(
+        &mut self,
+        runs: &[crate::store::NumberedRun<'_>],
+        now: u64,
+    ) -> Result<Vec<Stored>, StoreError> {
+        let runs: Vec<Run<'_>> = runs
+            .iter()
+            .map(|(agent, boot, records)| Run {
+                agent,
+                boot: *boot,
+                records: records.iter().map(|(s, r)| (*s, r)).collect(),
+                version: "kafka",
+                export_dropped: None,
+            })
+            .collect();
+        self.store_runs(&runs, now)
     }
 
     /// Flows decoded from an exporter's datagrams (the counts rule: `validate::counts`).

@@ -98,6 +98,10 @@ fn identity(path: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
+/// One agent run's records read from Kafka: (agent, boot, each record with its sequence
+/// number).
+pub type NumberedRun<'a> = (&'a str, u64, Vec<(u64, Record)>);
+
 /// What one ingest stored.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Stored {
@@ -352,6 +356,25 @@ impl Store {
         now: u64,
     ) -> Result<Stored, StoreError> {
         each!(self, s => s.ingest_numbered(agent, boot, records, now))
+    }
+
+    /// Stores several agents' runs of records read from Kafka (one poll): on PostgreSQL in
+    /// one transaction (a commit per agent would bound a fleet's ingest by commits per
+    /// second); on SQLite one transaction per run, as [`Store::ingest_numbered`]. Each run's
+    /// outcome, in order; on an error, runs before it may be stored (they are found again as
+    /// duplicates when the poll is read again).
+    pub fn ingest_numbered_runs(
+        &mut self,
+        runs: &[NumberedRun<'_>],
+        now: u64,
+    ) -> Result<Vec<Stored>, StoreError> {
+        match self {
+            Store::Sqlite(s) => runs
+                .iter()
+                .map(|(agent, boot, records)| s.ingest_numbered(agent, *boot, records, now))
+                .collect(),
+            Store::Postgres(s) => s.ingest_numbered_runs(runs, now),
+        }
     }
 
     /// Stores flows decoded from an exporter's datagrams.

@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use telemark_datapath::input;
 use telemark_lab::cli::{
     bench, bench_collector, bench_ebpf, bench_flows, bench_int, bench_kafka, bench_live,
-    bench_sketch, demo, eval, gen, replay,
+    bench_sketch, demo, eval, gen, replay, sim,
 };
 
 /// Per-flow packet loss measured inside the switch fast path, reported only when it happens.
@@ -66,6 +66,10 @@ enum Cmd {
     /// Records per second through Kafka with the broker on this host: an agent's producer, a
     /// collector publishing its outbox, a collector consuming and storing; JSON and protobuf.
     BenchKafka(bench_kafka::Args),
+    /// A fleet on one machine: N simulated hosts publish what agents would to Kafka, K
+    /// collectors in one consumer group store it into PostgreSQL; records/s, lag, rows/s and
+    /// query latency as N and K grow (docs/scale.md).
+    Sim(sim::Args),
     /// Creates Telemark's Kafka topics from a config's [kafka] section, with the partitions a
     /// consumer group of collectors needs; says which were there and with how many.
     KafkaTopics(kafka_topics::Args),
@@ -112,6 +116,7 @@ fn main() {
         Cmd::BenchInt(a) => bench_int::run(a),
         Cmd::BenchKafka(a) => bench_kafka::run(a),
         Cmd::KafkaTopics(a) => kafka_topics::run(a),
+        Cmd::Sim(a) => sim::run(a),
         Cmd::BenchFlows(a) => bench_flows::run(a),
         Cmd::Export(a) => export::run(a),
     };

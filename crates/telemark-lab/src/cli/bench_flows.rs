@@ -31,6 +31,10 @@ pub struct Args {
     /// The core the collector is pinned to.
     #[arg(long, default_value_t = 1)]
     pub cpu: usize,
+    /// Also store into this PostgreSQL database (a `postgresql://` URL, as `--db` takes it):
+    /// the end-to-end bursts run against SQLite, then against it, in the same run.
+    #[arg(long)]
+    pub postgres: Option<String>,
 }
 
 /// IPFIX elements of the benchmark's template: (id, length).
@@ -211,12 +215,25 @@ pub fn run(a: Args) -> Result<()> {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
+    let sqlite = dir.path().join("flows.db");
+    let mut stores = vec![("SQLite", sqlite.into_os_string())];
+    if let Some(url) = &a.postgres {
+        stores.push(("PostgreSQL", url.into()));
+    }
+    for (name, db) in stores {
+        end_to_end(&a, name, &db)?;
+    }
+    Ok(())
+}
+
+/// The end-to-end bursts into a collector storing in `db` (a SQLite file or a PostgreSQL URL).
+fn end_to_end(a: &Args, store: &str, db: &OsStr) -> Result<()> {
     let port = UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port();
     let listen = format!("127.0.0.1:{port}");
     let exe = std::env::current_exe()?;
     let (_proc, url) = crate::cli::bench_collector::start_with(
         &exe,
-        &dir.path().join("flows.db"),
+        std::path::Path::new(db),
         a.cpu,
         &[
             OsStr::new("--flows-listen"),
@@ -231,7 +248,7 @@ pub fn run(a: Args) -> Result<()> {
     seq += 30;
     std::thread::sleep(Duration::from_millis(300));
     println!(
-        "end to end, loopback UDP, collector pinned to cpu {}, bursts of {} IPFIX datagrams of 30 flows:",
+        "end to end into {store}, loopback UDP, collector pinned to cpu {}, bursts of {} IPFIX datagrams of 30 flows:",
         a.cpu, a.burst
     );
     for &rate in a.rates.iter().filter(|&&r| r > 0) {

@@ -15,3 +15,4 @@ pub mod eval_sketch;
 pub mod gen;
 pub mod opts;
 pub mod replay;
+pub mod sim;
