@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # A throw-away Kafka broker (KRaft, one node, from the jars testbed/kafka/fetch.sh fetches) and
 # PostgreSQL 15 server (Debian's postgresql, run as the postgres user: needs root) on this
-# host, then `telemark sim` against them with the arguments given; both are stopped at exit.
+# host, then a telemark command against them; both are stopped at exit.
 #
-#   sudo bash testbed/fleet.sh --hosts 10,100,1000,10000 --collectors 1,3
+#   sudo bash testbed/fleet.sh sim --hosts 10,100,1000,10000 --collectors 1,3   # docs/scale.md
+#   sudo bash testbed/fleet.sh bench-flows --rates 100000                       # docs/flows.md
+#
+# `sim` is given --brokers and --db, `bench-flows` --postgres; anything else runs as given.
 #
 # TELEMARK (default target/release/telemark) is the binary run; KAFKA_CPU / PG_CPU pin the
 # broker and the server to cores (default: not pinned).
@@ -27,6 +30,7 @@ cleanup() {
     exit "$rc"
 }
 trap cleanup EXIT
+trap "exit 143" INT TERM
 
 # PostgreSQL: its own socket directory and port, no TCP listener.
 runuser -u postgres -- "$pgbin/initdb" -D "$dir/pg" -U postgres --auth=trust -E UTF8 \
@@ -62,4 +66,11 @@ for _ in $(seq 1 120); do
 done
 
 host=$(printf %s "$dir" | sed 's|/|%2F|g')
-"$telemark" sim --brokers "127.0.0.1:$kport" --db "postgresql://postgres@$host:$pport/telemark" "$@"
+url="postgresql://postgres@$host:$pport/telemark"
+cmd="${1:?usage: fleet.sh sim|bench-flows|COMMAND [ARGS]}"
+shift
+case "$cmd" in
+    sim) "$telemark" sim --brokers "127.0.0.1:$kport" --db "$url" "$@" ;;
+    bench-flows) "$telemark" bench-flows --postgres "$url" "$@" ;;
+    *) "$telemark" "$cmd" "$@" ;;
+esac

@@ -465,10 +465,10 @@ pub fn run(a: Args) -> Result<()> {
         a.partitions
     );
     println!(
-        "| hosts | collectors | records/s | per host | bytes/s | stored rows/s | max lag | left after {}s | late periods | /flows ms p50 (p95) | /loss ms p50 (p95) | /localise ms p50 (p95) | database bytes/record |",
+        "| hosts | collectors | offered records/s | sent records/s | per host | bytes/s | stored rows/s | max lag | left after {}s | late periods | /flows ms p50 (p95) | /loss ms p50 (p95) | /localise ms p50 (p95) | database bytes/record |",
         a.drain
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &n in &a.hosts {
         for &k in &a.collectors {
             let mut f = run_one(&a, n, k).with_context(|| format!("{n} hosts, {k} collectors"))?;
@@ -476,7 +476,8 @@ pub fn run(a: Args) -> Result<()> {
             // Past the empty schema: the records' rows, indexes, keys and hourly sums.
             let per_record = f.db_bytes as f64 / f.rows.max(1) as f64;
             println!(
-                "| {n} | {k} | {rate:.0} | {:.2} | {:.0} | {:.0} | {} | {} | {} | {:.1} ({:.1}) | {:.1} ({:.1}) | {:.1} ({:.1}) | {per_record:.0} |",
+                "| {n} | {k} | {:.0} | {rate:.0} | {:.2} | {:.0} | {:.0} | {} | {} | {} | {:.1} ({:.1}) | {:.1} ({:.1}) | {:.1} ({:.1}) | {per_record:.0} |",
+                (f.sent + f.dropped + f.failed) as f64 / f.seconds,
                 rate / n as f64,
                 f.bytes as f64 / f.seconds,
                 f.stored as f64 / f.seconds,
@@ -500,4 +501,60 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_runs_database_keeps_the_servers_address_and_parameters() {
+        let url = "postgresql://postgres@%2Ftmp%2Fpg:5433/telemark?connect_timeout=5";
+        assert_eq!(database_of(url), "telemark");
+        assert_eq!(
+            with_database(url, "telemark_sim_10_1").unwrap(),
+            "postgresql://postgres@%2Ftmp%2Fpg:5433/telemark_sim_10_1?connect_timeout=5"
+        );
+        assert_eq!(database_of("postgres://u@h"), "postgres");
+        assert!(with_database("telemark.db", "x").is_err());
+    }
+
+    /// A host's records come from the loss aggregator: a lossy flow's segment inside the
+    /// host reports what the uplink missed, a clean one nothing.
+    #[test]
+    fn a_host_reports_its_lossy_flows_loss_inside_it() {
+        let a = Args::try_parse_from(["sim", "--brokers", "b", "--db", "postgresql://h/d"]);
+        let a = a.unwrap();
+        let mut h = Host::new(3, &a, 1_000_000_000_000, 0);
+        let mut out = Vec::new();
+        for p in 1..=8 {
+            h.batch(&a, 1_000_000_000_000 + p * a.period, &mut out);
+        }
+        let lost: Vec<_> = out
+            .iter()
+            .filter_map(|r| match r {
+                Record::Loss(l) => Some((l.flow.sport, l.point.clone(), l.lost)),
+                _ => None,
+            })
+            .collect();
+        assert!(!lost.is_empty());
+        // 2 of 10 flows lossy (sports 40000, 40001): 1 % of 1,000 packets a period.
+        assert!(
+            lost.iter().all(|(sport, point, n)| *sport < 40002 && point == "egress" && *n == 10),
+            "{lost:?}"
+        );
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    impl Args {
+        fn try_parse_from<const N: usize>(argv: [&str; N]) -> Result<Args, clap::Error> {
+            use clap::Parser;
+            Cli::try_parse_from(argv).map(|c| c.args)
+        }
+    }
 }
