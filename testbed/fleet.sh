@@ -16,15 +16,21 @@ telemark="${TELEMARK:-$here/../target/release/telemark}"
 pgbin=/usr/lib/postgresql/15/bin
 [ -x "$pgbin/initdb" ] || { echo "fleet.sh: PostgreSQL 15 is missing (apt-get install postgresql)" >&2; exit 1; }
 bash "$here/kafka/fetch.sh"
+cmd="${1:?usage: fleet.sh sim|bench-flows|COMMAND [ARGS]}"
+shift
 dir="$(mktemp -d /tmp/tm-fleet.XXXXXX)"
-chmod 777 "$dir"
+# The server's socket directory: the postgres user's alone (root's clients get in all the same).
+chown postgres "$dir"
+chmod 700 "$dir"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 kport=$(free_port); cport=$(free_port); pport=$(free_port)
 pin() { if [ -n "${1:-}" ]; then echo "taskset -c $1"; fi; }
 
 cleanup() {
     local rc=$?
-    if [ -n "${kpid:-}" ]; then kill "$kpid" 2>/dev/null; wait "$kpid" 2>/dev/null || true; fi
+    set +e
+    if [ -n "${cpid:-}" ]; then kill "$cpid" 2>/dev/null; wait "$cpid" 2>/dev/null; fi
+    if [ -n "${kpid:-}" ]; then kill "$kpid" 2>/dev/null; wait "$kpid" 2>/dev/null; fi
     runuser -u postgres -- "$pgbin/pg_ctl" -D "$dir/pg" -m immediate -w stop >/dev/null 2>&1 || true
     rm -rf "$dir"
     exit "$rc"
@@ -60,17 +66,22 @@ java_cp=(java -Xmx1g -cp "$here/kafka/libs/*" "-Dlog4j2.configurationFile=$here/
     >/dev/null
 $(pin "${KAFKA_CPU:-}") "${java_cp[@]}" kafka.Kafka "$dir/server.properties" > "$dir/kafka.log" 2>&1 &
 kpid=$!
-for _ in $(seq 1 120); do
+for i in $(seq 1 120); do
     (exec 3<>"/dev/tcp/127.0.0.1/$kport") 2>/dev/null && break
+    if [ "$i" = 120 ] || ! kill -0 "$kpid" 2>/dev/null; then
+        echo "fleet.sh: the broker did not come up:" >&2
+        tail -20 "$dir/kafka.log" >&2
+        exit 1
+    fi
     sleep 0.5
 done
 
 host=$(printf %s "$dir" | sed 's|/|%2F|g')
 url="postgresql://postgres@$host:$pport/telemark"
-cmd="${1:?usage: fleet.sh sim|bench-flows|COMMAND [ARGS]}"
-shift
 case "$cmd" in
-    sim) "$telemark" sim --brokers "127.0.0.1:$kport" --db "$url" "$@" ;;
-    bench-flows) "$telemark" bench-flows --postgres "$url" "$@" ;;
-    *) "$telemark" "$cmd" "$@" ;;
+    sim) "$telemark" sim --brokers "127.0.0.1:$kport" --db "$url" "$@" & ;;
+    bench-flows) "$telemark" bench-flows --postgres "$url" "$@" & ;;
+    *) "$telemark" "$cmd" "$@" & ;;
 esac
+cpid=$!
+wait "$cpid"

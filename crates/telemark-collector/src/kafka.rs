@@ -505,19 +505,23 @@ fn store(
     }
     let runs: Vec<crate::store::NumberedRun<'_>> =
         runs.into_iter().map(|((agent, boot), recs)| (agent, boot, recs)).collect();
-    let stored = ingest.store().ingest_numbered_runs(&runs, now);
-    let stored = match stored {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!("kafka: storing {} records: {e}", records.len());
-            return false;
-        }
-    };
-    for ((_, _, recs), s) in runs.into_iter().zip(stored) {
+    if runs.is_empty() {
+        return true;
+    }
+    let (stored, failed) = ingest.store().ingest_numbered_runs(&runs, now);
+    for ((_, _, recs), s) in runs.iter().zip(stored) {
         stats.consumed.fetch_add(s.accepted, Ordering::Relaxed);
         stats.consumed_duplicates.fetch_add(s.duplicates, Ordering::Relaxed);
-        let plain: Vec<_> = recs.into_iter().map(|(_, r)| r).collect();
+        let plain: Vec<_> = recs.iter().map(|(_, r)| r.clone()).collect();
         ingest.metrics.ingested(&plain, &s);
+    }
+    if let Some(e) = failed {
+        tracing::warn!(
+            "kafka: storing {} records of {} agents' runs: {e}",
+            records.len(),
+            runs.len()
+        );
+        return false;
     }
     true
 }

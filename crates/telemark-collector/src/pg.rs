@@ -303,8 +303,16 @@ impl PgStore {
         let days = runs.iter().flat_map(|r| &r.records);
         self.ensure_days(days.map(|(_, r)| i(time_of(r, now)).div_euclid(DAY_NS)))?;
         let mut tx = self.client.get_mut().transaction()?;
-        let out = store_all(&mut tx, runs, now)?;
+        let (out, seen) = store_all(&mut tx, runs, now)?;
         tx.commit()?;
+        // The agents' rows after the commit, in a statement of its own: in the transaction,
+        // every collector's poll (which holds records of nearly every agent: records are
+        // keyed by flow) would hold every agent's row until it commits, and the collectors
+        // of a group would store one after another. A collector stopped between the two
+        // leaves an agent's counts short by one poll; its records are stored.
+        if let Err(e) = seen.update(self.client.get_mut(), now) {
+            tracing::warn!("postgresql: the agents' last-seen times and counts: {e}");
+        }
         Ok(out)
     }
 
@@ -319,9 +327,6 @@ impl PgStore {
     }
 }
 
-/// Inserts records already known to be new, in a few statements whatever their number (each
-/// column as an array, `unnest`ed: one round trip per table): loss batches and their hourly
-/// sums, flow records in columns, and every record but loss whole, as JSON.
 /// One agent run's records for [`PgStore::store_runs`].
 pub struct Run<'a> {
     /// The agent (or exporter).
@@ -338,13 +343,14 @@ pub struct Run<'a> {
 
 /// Stores the runs' new records inside `tx`, in a fixed number of statements whatever the
 /// number of runs: the keys go into `seen` first, and only the records whose keys were new
-/// are stored (each record once, whoever stores it). Keys, agents and hourly sums are taken
-/// in key order, so two collectors storing overlapping batches cannot deadlock.
+/// are stored (each record once, whoever stores it). Keys and hourly sums are taken in key
+/// order, so two collectors storing overlapping batches cannot deadlock. The agents' rows
+/// are brought up to date after the commit ([`AgentsSeen::update`]).
 fn store_all(
     tx: &mut Transaction<'_>,
     runs: &[Run<'_>],
     now: u64,
-) -> Result<Vec<Stored>, postgres::Error> {
+) -> Result<(Vec<Stored>, AgentsSeen), postgres::Error> {
     // Every record as (run, its index in the run), in (agent, boot, seq) order.
     let mut order: Vec<(usize, usize)> = runs
         .iter()
@@ -364,11 +370,11 @@ fn store_all(
     let names: Vec<&str> = agents.keys().copied().collect();
     let versions: Vec<&str> = agents.values().map(|v| v.0).collect();
     let boots: Vec<i64> = agents.values().map(|v| i(v.1)).collect();
+    // Agents not registered yet; the others' rows are not touched (nor locked) here.
     tx.execute(
         "INSERT INTO agents (agent, version, boot, first_seen_ns, last_seen_ns)
          SELECT a, v, b, $4, $4 FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS u(a, v, b)
-         ON CONFLICT (agent) DO UPDATE SET boot = GREATEST(agents.boot, excluded.boot),
-            last_seen_ns = GREATEST(agents.last_seen_ns, excluded.last_seen_ns)",
+         ON CONFLICT (agent) DO NOTHING",
         &[&names, &versions, &boots, &i(now)],
     )?;
     // One statement for every key: the new ones come back.
@@ -381,7 +387,7 @@ fn store_all(
     let taken = tx.query(
         "INSERT INTO seen (agent, boot, seq, time_ns)
          SELECT a, b, s, t FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::BIGINT[])
-            AS u(a, b, s, t) ORDER BY a, b, s
+            AS u(a, b, s, t) ORDER BY a COLLATE \"C\", b, s
          ON CONFLICT DO NOTHING RETURNING agent, boot, seq",
         &[&k_agent, &k_boot, &k_seq, &k_time],
     )?;
@@ -404,26 +410,55 @@ fn store_all(
     }
     insert(tx, &fresh, now)?;
     // What each agent's records and last reported export drops come to.
-    let mut counts: std::collections::BTreeMap<&str, (i64, Option<i64>)> = Default::default();
+    let mut touched = AgentsSeen::default();
     for (run, st) in runs.iter().zip(&mut out) {
         st.duplicates = run.records.len() as u64 - st.accepted;
-        let c = counts.entry(run.agent).or_default();
-        c.0 += i(st.accepted);
-        c.1 = run.export_dropped.map(i).or(c.1);
+        let c = touched.0.entry(run.agent.to_string()).or_insert((0, 0, None));
+        c.0 = c.0.max(i(run.boot));
+        c.1 += i(st.accepted);
+        c.2 = run.export_dropped.map(i).or(c.2);
     }
-    let names: Vec<&str> = counts.keys().copied().collect();
-    let added: Vec<i64> = counts.values().map(|c| c.0).collect();
-    let dropped: Vec<Option<i64>> = counts.values().map(|c| c.1).collect();
-    tx.execute(
-        "UPDATE agents SET records = agents.records + u.n,
-            export_dropped = COALESCE(u.d, agents.export_dropped)
-         FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[]) AS u(a, n, d)
-         WHERE agents.agent = u.a",
-        &[&names, &added, &dropped],
-    )?;
-    Ok(out)
+    Ok((out, touched))
 }
 
+/// Per agent of a store: its newest run, the records stored now, the export drops it last
+/// reported.
+#[derive(Default)]
+struct AgentsSeen(std::collections::BTreeMap<String, (i64, i64, Option<i64>)>);
+
+impl AgentsSeen {
+    /// Brings the agents' rows up to date, in agent order, in a short transaction.
+    fn update(&self, c: &mut Client, now: u64) -> Result<(), postgres::Error> {
+        if self.0.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<&str> = self.0.keys().map(String::as_str).collect();
+        let boots: Vec<i64> = self.0.values().map(|v| v.0).collect();
+        let added: Vec<i64> = self.0.values().map(|v| v.1).collect();
+        let dropped: Vec<Option<i64>> = self.0.values().map(|v| v.2).collect();
+        // Rows locked in agent order first: two collectors updating overlapping agents
+        // cannot deadlock, whatever plan the update takes.
+        let mut tx = c.transaction()?;
+        tx.execute(
+            "SELECT 1 FROM agents WHERE agent = ANY($1) ORDER BY agent COLLATE \"C\" FOR UPDATE",
+            &[&names],
+        )?;
+        tx.execute(
+            "UPDATE agents SET boot = GREATEST(agents.boot, u.b),
+                last_seen_ns = GREATEST(agents.last_seen_ns, $5),
+                records = agents.records + u.n,
+                export_dropped = COALESCE(u.d, agents.export_dropped)
+             FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::BIGINT[]) AS u(a, b, n, d)
+             WHERE agents.agent = u.a",
+            &[&names, &boots, &added, &dropped, &i(now)],
+        )?;
+        tx.commit()
+    }
+}
+
+/// Inserts records already known to be new, in a few statements whatever their number (each
+/// column as an array, `unnest`ed: one round trip per table): loss batches and their hourly
+/// sums, flow records in columns, and every record but loss whole, as JSON.
 fn insert(
     tx: &mut Transaction<'_>,
     records: &[(&str, i64, u64, &Record)],

@@ -360,20 +360,30 @@ impl Store {
 
     /// Stores several agents' runs of records read from Kafka (one poll): on PostgreSQL in
     /// one transaction (a commit per agent would bound a fleet's ingest by commits per
-    /// second); on SQLite one transaction per run, as [`Store::ingest_numbered`]. Each run's
-    /// outcome, in order; on an error, runs before it may be stored (they are found again as
-    /// duplicates when the poll is read again).
+    /// second); on SQLite one transaction per run, as [`Store::ingest_numbered`]. Returns the
+    /// outcome of each run stored, in order, and the error that stopped the rest, if one did
+    /// (on SQLite the runs before it are stored; they are found again as duplicates when
+    /// the poll is read again).
     pub fn ingest_numbered_runs(
         &mut self,
         runs: &[NumberedRun<'_>],
         now: u64,
-    ) -> Result<Vec<Stored>, StoreError> {
+    ) -> (Vec<Stored>, Option<StoreError>) {
         match self {
-            Store::Sqlite(s) => runs
-                .iter()
-                .map(|(agent, boot, records)| s.ingest_numbered(agent, *boot, records, now))
-                .collect(),
-            Store::Postgres(s) => s.ingest_numbered_runs(runs, now),
+            Store::Sqlite(s) => {
+                let mut done = Vec::with_capacity(runs.len());
+                for (agent, boot, records) in runs {
+                    match s.ingest_numbered(agent, *boot, records, now) {
+                        Ok(st) => done.push(st),
+                        Err(e) => return (done, Some(e)),
+                    }
+                }
+                (done, None)
+            }
+            Store::Postgres(s) => match s.ingest_numbered_runs(runs, now) {
+                Ok(done) => (done, None),
+                Err(e) => (Vec::new(), Some(e)),
+            },
         }
     }
 

@@ -1165,8 +1165,8 @@ fn post_records(
 /// publishes two switches' records of 900 flows to Kafka as they come; three collectors in one
 /// consumer group store them into one PostgreSQL database. Meanwhile the broker is SIGKILLed
 /// and restarted twice and one consuming collector is SIGKILLed and restarted. Then:
-/// - psql (not Telemark) finds every record stored exactly once, and the per-flow loss sums
-///   equal the truth;
+/// - psql (not Telemark) finds every record stored exactly once, each key once in `seen`, the
+///   agents' counts equal to it, and the loss sums per flow and switch equal to the truth;
 /// - every collector's `/api/v1/localise` gives, for every flow, the link into sw-f and the
 ///   segment inside sw-b with the truth's counts, and `/api/v1/flows` the flow's whole loss.
 #[test]
@@ -1234,6 +1234,25 @@ fn three_collectors_on_one_database_answer_every_flow_through_kills() {
     let link: u64 = truth.values().map(|t| t.0).sum();
     let inside: u64 = truth.values().map(|t| t.1).sum();
     assert_eq!(counts, format!("{total}|{total}|{}", link + 2 * inside), "stored once, in all");
+    // Per flow and switch, psql's sums are the truth's.
+    let sums = server.psql(
+        "telemark",
+        "SELECT sport, agent, SUM(lost) FROM loss GROUP BY sport, agent ORDER BY sport, agent",
+    );
+    let want: Vec<String> = truth
+        .iter()
+        .flat_map(|(sport, (link, inside))| {
+            let b = (*inside > 0).then(|| format!("{sport}|sw-b|{inside}"));
+            b.into_iter().chain([format!("{sport}|sw-f|{}", link + inside)])
+        })
+        .collect();
+    assert_eq!(sums, want.join("\n"), "per-flow sums");
+    assert_eq!(server.psql("telemark", "SELECT COUNT(*) FROM seen"), total.to_string());
+    assert_eq!(
+        server.psql("telemark", "SELECT SUM(records) FROM agents"),
+        total.to_string(),
+        "the agents' counts"
+    );
     let on_kafka = origins(&broker, "telemark.loss.v1");
     let twice: usize = on_kafka.values().map(|n| n - 1).sum();
     let redelivered: u64 =

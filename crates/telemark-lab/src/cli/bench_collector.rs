@@ -67,6 +67,8 @@ pub(crate) fn start_with(
     cmd.args(["collector", "--listen", "127.0.0.1:0", "--retention", "0", "--db"])
         .arg(db)
         .args(extra)
+        // Its log says where it listens (at info): whatever the caller's TELEMARK_LOG.
+        .env("TELEMARK_LOG", "info")
         .stderr(Stdio::piped());
     // SAFETY: sched_setaffinity on the child itself, between fork and exec; async-signal-safe.
     unsafe {

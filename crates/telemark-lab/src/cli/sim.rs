@@ -26,7 +26,8 @@ use telemark_wire::FlowKey;
 /// `telemark sim` flags.
 #[derive(ClapArgs, Debug)]
 pub struct Args {
-    /// Kafka brokers (host:port, comma-separated). Each run makes topics of its own.
+    /// Kafka brokers (host:port, comma-separated). Each run makes topics of its own (left on
+    /// the brokers: `<run>.<time>.` prefixes).
     #[arg(long)]
     pub brokers: String,
     /// PostgreSQL URL whose role may create databases: each run stores into a database of its
@@ -245,11 +246,22 @@ fn with_database(url: &str, name: &str) -> Result<String> {
     Ok(format!("postgresql://{host}/{name}{query}"))
 }
 
-/// The database name of `url`.
-fn database_of(url: &str) -> String {
-    let base = url.split('?').next().unwrap_or(url);
+/// The database name of `url`, if it is one the runs' names can be made from (lower-case
+/// letters, digits and `_`: it goes into CREATE DATABASE as it is).
+fn database_of(url: &str) -> Result<String> {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    if query.split('&').any(|p| p.starts_with("dbname=")) {
+        bail!("--db: name the database in the URL's path, not with dbname=");
+    }
     let after = base.split("://").nth(1).unwrap_or(base);
-    after.split_once('/').map_or("postgres".into(), |(_, d)| d.to_string())
+    let name = after.split_once('/').map_or("postgres", |(_, d)| d);
+    let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
+    if name.is_empty() || name.len() > 40 || !name.chars().all(ok) {
+        bail!(
+            "--db: a database name of lower-case letters, digits and _ (40 at most), not {name:?}"
+        );
+    }
+    Ok(name.to_string())
 }
 
 fn admin(a: &Args) -> Result<postgres::Client> {
@@ -261,10 +273,15 @@ fn admin(a: &Args) -> Result<postgres::Client> {
     cfg.connect(postgres::NoTls).context("connecting to --db")
 }
 
+/// The database of the run of `n` hosts and `k` collectors.
+fn run_database(a: &Args, n: usize, k: usize) -> Result<String> {
+    Ok(format!("{}_sim_{n}_{k}", database_of(&a.db)?))
+}
+
 /// One run: `n` hosts, `k` collectors.
 fn run_one(a: &Args, n: usize, k: usize) -> Result<Figures> {
     let run = format!("sim_{n}_{k}");
-    let db_name = format!("{}_{run}", database_of(&a.db));
+    let db_name = run_database(a, n, k)?;
     let mut pg = admin(a)?;
     pg.batch_execute(&format!("DROP DATABASE IF EXISTS {db_name}"))?;
     pg.batch_execute(&format!("CREATE DATABASE {db_name}")).context("the role needs CREATEDB")?;
@@ -356,7 +373,8 @@ fn run_one(a: &Args, n: usize, k: usize) -> Result<Figures> {
                     (2, format!("/api/v1/localise?{q}")),
                 ] {
                     let t = Instant::now();
-                    if ureq::get(&format!("{base}{path}")).call().is_ok() {
+                    let get = ureq::get(&format!("{base}{path}")).timeout(Duration::from_secs(10));
+                    if get.call().is_ok() {
                         times[slot].push(t.elapsed().as_secs_f64() * 1e3);
                     }
                 }
@@ -367,12 +385,23 @@ fn run_one(a: &Args, n: usize, k: usize) -> Result<Figures> {
         })
     };
 
-    let t0 = Instant::now();
-    let stored0 = metric_sum(&collectors, "telemark_collector_kafka_consumed_total");
+    // A warm-up before the measured window: the aggregator holds each flow's first batches
+    // back (it waits for the batches after them), and one summary interval must pass.
+    let warm = Duration::from_nanos(3 * a.period + a.summary_interval) + Duration::from_secs(1);
+    let mut t0 = Instant::now() + warm;
     let until = t0 + Duration::from_secs(a.seconds);
+    let mut stored0 = None;
+    // Every record the producer took, warm-up included (what the group must store).
+    let mut total_sent = 0u64;
     let mut out = Vec::new();
     let mut next_sample = Instant::now();
     while Instant::now() < until {
+        if stored0.is_none() && Instant::now() >= t0 {
+            // The measured window starts: counts from here.
+            stored0 = Some(metric_sum(&collectors, "telemark_collector_kafka_consumed_total"));
+            f = Figures::default();
+            t0 = Instant::now();
+        }
         let now = now_ns();
         for h in hosts.iter_mut() {
             while h.next_batch_ns <= now {
@@ -393,6 +422,7 @@ fn run_one(a: &Args, n: usize, k: usize) -> Result<Figures> {
                 match producer.send(&m, h.seq) {
                     Ok(()) => {
                         f.sent += 1;
+                        total_sent += 1;
                         f.bytes += (m.payload.len()
                             + m.key.len()
                             + m.headers().iter().map(|(k, v)| k.len() + v.len()).sum::<usize>())
@@ -409,7 +439,7 @@ fn run_one(a: &Args, n: usize, k: usize) -> Result<Figures> {
                 f.failed += 1;
             }
         }
-        if Instant::now() >= next_sample {
+        if stored0.is_some() && Instant::now() >= next_sample {
             f.max_lag =
                 f.max_lag.max(metric_sum(&collectors, "telemark_collector_kafka_consumer_lag"));
             next_sample = Instant::now() + Duration::from_secs(1);
@@ -417,7 +447,9 @@ fn run_one(a: &Args, n: usize, k: usize) -> Result<Figures> {
         std::thread::sleep(Duration::from_millis(5));
     }
     f.seconds = t0.elapsed().as_secs_f64();
-    f.stored = metric_sum(&collectors, "telemark_collector_kafka_consumed_total") - stored0;
+    let stored0 = stored0.unwrap_or(0);
+    let consumed = || metric_sum(&collectors, "telemark_collector_kafka_consumed_total");
+    f.stored = consumed().saturating_sub(stored0);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let times = querier.join().map_err(|_| anyhow::anyhow!("query thread"))?;
     [f.flows_ms, f.loss_ms, f.localise_ms] = times;
@@ -425,13 +457,11 @@ fn run_one(a: &Args, n: usize, k: usize) -> Result<Figures> {
     // What is left: the group stores it, or the run says how much it could not.
     producer.flush(Duration::from_secs(30));
     let d0 = Instant::now();
-    let stored_all =
-        || metric_sum(&collectors, "telemark_collector_kafka_consumed_total") - stored0;
-    while stored_all() < f.sent && d0.elapsed() < Duration::from_secs(a.drain) {
+    while consumed() < total_sent && d0.elapsed() < Duration::from_secs(a.drain) {
         std::thread::sleep(Duration::from_millis(250));
     }
     f.drain_s = d0.elapsed().as_secs_f64();
-    f.left = f.sent.saturating_sub(stored_all());
+    f.left = total_sent.saturating_sub(consumed());
     let mut c = connect()?;
     f.db_bytes = size(&mut c)?.saturating_sub(empty_db);
     let row =
@@ -471,7 +501,14 @@ pub fn run(a: Args) -> Result<()> {
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &n in &a.hosts {
         for &k in &a.collectors {
-            let mut f = run_one(&a, n, k).with_context(|| format!("{n} hosts, {k} collectors"))?;
+            let done = run_one(&a, n, k);
+            if done.is_err() {
+                // A run that failed leaves no database behind.
+                if let (Ok(mut pg), Ok(db)) = (admin(&a), run_database(&a, n, k)) {
+                    let _ = pg.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"));
+                }
+            }
+            let mut f = done.with_context(|| format!("{n} hosts, {k} collectors"))?;
             let rate = f.sent as f64 / f.seconds;
             // Past the empty schema: the records' rows, indexes, keys and hourly sums.
             let per_record = f.db_bytes as f64 / f.rows.max(1) as f64;
@@ -510,12 +547,14 @@ mod tests {
     #[test]
     fn a_runs_database_keeps_the_servers_address_and_parameters() {
         let url = "postgresql://postgres@%2Ftmp%2Fpg:5433/telemark?connect_timeout=5";
-        assert_eq!(database_of(url), "telemark");
+        assert_eq!(database_of(url).unwrap(), "telemark");
         assert_eq!(
             with_database(url, "telemark_sim_10_1").unwrap(),
             "postgresql://postgres@%2Ftmp%2Fpg:5433/telemark_sim_10_1?connect_timeout=5"
         );
-        assert_eq!(database_of("postgres://u@h"), "postgres");
+        assert_eq!(database_of("postgres://u@h").unwrap(), "postgres");
+        assert!(database_of("postgresql://h/My-Db").is_err());
+        assert!(database_of("postgresql://h/t?dbname=other").is_err());
         assert!(with_database("telemark.db", "x").is_err());
     }
 
