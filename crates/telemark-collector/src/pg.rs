@@ -135,7 +135,13 @@ pub struct PgStore {
     budget_ms: u128,
     /// Days whose partitions are known to exist.
     days: RefCell<BTreeSet<i64>>,
+    /// What the agents' rows still lack (last seen, counts), and when they were last updated.
+    agents: (AgentsSeen, std::time::Instant),
 }
+
+/// How often a writer brings the agents' rows up to date: each update writes a new version
+/// of every agent's row a poll touched (with a fleet, nearly all of them).
+const AGENTS_EVERY: Duration = Duration::from_secs(2);
 
 fn u(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
@@ -188,7 +194,9 @@ impl PgStore {
         // DDL every collector runs) are expected: debug, not the log's info.
         config.notice_callback(|n| tracing::debug!("postgresql: {}", n.message()));
         let client = RefCell::new(config.connect(NoTls)?);
-        let mut s = PgStore { client, config, setup: "", budget_ms: 0, days: RefCell::default() };
+        let agents = (AgentsSeen::default(), std::time::Instant::now());
+        let mut s =
+            PgStore { client, config, setup: "", budget_ms: 0, days: RefCell::default(), agents };
         s.migrate()?;
         Ok(s)
     }
@@ -305,13 +313,18 @@ impl PgStore {
         let mut tx = self.client.get_mut().transaction()?;
         let (out, seen) = store_all(&mut tx, runs, now)?;
         tx.commit()?;
-        // The agents' rows after the commit, in a statement of its own: in the transaction,
+        // The agents' rows after the commit, at most every AGENTS_EVERY: in the transaction,
         // every collector's poll (which holds records of nearly every agent: records are
         // keyed by flow) would hold every agent's row until it commits, and the collectors
-        // of a group would store one after another. A collector stopped between the two
-        // leaves an agent's counts short by one poll; its records are stored.
-        if let Err(e) = seen.update(self.client.get_mut(), now) {
-            tracing::warn!("postgresql: the agents' last-seen times and counts: {e}");
+        // of a group would store one after another. An agent's last-seen time and counts
+        // are then up to that late (a collector stopped meanwhile leaves them short; its
+        // records are stored).
+        self.agents.0.merge(seen);
+        if self.agents.1.elapsed() >= AGENTS_EVERY {
+            if let Err(e) = self.agents.0.update(self.client.get_mut(), now) {
+                tracing::warn!("postgresql: the agents' last-seen times and counts: {e}");
+            }
+            self.agents = (AgentsSeen::default(), std::time::Instant::now());
         }
         Ok(out)
     }
@@ -421,12 +434,31 @@ fn store_all(
     Ok((out, touched))
 }
 
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        let now = crate::now_ns();
+        if let Err(e) = self.agents.0.update(self.client.get_mut(), now) {
+            tracing::debug!("postgresql: the agents' rows at exit: {e}");
+        }
+    }
+}
+
 /// Per agent of a store: its newest run, the records stored now, the export drops it last
 /// reported.
 #[derive(Default)]
 struct AgentsSeen(std::collections::BTreeMap<String, (i64, i64, Option<i64>)>);
 
 impl AgentsSeen {
+    /// Adds a later store's.
+    fn merge(&mut self, later: AgentsSeen) {
+        for (agent, (boot, added, dropped)) in later.0 {
+            let c = self.0.entry(agent).or_insert((0, 0, None));
+            c.0 = c.0.max(boot);
+            c.1 += added;
+            c.2 = dropped.or(c.2);
+        }
+    }
+
     /// Brings the agents' rows up to date, in agent order, in a short transaction.
     fn update(&self, c: &mut Client, now: u64) -> Result<(), postgres::Error> {
         if self.0.is_empty() {
@@ -893,6 +925,7 @@ impl PgStore {
                 setup: READER_SETUP,
                 budget_ms: ms,
                 days: RefCell::default(),
+                agents: (AgentsSeen::default(), std::time::Instant::now()),
             })));
         }
         Ok(Readers::of(conns, budget))
