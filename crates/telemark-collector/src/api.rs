@@ -37,19 +37,27 @@ const ROUTES: &[&str] = &[
     "/api/v1/link",
     "/api/v1/health",
     "/api/v1/events",
+    "/api/v1/overview",
     "/metrics",
     "/healthz",
     "/readyz",
     "/",
-    "/page.js",
+    "/console.js",
+    "/console.css",
+    "/console.js.LEGAL.txt",
+    "/favicon.svg",
 ];
 
-/// What the page may load and run: its own script and the API, nothing else.
+/// What the page may load and run: its own script, style sheet and the API, nothing else
+/// (styles inline too: the charts library sets element styles).
 const CSP: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; \
-    style-src 'unsafe-inline'; img-src 'self'; base-uri 'none'; form-action 'none'; \
+    style-src 'self' 'unsafe-inline'; img-src 'self'; base-uri 'none'; form-action 'none'; \
     frame-ancestors 'none'";
 
 pub use telemark_transport::http::{Request, Response};
+
+/// Most buckets one overview may ask for.
+const MAX_BUCKETS: u64 = 10_000;
 
 /// Largest number of records in one ingest request.
 pub const MAX_RECORDS: usize = 10_000;
@@ -185,8 +193,13 @@ impl Api {
         let r = match (req.method, path, who) {
             // The page holds no data (it reads the API with the token it is given).
             ("GET", "/", _) => document("text/html; charset=utf-8", crate::page::HTML),
-            ("GET", "/page.js", _) => {
+            ("GET", "/console.js", _) => {
                 document("text/javascript; charset=utf-8", crate::page::SCRIPT)
+            }
+            ("GET", "/console.css", _) => document("text/css; charset=utf-8", crate::page::STYLE),
+            ("GET", "/favicon.svg", _) => document("image/svg+xml", crate::page::ICON),
+            ("GET", "/console.js.LEGAL.txt", _) => {
+                document("text/plain; charset=utf-8", crate::page::LEGAL)
             }
             // Probes (for a load balancer, systemd or Kubernetes) need no token and say
             // nothing but whether the process runs and whether its storage works.
@@ -208,6 +221,7 @@ impl Api {
             ("GET", "/api/v1/link", _) => self.link(query),
             ("GET", "/api/v1/health", _) => self.health(query),
             ("GET", "/api/v1/events", _) => self.events(query, now),
+            ("GET", "/api/v1/overview", _) => self.overview(query, now),
             ("GET", "/metrics", _) => self.metrics_page(),
             _ => Response::error(405, format!("{} is not allowed on {path}", req.method)),
         };
@@ -227,7 +241,16 @@ impl Api {
         token: Option<&str>,
     ) -> Result<Option<Identity>, Refusal> {
         match (method, path) {
-            ("GET", "/" | "/page.js" | "/healthz" | "/readyz") => return Ok(None),
+            (
+                "GET",
+                "/"
+                | "/console.js"
+                | "/console.css"
+                | "/console.js.LEGAL.txt"
+                | "/favicon.svg"
+                | "/healthz"
+                | "/readyz",
+            ) => return Ok(None),
             _ if route_of(path) == "other" => {
                 return Err(Refusal(
                     None,
@@ -635,6 +658,43 @@ impl Api {
         let h = self.read(|st| st.health(w.from_ns));
         match h {
             Ok(h) => q.json(200, &h),
+            Err(e) => self.db_error(e),
+        }
+    }
+
+    /// Loss over time at every segment (`crate::overview`): of the last hour unless
+    /// `from`/`to` say otherwise, in buckets of `bucket_ns` (default a minute; at most
+    /// [`MAX_BUCKETS`] of them), of one `agent` and one `proto` if given; the `top` segments
+    /// (default 10, at most 100) that lost most, the rest as `other`.
+    fn overview(&self, query: &str, now: u64) -> Response {
+        use crate::overview::{overview_of, OverviewQuery};
+        const TAKES: &[&str] =
+            &["from", "to", "since_ns", "bucket_ns", "agent", "proto", "top", "ints"];
+        let parsed = Query::parse(query, TAKES).and_then(|q| {
+            let window = q.window(now.saturating_sub(3_600_000_000_000))?;
+            let bucket_ns = match q.u64_or("bucket_ns", 60_000_000_000)? {
+                0 => return Err("bucket_ns must be positive".to_string()),
+                b => b,
+            };
+            let span = window.to_ns.min(now.max(window.from_ns + 1)) - window.from_ns;
+            if span / bucket_ns > MAX_BUCKETS {
+                return Err(format!(
+                    "{} buckets of {bucket_ns} ns in the window; at most {MAX_BUCKETS}: ask for \
+                     longer buckets",
+                    span / bucket_ns
+                ));
+            }
+            let agent = q.get("agent").filter(|a| !a.is_empty()).map(str::to_string);
+            let proto = q.num::<u8>("proto")?;
+            let top = q.u64_or("top", 10)?.clamp(1, 100) as usize;
+            Ok((q, OverviewQuery { window, bucket_ns, agent, proto }, top))
+        });
+        let (q, oq, top) = match parsed {
+            Ok(x) => x,
+            Err(e) => return self.bad_query(e),
+        };
+        match self.read(|st| st.overview(&oq)) {
+            Ok(rows) => q.json(200, &overview_of(rows, oq.bucket_ns, oq.source(), top)),
             Err(e) => self.db_error(e),
         }
     }

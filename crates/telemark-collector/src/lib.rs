@@ -14,6 +14,7 @@ pub mod ingest;
 pub mod kafka;
 pub mod link;
 pub mod metrics;
+pub mod overview;
 mod page;
 pub mod path;
 pub mod pg;

@@ -38,7 +38,7 @@ const HOUR_NS: i64 = 3_600_000_000_000;
 const SCHEMA_LOCK: i64 = 0x7465_6c65_6d61_726b;
 
 /// Migrations, in order; each is applied once, in one transaction.
-const MIGRATIONS: [&str; 1] = [
+const MIGRATIONS: [&str; 2] = [
     // 1: the first schema. Text in byte order (COLLATE "C"), as SQLite compares it: lists
     // sort alike on either store, whatever the database's locale.
     r#"CREATE TABLE agents (
@@ -90,6 +90,8 @@ const MIGRATIONS: [&str; 1] = [
         options BIGINT NOT NULL DEFAULT 0, value BYTEA NOT NULL, seen_ns BIGINT NOT NULL,
         PRIMARY KEY (exporter, domain, kind, id)
     );"#,
+    // 2: the console's overview reads every flow's loss records in a window.
+    r#"CREATE INDEX loss_time ON loss (first_ns);"#,
 ];
 
 /// The tables partitioned by day, in the order a batch writes them (loss, flows, other):
@@ -1260,6 +1262,65 @@ impl PgStore {
                 late: u(r.get(6)),
                 scope: crate::store::scope_of(&r.get::<_, String>(7)),
                 uncertain: u(r.get(8)),
+            })
+            .collect())
+    }
+
+    /// Loss records of every flow summed per segment and time bucket (as
+    /// [`crate::store::Sqlite::overview`]).
+    pub fn overview(
+        &self,
+        q: &crate::overview::OverviewQuery,
+    ) -> Result<Vec<crate::overview::OverviewRow>, StoreError> {
+        use crate::overview::{OverviewRow, OverviewSource, Sums, HOUR_NS};
+        let filter = "($4::TEXT IS NULL OR agent = $4) AND ($5::SMALLINT IS NULL OR proto = $5)";
+        let sql = match q.source() {
+            OverviewSource::Batches => format!(
+                "SELECT agent, point, upstream, scope, (first_ns / $1) * $1 AS t, COUNT(*),
+                        COUNT(*) FILTER (WHERE lost > 0 OR uncertain > 0), {}, {}, {}
+                 FROM loss WHERE first_ns >= $2 AND first_ns < $3 AND {filter}
+                 GROUP BY agent, point, upstream, scope, t",
+                usum("COALESCE(expected, 0)"),
+                usum("lost"),
+                usum("uncertain")
+            ),
+            OverviewSource::HourlySums => format!(
+                "SELECT agent, point, NULLIF(upstream, ''), scope,
+                        ((hour * {HOUR_NS}) / $1) * $1 AS t, {}, {}, {}, {}, {}
+                 FROM flow_hours WHERE hour >= $2 AND hour <= $3 AND {filter}
+                 GROUP BY agent, point, upstream, scope, t",
+                usum("batches"),
+                usum("lossy_batches"),
+                usum("expected"),
+                usum("lost"),
+                usum("uncertain")
+            ),
+        };
+        let (from, to) = match q.source() {
+            OverviewSource::Batches => (i(q.window.from_ns), i(q.window.to_ns)),
+            OverviewSource::HourlySums => {
+                let (a, b) = q.hours();
+                (i(a), i(b))
+            }
+        };
+        let bucket = i(q.bucket_ns.max(1));
+        let proto = q.proto.map(i16::from);
+        let rows = self.query(&sql, &[&bucket, &from, &to, &q.agent, &proto])?;
+        Ok(rows
+            .iter()
+            .map(|r| OverviewRow {
+                agent: r.get(0),
+                point: r.get(1),
+                upstream: r.get(2),
+                scope: crate::store::scope_of(&r.get::<_, String>(3)),
+                t_ns: u(r.get(4)),
+                sums: Sums {
+                    batches: u(r.get(5)),
+                    lossy_batches: u(r.get(6)),
+                    expected: u(r.get(7)),
+                    lost: u(r.get(8)),
+                    uncertain: u(r.get(9)),
+                },
             })
             .collect())
     }

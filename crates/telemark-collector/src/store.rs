@@ -429,6 +429,14 @@ impl Store {
         each!(self, s => s.series(flow, w, bucket_ns))
     }
 
+    /// Loss records of every flow summed per segment and time bucket (`crate::overview`).
+    pub fn overview(
+        &self,
+        q: &crate::overview::OverviewQuery,
+    ) -> Result<Vec<crate::overview::OverviewRow>, StoreError> {
+        each!(self, s => s.overview(q))
+    }
+
     /// `flow`'s loss records since `since_ns`, per point.
     pub fn points(&self, flow: &Flow, since_ns: u64) -> Result<Vec<PointRecords>, StoreError> {
         self.points_in(flow, Window::since(since_ns))
@@ -1530,6 +1538,71 @@ impl Sqlite {
         })?;
         let rows = rows.collect::<Result<Vec<_>, _>>()?;
         flows_of(rows, lossy_only, offset, limit, |f| self.points_in(f, w))
+    }
+
+    /// Loss records of every flow summed per segment and time bucket: from the records in
+    /// buckets shorter than an hour, else from the hourly sums (`crate::overview`).
+    pub fn overview(
+        &self,
+        q: &crate::overview::OverviewQuery,
+    ) -> Result<Vec<crate::overview::OverviewRow>, StoreError> {
+        use crate::overview::{OverviewRow, OverviewSource, Sums, HOUR_NS};
+        let sql = match q.source() {
+            OverviewSource::Batches => {
+                "SELECT agent, point, upstream, scope, (first_ns / :bucket) * :bucket AS t,
+                        COUNT(*), SUM(lost > 0 OR uncertain > 0), usum(COALESCE(expected, 0)),
+                        usum(lost), usum(uncertain)
+                 FROM loss
+                 WHERE first_ns >= :from AND first_ns < :to
+                   AND (:agent IS NULL OR agent = :agent) AND (:proto IS NULL OR proto = :proto)
+                 GROUP BY agent, point, upstream, scope, t"
+            }
+            OverviewSource::HourlySums => {
+                "SELECT agent, point, NULLIF(upstream, ''), scope,
+                        ((hour * :hour) / :bucket) * :bucket AS t,
+                        SUM(batches), SUM(lossy_batches), usum(expected), usum(lost),
+                        usum(uncertain)
+                 FROM flow_hours
+                 WHERE hour >= :from AND hour <= :to
+                   AND (:agent IS NULL OR agent = :agent) AND (:proto IS NULL OR proto = :proto)
+                 GROUP BY agent, point, upstream, scope, t"
+            }
+        };
+        let (from, to) = match q.source() {
+            OverviewSource::Batches => q.window.args(),
+            OverviewSource::HourlySums => {
+                let (a, b) = q.hours();
+                (i(a), i(b))
+            }
+        };
+        let (bucket, hour) = (i(q.bucket_ns.max(1)), i(HOUR_NS));
+        let proto = q.proto.map(i64::from);
+        let mut args: Vec<(&str, &dyn ToSql)> = vec![
+            (":bucket", &bucket),
+            (":from", &from),
+            (":to", &to),
+            (":agent", &q.agent),
+            (":proto", &proto),
+        ];
+        if q.source() == OverviewSource::HourlySums {
+            args.push((":hour", &hour));
+        }
+        self.query(sql, &args, |r| {
+            Ok(OverviewRow {
+                agent: r.get(0)?,
+                point: r.get(1)?,
+                upstream: r.get(2)?,
+                scope: scope_of(&r.get::<_, String>(3)?),
+                t_ns: u(r.get(4)?),
+                sums: Sums {
+                    batches: u(r.get(5)?),
+                    lossy_batches: u(r.get(6)?),
+                    expected: u(r.get(7)?),
+                    lost: u(r.get(8)?),
+                    uncertain: u(r.get(9)?),
+                },
+            })
+        })
     }
 
     /// `flow`'s loss per agent and point in buckets of `bucket_ns`, in `w`.

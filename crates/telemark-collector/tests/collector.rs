@@ -267,10 +267,10 @@ fn bad_input_gets_clear_errors_and_counters() {
     // The page is served, and draws from the API.
     let (s, page) = get(a, "/");
     assert_eq!(s, 200);
-    assert!(page.contains(r#"<script src="/page.js">"#));
-    let (s, page) = get(a, "/page.js");
+    assert!(page.contains(r#"<script src="/console.js">"#));
+    let (s, page) = get(a, "/console.js");
     assert_eq!(s, 200);
-    for endpoint in ["/api/v1/flows", "/api/v1/loss?", "/api/v1/localise?", "/api/v1/agents"] {
+    for endpoint in ["/api/v1/flows", "/api/v1/overview", "/api/v1/localise", "/api/v1/agents"] {
         assert!(page.contains(endpoint), "the page does not use {endpoint}");
     }
 }
@@ -719,4 +719,138 @@ fn an_exporter_count_no_reader_can_hold_is_refused_and_the_rest_stored() {
         metric(c.addr, "telemark_collector_errors_total{reason=\"exporter_count_too_large\"}"),
         1
     );
+}
+
+/// The console's overview: every flow's loss records summed per segment and time bucket, the
+/// segments that lost most first and the rest as "other", filtered by agent and protocol, from
+/// the records or from the hourly sums; each figure against the sums of what was sent.
+#[test]
+fn the_overview_sums_every_flow_per_segment_and_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = start(&dir.path().join("t.db"), "127.0.0.1:0".parse().unwrap());
+    let a = c.addr;
+    // Three segments: sw-b's ingress → egress, sw-f's ingress from the marking, sw-f's egress;
+    // five UDP flows and one TCP flow, a batch every 30 ms for 3 s.
+    let segments = [
+        ("sw-b", "egress", Some("ingress")),
+        ("sw-f", "ingress", None),
+        ("sw-f", "egress", Some("ingress")),
+    ];
+    // (agent, point, second) → (batches, lossy, expected, lost); and the TCP flow's lost.
+    let mut truth: BTreeMap<(String, String, u64), [u64; 4]> = BTreeMap::new();
+    let mut tcp_lost = 0;
+    for (agent, point, upstream) in segments {
+        let mut records = Vec::new();
+        for sport in 40000..40006u16 {
+            for b in 0..100u64 {
+                let lost = match (agent, point) {
+                    ("sw-f", "ingress") => (b + u64::from(sport)) % 7,
+                    ("sw-b", "egress") => u64::from(b % 25 == 0),
+                    _ => 0,
+                };
+                let mut r = loss(agent, point, upstream, b, lost);
+                if let Record::Loss(l) = &mut r {
+                    l.flow.sport = sport;
+                    if sport == 40005 {
+                        l.flow.proto = 6;
+                        tcp_lost += lost;
+                    }
+                    l.first_ns = base_ns() + b * 30_000_000;
+                    l.last_ns = l.first_ns + 20_000_000;
+                }
+                let t = truth.entry((agent.into(), point.into(), b * 30 / 1000)).or_default();
+                t[0] += 1;
+                t[1] += u64::from(lost > 0);
+                t[2] += 100;
+                t[3] += lost;
+                records.push(r);
+            }
+        }
+        let reg = serde_json::json!({"agent": agent, "version": "1", "boot": 1}).to_string();
+        assert_eq!(send("POST", a, "/api/v1/agents", reg.as_bytes()).0, 200);
+        let seq = if agent == "sw-f" && point == "egress" { 600 } else { 0 };
+        let body = serde_json::json!({"agent": agent, "boot": 1, "seq": seq, "records": records});
+        let (s, text) = send("POST", a, "/api/v1/ingest", body.to_string().as_bytes());
+        assert_eq!(s, 200, "{text}");
+    }
+    let sum = |agent: &str, point: &str, i: usize| -> u64 {
+        truth.iter().filter(|((a, p, _), _)| a == agent && p == point).map(|(_, v)| v[i]).sum()
+    };
+    let window = format!("from={}&to={}", base_ns(), base_ns() + 10_000_000_000);
+    let overview = |q: &str| -> serde_json::Value {
+        let (s, body) = get(a, &format!("/api/v1/overview?{window}&{q}"));
+        assert_eq!(s, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    };
+
+    // One-second buckets, the top two segments: sw-f ingress (most lost), then sw-b egress.
+    let o = overview("bucket_ns=1000000000&top=2");
+    assert_eq!(o["source"], "batches");
+    let all_lost: u64 = truth.values().map(|v| v[3]).sum();
+    assert_eq!(o["total"]["lost"], all_lost);
+    assert_eq!(o["total"]["batches"], 1800);
+    assert_eq!(o["total"]["expected"], 180_000);
+    let segs = o["segments"].as_array().unwrap();
+    let names: Vec<_> =
+        segs.iter().map(|s| (s["agent"].as_str().unwrap(), s["point"].as_str().unwrap())).collect();
+    assert_eq!(names, [("sw-f", "ingress"), ("sw-b", "egress")]);
+    assert_eq!(segs[0]["scope"], "path");
+    assert_eq!(segs[1]["upstream"], "ingress");
+    for s in segs {
+        let (agent, point) = (s["agent"].as_str().unwrap(), s["point"].as_str().unwrap());
+        assert_eq!(s["total"]["lost"], sum(agent, point, 3), "{agent} {point}");
+        assert_eq!(s["total"]["lossy_batches"], sum(agent, point, 1), "{agent} {point}");
+        // Per second, as the truth has it.
+        for bucket in s["buckets"].as_array().unwrap() {
+            let second = (bucket["t_ns"].as_u64().unwrap() - base_ns()) / 1_000_000_000;
+            let t = truth[&(agent.to_string(), point.to_string(), second)];
+            assert_eq!(
+                [
+                    &bucket["batches"],
+                    &bucket["lossy_batches"],
+                    &bucket["expected"],
+                    &bucket["lost"]
+                ],
+                t.map(serde_json::Value::from).each_ref(),
+                "{agent} {point} second {second}"
+            );
+        }
+        assert_eq!(s["buckets"].as_array().unwrap().len(), 3);
+    }
+    assert_eq!(o["other"]["segments"], 1);
+    assert_eq!(o["other"]["total"]["batches"], 600);
+    assert_eq!(o["other"]["total"]["lost"], 0);
+
+    // One agent; one protocol.
+    let o = overview("bucket_ns=1000000000&agent=sw-b");
+    assert_eq!(o["segments"].as_array().unwrap().len(), 1);
+    assert_eq!(o["total"]["lost"], sum("sw-b", "egress", 3));
+    let o = overview("bucket_ns=1000000000&proto=6");
+    assert_eq!(o["total"]["lost"], tcp_lost);
+    assert_eq!(o["total"]["batches"], 300);
+
+    // Whole hours: read from the hourly sums, the same totals (the window's hours count whole).
+    let (s, body) = get(
+        a,
+        &format!(
+            "/api/v1/overview?from={}&to={}&bucket_ns=3600000000000",
+            base_ns() - 3_600_000_000_000,
+            base_ns() + 3_600_000_000_000
+        ),
+    );
+    assert_eq!(s, 200, "{body}");
+    let o: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(o["source"], "hourly_sums");
+    assert_eq!(o["total"]["lost"], all_lost);
+    assert_eq!(o["total"]["lossy_batches"], truth.values().map(|v| v[1]).sum::<u64>());
+    assert_eq!(o["total"]["expected"], 180_000);
+
+    // More buckets than a chart can use, and bad arguments: 400, saying what to ask instead.
+    let (s, body) = get(a, &format!("/api/v1/overview?{window}&bucket_ns=1000"));
+    assert_eq!(s, 400);
+    assert!(body.contains("longer buckets"), "{body}");
+    for bad in ["bucket_ns=0", "proto=tcp", "agent=sw-b&colour=1"] {
+        let (s, body) = get(a, &format!("/api/v1/overview?{window}&{bad}"));
+        assert_eq!(s, 400, "{bad}: {body}");
+    }
 }

@@ -131,7 +131,9 @@ fn is_false(v: &bool) -> bool {
 /// agent has only the batch size B the marking switch used, so its figures cover the whole
 /// path from the marking. The collector turns those into segments by lining the points up
 /// (docs/collector.md, "Segments").
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Scope {
     /// From the point named in `upstream`, in the same agent, to this one.

@@ -258,7 +258,7 @@ fn get_json(c: &Collector, url: &str) -> Result<serde_json::Value> {
 }
 
 /// Runs the experiment and returns what it measured (the testbed is gone when this returns).
-pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Collector>)> {
+pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Served>)> {
     // SAFETY: plain syscall without arguments.
     if unsafe { libc::geteuid() } != 0 {
         bail!("the demo builds network namespaces: run it as root");
@@ -458,7 +458,7 @@ pub fn experiment(a: &Args, stop: Arc<AtomicBool>) -> Result<(Outcome, Option<Co
         stored,
         duplicates,
     };
-    Ok((outcome, Some(c)))
+    Ok((outcome, Some(Served { collector: c, _db_dir: dir })))
 }
 
 /// Prints the timeline.
@@ -488,6 +488,16 @@ fn print(o: &Outcome) {
     println!("where: {}", o.verdict.as_deref().unwrap_or("no loss localised"));
 }
 
+/// The collector a demo leaves serving its page, and the temporary directory of its database
+/// (removed after the collector stops; before, the page's every query failed once the
+/// experiment had ended).
+pub struct Served {
+    /// The collector.
+    pub collector: Collector,
+    /// Where its database is, unless `--db` said.
+    pub _db_dir: tempfile::TempDir,
+}
+
 /// Runs the demo.
 pub fn run(a: Args) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
@@ -507,12 +517,12 @@ pub fn run(a: Args) -> Result<()> {
     };
     if let Some(c) = c {
         if !a.no_wait && !stop.load(Ordering::Relaxed) {
-            eprintln!("demo: page at http://{}/ — Ctrl-C to quit", c.addr);
+            eprintln!("demo: page at http://{}/ — Ctrl-C to quit", c.collector.addr);
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
-        c.stop();
+        c.collector.stop();
     }
     Ok(())
 }

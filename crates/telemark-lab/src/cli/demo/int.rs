@@ -102,7 +102,7 @@ fn events(c: &Collector, sport: u16, from: u64, to: u64) -> Result<(usize, u64)>
 }
 
 /// Runs the INT demo.
-pub fn run(a: &Args, stop: Arc<AtomicBool>) -> Result<Option<Collector>> {
+pub fn run(a: &Args, stop: Arc<AtomicBool>) -> Result<Option<super::Served>> {
     // SAFETY: plain syscall without arguments.
     if unsafe { libc::geteuid() } != 0 {
         bail!("the demo builds network namespaces: run it as root");
@@ -226,5 +226,5 @@ pub fn run(a: &Args, stop: Arc<AtomicBool>) -> Result<Option<Collector>> {
         let _ = p.join();
     }
     println!("events: {url}/ (the page) and {url}/api/v1/events");
-    Ok(Some(c))
+    Ok(Some(super::Served { collector: c, _db_dir: dir }))
 }
