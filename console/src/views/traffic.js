@@ -2,6 +2,7 @@
 // hitters among them), by bytes or packets, grouped by flow, source or destination prefix,
 // protocol or exporter, with "other"; and a sankey from sources to destinations.
 import { get, ns } from "../api.js";
+import { COLORS } from "../charts.js";
 import { h, count, num, big, bytes, table, row, numCell, flowName, proto, inPrefix, prefixOf } from "../util.js";
 
 const GROUPS = {
@@ -66,8 +67,8 @@ export async function render(ctx) {
   root.append(h("section", { class: "wide" }, h("h2", {}, `From sources to destinations, by ${by}`), sankeyEl));
   ctx.chart(sankeyEl, {
     tooltip: { trigger: "item" },
-    series: [{ type: "sankey", left: 20, right: 160, nodeGap: 10, emphasis: { focus: "adjacency" },
-      data: [...names].map(name => ({ name })),
+    series: [{ type: "sankey", left: 20, right: 160, nodeGap: 10, emphasis: { focus: "adjacency" }, lineStyle: { color: "source", opacity: 0.35 },
+      data: [...names].map((name, i) => ({ name, itemStyle: { color: COLORS[i % (COLORS.length - 1)] } })),
       links: [...links.entries()].map(([k, value]) => { const [source, target] = k.split("\u0000"); return { source, target, value }; }) }],
   }, state.tz, `traffic from source prefixes to destination prefixes by ${by}`);
 }

@@ -20,7 +20,7 @@ use telemark_lab::traffic::{self, FlowSpec};
 use telemark_wire::FlowKey;
 
 mod common;
-use common::{collector, tshark_fields, write_udp_pcap, Ovs};
+use common::{collector, tshark_fields, write_ethernet_pcap as write_pcap, write_udp_pcap, Ovs};
 
 fn now_ns() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64
@@ -105,24 +105,6 @@ fn tcp(sport: u16, dport: u16, flags: u8) -> Vec<u8> {
     t.extend_from_slice(&dport.to_be_bytes());
     t.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0x50, flags, 0x20, 0, 0, 0, 0, 0]);
     t
-}
-
-/// A classic pcap (Ethernet) of `frames` at their times (ns since the epoch).
-fn write_pcap(path: &Path, frames: &[(u64, Vec<u8>)]) {
-    let mut f = Vec::new();
-    for v in [0xa1b2_c3d4u32.to_le_bytes(), [2, 0, 4, 0], [0; 4], [0; 4]] {
-        f.extend_from_slice(&v);
-    }
-    f.extend_from_slice(&65_535u32.to_le_bytes());
-    f.extend_from_slice(&1u32.to_le_bytes());
-    for (t, fr) in frames {
-        let (s, us) = ((t / 1_000_000_000) as u32, ((t % 1_000_000_000) / 1000) as u32);
-        for v in [s, us, fr.len() as u32, fr.len() as u32] {
-            f.extend_from_slice(&v.to_le_bytes());
-        }
-        f.extend_from_slice(fr);
-    }
-    std::fs::write(path, f).unwrap();
 }
 
 /// A capture of one ping (five echo requests and their replies) and one short TCP exchange

@@ -3,6 +3,7 @@
 //! tests). Each test binary uses some of them.
 #![allow(dead_code)]
 
+pub mod chain;
 pub mod pg;
 
 use std::io::{BufRead, BufReader};
@@ -208,4 +209,22 @@ pub fn collector_in_process(dir: &Path) -> (telemark_collector::Collector, Strin
     let c = telemark_collector::Collector::start(&cfg).unwrap();
     let url = format!("http://{}", c.addr);
     (c, url)
+}
+
+/// A classic pcap (Ethernet) of `frames` at their times (ns since the epoch).
+pub fn write_ethernet_pcap(path: &Path, frames: &[(u64, Vec<u8>)]) {
+    let mut f = Vec::new();
+    for v in [0xa1b2_c3d4u32.to_le_bytes(), [2, 0, 4, 0], [0; 4], [0; 4]] {
+        f.extend_from_slice(&v);
+    }
+    f.extend_from_slice(&65_535u32.to_le_bytes());
+    f.extend_from_slice(&1u32.to_le_bytes());
+    for (t, fr) in frames {
+        let (s, us) = ((t / 1_000_000_000) as u32, ((t % 1_000_000_000) / 1000) as u32);
+        for v in [s, us, fr.len() as u32, fr.len() as u32] {
+            f.extend_from_slice(&v.to_le_bytes());
+        }
+        f.extend_from_slice(fr);
+    }
+    std::fs::write(path, f).unwrap();
 }
