@@ -71,10 +71,11 @@ async function chrome() {
   document.getElementById("bar").replaceChildren(presets, typed, refresh, tz, filter);
 }
 
-async function draw() {
+// Draws the view; the bar too, unless this is a refresh (which keeps what is being typed).
+async function draw(refresh = false) {
   const mine = ++drawing;
   clearTimeout(timer);
-  await chrome();
+  if (!refresh) await chrome();
   const root = document.getElementById("view");
   const win = state.window(S, Date.now());
   const started = performance.now();
@@ -98,7 +99,7 @@ async function draw() {
   if (error) root.prepend(h("p", { class: "error", role: "alert" }, error));
   document.title = `Telemark · ${VIEWS[S.view][0]}`;
   const every = S.refresh !== "off" ? state.duration(S.refresh) : null;
-  if (every && S.range !== "custom") timer = setTimeout(draw, every);
+  if (every && S.range !== "custom") timer = setTimeout(() => draw(true), every);
 }
 
 addEventListener("popstate", () => { S = state.read(); draw(); });

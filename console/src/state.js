@@ -85,8 +85,8 @@ export function window(s, nowMs) {
   return { fromMs, toMs };
 }
 
-// Buckets for a window: about 120 of them, on round lengths; whole hours from 12 h on (the
-// collector then reads its hourly sums).
+// Buckets for a window: about 120 of them, on round lengths. Windows over 5 days get buckets of
+// whole hours (2 h for a week), which the collector reads from its hourly sums.
 const STEPS = [1, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400].map(x => x * 1000);
 export function bucketMs(spanMs) {
   const want = spanMs / 120;

@@ -80,7 +80,7 @@ export async function render(ctx) {
   const lag = metric("telemark_collector_kafka_consumer_lag");
   root.append(h("section", { class: "half" }, h("h2", {}, "Kafka"),
     metrics.some(m => m.name.startsWith("telemark_collector_kafka_"))
-      ? table([["partition"], ["lag", "num"]], lag.map(m => row([Object.entries(m.labels).map(([k, v]) => `${k}=${v}`).join(" "), numCell(m.value.split(".")[0])], m)), { empty: "no partition assigned" })
+      ? h("p", { "data-stat": "kafka_lag" }, "consumer lag: ", h("span", { class: "value" }, lag.length ? count(sum("telemark_collector_kafka_consumer_lag")) + " records" : "– (not consuming)"))
       : h("p", { class: "muted" }, "Kafka is off on this collector."),
     h("p", { class: "muted" }, `published ${count(sum("telemark_collector_kafka_published_total"))}, consumed ${count(sum("telemark_collector_kafka_consumed_total"))}, outbox ${count(sum("telemark_collector_kafka_outbox_records"))}`)));
 }

@@ -1,8 +1,8 @@
 // INT: per-hop latency and queue occupancy over time per node, as heatmaps, from the paths the
 // INT events carry; and the events, filtered.
-import { get, ns, flowParams } from "../api.js";
+import { get, ns } from "../api.js";
 import { h, count, num, table, row, numCell, flowName, time, inPrefix } from "../util.js";
-import { bucketMs, flowOf } from "../state.js";
+import { bucketMs } from "../state.js";
 
 function heat(ctx, el, cells, nodes, buckets, tz, label, unit) {
   const max = Math.max(1, ...cells.map(c => c[2]));
@@ -18,8 +18,7 @@ function heat(ctx, el, cells, nodes, buckets, tz, label, unit) {
 
 export async function render(ctx) {
   const { state, win, root } = ctx;
-  const flow = flowOf(state);
-  const ev = await get("/api/v1/events", { from: ns(win.fromMs), to: ns(win.toMs), agent: state.agent, limit: 10000, ...(flow ? flowParams(flow) : {}) });
+  const ev = await get("/api/v1/events", { from: ns(win.fromMs), to: ns(win.toMs), agent: state.agent, limit: 10000 });
   const events = ev.events.filter(e => (!state.proto || String(e.flow.proto) === state.proto) && (!state.prefix || inPrefix(e.flow.src, state.prefix) || inPrefix(e.flow.dst, state.prefix)));
   const bucket = bucketMs(win.toMs - win.fromMs);
   // Per node and bucket, the largest value its hops reported.

@@ -11,11 +11,29 @@ export function segmentName(s) {
   return `${up} → ${s.agent}/${s.point}` + (s.scope === "path" ? " (from the marking)" : "");
 }
 
+const FIELDS = ["batches", "lossy_batches", "expected", "lost", "uncertain"];
+
+// Segments (or "other"s) summed, exactly: their totals and their buckets.
+function sumSegments(list, segments) {
+  const total = Object.fromEntries(FIELDS.map(f => [f, 0n]));
+  const at = new Map();
+  for (const s of list) {
+    for (const f of FIELDS) total[f] += big(s.total[f]);
+    for (const b of s.buckets) {
+      const a = at.get(String(b.t_ns)) || Object.fromEntries([["t_ns", b.t_ns], ...FIELDS.map(f => [f, 0n])]);
+      for (const f of FIELDS) a[f] += big(b[f]);
+      at.set(String(b.t_ns), a);
+    }
+  }
+  const str = o => Object.fromEntries(Object.entries(o).map(([k, v]) => [k, typeof v === "bigint" ? v.toString() : v]));
+  return { segments, total: str(total), buckets: [...at.values()].sort((a, b) => num(a.t_ns) - num(b.t_ns)).map(str) };
+}
+
 export async function render(ctx) {
   const { state, win, root, link } = ctx;
   const bucket = bucketMs(win.toMs - win.fromMs);
   const [ov, flows] = await Promise.all([
-    get("/api/v1/overview", { from: ns(win.fromMs), to: ns(win.toMs), bucket_ns: ns(bucket), agent: state.agent, proto: state.proto, top: 8 }),
+    get("/api/v1/overview", { from: ns(win.fromMs), to: ns(win.toMs), bucket_ns: ns(bucket), agent: state.agent, proto: state.proto, top: 100 }),
     get("/api/v1/flows", { from: ns(win.fromMs), to: ns(win.toMs), lossy: true, limit: 500 }),
   ]);
   const t = ov.total;
@@ -26,9 +44,13 @@ export async function render(ctx) {
     card("uncertain", "loss uncertain", count(t.uncertain)),
     card("lossy_batches", "lossy batches", count(t.lossy_batches), `of ${count(t.batches)} stored`)));
 
-  // Lost packets over time per segment (the top ones, the rest as "other").
-  const series = ov.segments.map(s => ({ name: segmentName(s), buckets: s.buckets }));
-  if (ov.other) series.push({ name: `other (${ov.other.segments} segments)`, buckets: ov.other.buckets });
+  // Lost packets over time per segment: the eight that lost most, the rest as "other" (the
+  // server's other, beyond its hundred, and the hundred's rest).
+  const DRAWN = 8;
+  const rest = [...ov.segments.slice(DRAWN), ...(ov.other ? [ov.other] : [])];
+  const other = rest.length ? sumSegments(rest, ov.segments.slice(DRAWN).length + (ov.other ? ov.other.segments : 0)) : null;
+  const series = ov.segments.slice(0, DRAWN).map(s => ({ name: segmentName(s), buckets: s.buckets }));
+  if (other) series.push({ name: `other (${other.segments} segments)`, buckets: other.buckets });
   const bucketNote = `buckets of ${bucket >= 3600e3 ? bucket / 3600e3 + " h" : bucket >= 60e3 ? bucket / 60e3 + " min" : bucket / 1e3 + " s"}` + (ov.source === "hourly_sums" ? " (hourly sums)" : "");
   const lossEl = h("div", { class: "chart", id: "chart-loss" });
   const volEl = h("div", { class: "chart small", id: "chart-measured" });
@@ -40,7 +62,7 @@ export async function render(ctx) {
 
   // Packets measured and lossy batches, all segments.
   const all = new Map();
-  for (const s of [...ov.segments, ...(ov.other ? [ov.other] : [])]) for (const b of s.buckets) {
+  for (const s of [...ov.segments.slice(0, DRAWN), ...(other ? [other] : [])]) for (const b of s.buckets) {
     const a = all.get(b.t_ns) || { expected: 0n, lossy: 0n };
     a.expected += big(b.expected); a.lossy += big(b.lossy_batches);
     all.set(b.t_ns, a);
@@ -57,8 +79,8 @@ export async function render(ctx) {
   }, state.tz, "packets measured and lossy batches per time bucket");
 
   // The segments and per-agent sums.
-  const segRows = ov.segments.map(s => row([segmentName(s), s.agent, numCell(s.total.expected), numCell(s.total.lost), numCell(s.total.uncertain), { cls: "num", v: percent(s.total.lost, s.total.expected) }, numCell(s.total.lossy_batches)], s, { "data-segment": segmentName(s) }));
-  if (ov.other) segRows.push(row([`other (${ov.other.segments} segments)`, "", numCell(ov.other.total.expected), numCell(ov.other.total.lost), numCell(ov.other.total.uncertain), { cls: "num", v: percent(ov.other.total.lost, ov.other.total.expected) }, numCell(ov.other.total.lossy_batches)], { total: ov.other.total, agent: "" }));
+  const segRows = ov.segments.slice(0, DRAWN).map(s => row([segmentName(s), s.agent, numCell(s.total.expected), numCell(s.total.lost), numCell(s.total.uncertain), { cls: "num", v: percent(s.total.lost, s.total.expected) }, numCell(s.total.lossy_batches)], s, { "data-segment": segmentName(s) }));
+  if (other) segRows.push(row([`other (${other.segments} segments)`, "", numCell(other.total.expected), numCell(other.total.lost), numCell(other.total.uncertain), { cls: "num", v: percent(other.total.lost, other.total.expected) }, numCell(other.total.lossy_batches)], { total: other.total, agent: "", point: "" }));
   const perAgent = new Map();
   for (const s of ov.segments) {
     const a = perAgent.get(s.agent) || { lost: 0n, expected: 0n, uncertain: 0n, lossy: 0n };
@@ -68,7 +90,7 @@ export async function render(ctx) {
   const keys = [r => r.agent + r.point, r => r.agent, r => num(r.total.expected), r => num(r.total.lost), r => num(r.total.uncertain), r => num(r.total.lost) / Math.max(1, num(r.total.expected)), r => num(r.total.lossy_batches)];
   root.append(h("section", { class: "half" }, h("h2", {}, "Segments"),
     table([["segment"], ["agent"], ["measured", "num"], ["lost", "num"], ["uncertain", "num"], ["loss", "num"], ["lossy batches", "num"]], segRows, { keys, class: "segments", empty: "no loss records in this range" })));
-  root.append(h("section", { class: "half" }, h("h2", {}, "Per agent ", h("span", { class: "muted" }, "(its segments' sums)")),
+  root.append(h("section", { class: "half" }, h("h2", {}, "Per agent ", h("span", { class: "muted" }, ov.other ? `(its segments' sums; ${ov.other.segments} segments beyond the first hundred not counted)` : "(its segments' sums)")),
     table([["agent"], ["measured", "num"], ["lost", "num"], ["uncertain", "num"], ["lossy batches", "num"]],
       [...perAgent.entries()].map(([a, v]) => row([a, numCell(v.expected), numCell(v.lost), numCell(v.uncertain), numCell(v.lossy)], { a, ...v }, { "data-agent": a })),
       { keys: [r => r.a, r => Number(r.expected), r => Number(r.lost), r => Number(r.uncertain), r => Number(r.lossy)], class: "agents", empty: "no agents with loss records" })));

@@ -1,15 +1,17 @@
 // Traffic: top talkers from the flow listener and the agents' flow records (their heavy
-// hitters among them), by bytes or packets, grouped by flow, source or destination prefix,
-// protocol or exporter, with "other"; and a sankey from sources to destinations.
+// hitters among them), by bytes or packets, grouped by flow, source or destination prefix or
+// protocol, with "other"; and a sankey from sources to destinations. One exporter's, with the
+// exporter filter.
 import { get, ns } from "../api.js";
 import { COLORS } from "../charts.js";
 import { h, count, num, big, bytes, table, row, numCell, flowName, proto, inPrefix, prefixOf } from "../util.js";
 
+// Group name, its plural, and a flow's group.
 const GROUPS = {
-  flow: ["flow", t => flowName(t.flow)],
-  src: ["source prefix", t => prefixOf(t.flow.src, 24, 64)],
-  dst: ["destination prefix", t => prefixOf(t.flow.dst, 24, 64)],
-  proto: ["protocol", t => proto(t.flow.proto)],
+  flow: ["flow", "talkers", t => flowName(t.flow)],
+  src: ["source prefix", "source prefixes", t => prefixOf(t.flow.src, 24, 64)],
+  dst: ["destination prefix", "destination prefixes", t => prefixOf(t.flow.dst, 24, 64)],
+  proto: ["protocol", "protocols", t => proto(t.flow.proto)],
 };
 const TOP = 10;
 
@@ -18,27 +20,28 @@ export async function render(ctx) {
   const by = state.by === "packets" ? "packets" : "bytes";
   const { flows: talkers } = await get("/api/v1/flows/top", { from: ns(win.fromMs), to: ns(win.toMs), by, limit: 1000, exporter: state.exporter });
   const list = talkers.filter(t => (!state.proto || String(t.flow.proto) === state.proto) && (!state.prefix || inPrefix(t.flow.src, state.prefix) || inPrefix(t.flow.dst, state.prefix)));
-  const [groupName, keyOf] = GROUPS[state.group] || GROUPS.flow;
+  const [groupName, plural, keyOf] = GROUPS[state.group] || GROUPS.flow;
   const groups = new Map();
   for (const t of list) {
     const k = keyOf(t);
-    const g = groups.get(k) || { key: k, bytes: 0n, packets: 0n, flows: 0, exact: true, error: 0n };
-    g.bytes += big(t.bytes); g.packets += big(t.packets); g.flows += 1; g.exact &&= t.exact; g.error += big(t.error_bound);
+    // Error bounds of independent estimates add in quadrature (as the API's totals do).
+    const g = groups.get(k) || { key: k, bytes: 0n, packets: 0n, flows: 0, exact: true, var: 0 };
+    g.bytes += big(t.bytes); g.packets += big(t.packets); g.flows += 1; g.exact &&= t.exact; g.var += num(t.error_bound) ** 2;
     groups.set(k, g);
   }
   const ranked = [...groups.values()].sort((a, b) => (b[by] > a[by] ? 1 : b[by] < a[by] ? -1 : 0));
   const top = ranked.slice(0, TOP);
   const rest = ranked.slice(TOP);
   const total = ranked.reduce((s, g) => s + g[by], 0n);
-  if (rest.length) top.push(rest.reduce((o, g) => ({ ...o, bytes: o.bytes + g.bytes, packets: o.packets + g.packets, flows: o.flows + g.flows, exact: o.exact && g.exact, error: o.error + g.error }), { key: `other (${rest.length})`, other: true, bytes: 0n, packets: 0n, flows: 0, exact: true, error: 0n }));
+  if (rest.length) top.push(rest.reduce((o, g) => ({ ...o, bytes: o.bytes + g.bytes, packets: o.packets + g.packets, flows: o.flows + g.flows, exact: o.exact && g.exact, var: o.var + g.var }), { key: `other (${rest.length})`, other: true, bytes: 0n, packets: 0n, flows: 0, exact: true, var: 0 }));
 
   root.append(h("section", { class: "wide controls-row" },
     control("by", "rank by", [["bytes", "bytes"], ["packets", "packets"]]),
     control("group", "group by", Object.entries(GROUPS).map(([k, [n]]) => [k, n])),
-    h("span", { class: "muted" }, `${count(list.length)} flows in this range` + (state.exporter ? ` from exporter ${state.exporter}` : ""))));
+    h("span", { class: "muted" }, `${count(list.length)} flows in this range` + (talkers.length >= 1000 ? " (the 1,000 largest)" : "") + (state.exporter ? ` from exporter ${state.exporter}` : ""))));
 
-  const rows = top.map(g => row([g.key, numCell(g.bytes), h("td", { class: "num" }, bytes(g.bytes)), numCell(g.packets), g.exact ? "exact" : `± ${count(g.error)} packets`, numCell(g.flows), { cls: "num", v: total ? (Number((g[by] * 10000n) / total) / 100).toFixed(2) + " %" : "–" }], g, { "data-group": g.key }));
-  root.append(h("section", { class: "half" }, h("h2", {}, `Top ${groupName === "flow" ? "talkers" : groupName + "es"} by ${by}`),
+  const rows = top.map(g => row([g.key, numCell(g.bytes), h("td", { class: "num" }, bytes(g.bytes)), numCell(g.packets), g.exact ? "exact" : `± ${count(Math.round(Math.sqrt(g.var)))} packets`, numCell(g.flows), { cls: "num", v: total ? (Number((g[by] * 10000n) / total) / 100).toFixed(2) + " %" : "–" }], g, { "data-group": g.key }));
+  root.append(h("section", { class: "half" }, h("h2", {}, `Top ${plural} by ${by}`),
     table([[groupName], ["bytes", "num"], ["", "num"], ["packets", "num"], ["accuracy"], ["flows", "num"], ["share", "num"]], rows,
       { keys: [r => r.key, r => Number(r.bytes), null, r => Number(r.packets), null, r => r.flows, r => Number(r[by])], class: "talkers", empty: "no flow records in this range" })));
 

@@ -84,7 +84,7 @@ pub struct OverviewRow {
 pub struct Sums {
     /// Batches stored.
     pub batches: u64,
-    /// Of them, with packets lost or uncertain.
+    /// Of them, with packets lost (as in the hourly sums and the metrics).
     pub lossy_batches: u64,
     /// Packets the segment's start counted (measured).
     pub expected: u64,

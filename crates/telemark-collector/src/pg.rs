@@ -1277,7 +1277,7 @@ impl PgStore {
         let sql = match q.source() {
             OverviewSource::Batches => format!(
                 "SELECT agent, point, upstream, scope, (first_ns / $1) * $1 AS t, COUNT(*),
-                        COUNT(*) FILTER (WHERE lost > 0 OR uncertain > 0), {}, {}, {}
+                        COUNT(*) FILTER (WHERE lost > 0), {}, {}, {}
                  FROM loss WHERE first_ns >= $2 AND first_ns < $3 AND {filter}
                  GROUP BY agent, point, upstream, scope, t",
                 usum("COALESCE(expected, 0)"),

@@ -1550,7 +1550,7 @@ impl Sqlite {
         let sql = match q.source() {
             OverviewSource::Batches => {
                 "SELECT agent, point, upstream, scope, (first_ns / :bucket) * :bucket AS t,
-                        COUNT(*), SUM(lost > 0 OR uncertain > 0), usum(COALESCE(expected, 0)),
+                        COUNT(*), SUM(lost > 0), usum(COALESCE(expected, 0)),
                         usum(lost), usum(uncertain)
                  FROM loss
                  WHERE first_ns >= :from AND first_ns < :to
