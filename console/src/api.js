@@ -25,6 +25,20 @@ export async function get(path, params = {}) {
   return type.includes("json") ? r.json() : r.text();
 }
 
+// A change: `method` on `path` with a JSON body; the answer, or an ApiError with the reason.
+export async function send(method, path, params = {}, body = undefined) {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) if (v !== "" && v != null) q.set(k, String(v));
+  const url = path + (q.toString() ? "?" + q.toString() : "");
+  const headers = { "Content-Type": "application/json" };
+  if (TOKEN) headers.Authorization = "Bearer " + TOKEN;
+  const r = await fetch(url, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  let answer = null;
+  try { answer = await r.json(); } catch (_) { /* not JSON */ }
+  if (!r.ok) throw new ApiError(url, r.status, (answer && answer.error) || "");
+  return answer;
+}
+
 // Time window as the API takes it (ns since the epoch, exact).
 export const ns = ms => (BigInt(Math.round(ms)) * 1000000n).toString();
 

@@ -7,9 +7,13 @@
 //   node test/console.mjs BASE_URL OUT_DIR [JSON_OF_OPTIONS]
 //
 // Options: {"token": "...", "flow": {src, dst, sport, dport, proto}, "before": {"from", "to"},
-// "dist": "console/dist"} — `flow`: the flow whose path the URL-restore check opens; `before`:
-// a typed range before the traffic (the range check); `dist`: serve the script and style
-// sheet from here instead of the collector (to try a build without rebuilding the collector).
+// "agent": "s3", "range": "1h", "timingsOnly": false, "steer": {"agents": [..], "watch": [..]},
+// "dist": "console/dist"} — `steer`: only replace those agents' watch rules from the health
+// view and report what each agent then holds; `flow`: the
+// flow whose path the URL-restore check opens; `before`: a typed range before the traffic (the
+// range check); `agent`: the one the filter check chooses; `range`: the preset every view is
+// read in; `timingsOnly`: load and switch views, time them, and stop; `dist`: serve the script
+// and style sheet from here instead of the collector (to try a build without rebuilding it).
 import { chromium } from "playwright-core";
 import { mkdirSync } from "node:fs";
 
@@ -23,6 +27,7 @@ const browser = await chromium.launch({
 });
 const report = { errors: [], foreign: [], views: {}, checks: {}, timings: {} };
 const origin = new URL(base).origin;
+const range = opt.range || "1h";
 
 async function newPage() {
   const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
@@ -68,11 +73,30 @@ const read = page => page.evaluate(() => {
   return { title: document.title, url: location.pathname + location.search, cards, tables, charts, svgSegments, verdict: text(document.getElementById("verdict")), flow: text(document.getElementById("path-flow")), caveats: [...document.querySelectorAll(".caveat")].map(text), error: text(document.querySelector(".error")) };
 });
 
+// Steering: each agent's watch rules replaced from the health view, as an operator does.
+if (opt.steer) {
+  const page = await newPage();
+  await page.goto(`${base}/?view=health&refresh=off${frag}`);
+  await drawn(page, 0);
+  report.steer = {};
+  for (const a of opt.steer.agents) {
+    await page.fill(`#watch-${a}`, JSON.stringify(opt.steer.watch));
+    await page.click(`#save-watch-${a}`);
+    const status = `#status-watch-${a}`;
+    await page.waitForFunction(sel => { const t = document.querySelector(sel).textContent; return t && t !== "saving…"; }, status, { timeout: 15000 });
+    report.steer[a] = { status: await page.textContent(status), rules: JSON.parse(await page.inputValue(`#watch-${a}`)) };
+  }
+  await page.screenshot({ path: `${out}/steering.png`, fullPage: true });
+  await browser.close();
+  console.log(JSON.stringify(report));
+  process.exit(0);
+}
+
 const page = await newPage();
 // Each view from a fresh load of its address: load time, what it shows, a screenshot.
 for (const v of ["overview", "path", "traffic", "int", "health"]) {
   const t0 = Date.now();
-  await page.goto(`${base}/?view=${v}&range=1h&refresh=off${frag}`);
+  await page.goto(`${base}/?view=${v}&range=${range}&refresh=off${frag}`);
   const d = await drawn(page, 0);
   report.timings[`load_${v}_ms`] = Date.now() - t0;
   report.views[v] = { ...(await read(page)), ...d };
@@ -81,13 +105,19 @@ for (const v of ["overview", "path", "traffic", "int", "health"]) {
 
 // Switching views by the tabs, as a user does: the time each takes, and the address each
 // leaves (the state of the view).
-await page.goto(`${base}/?view=overview&range=1h&refresh=off${frag}`);
+await page.goto(`${base}/?view=overview&range=${range}&refresh=off${frag}`);
 let d = await drawn(page, 0);
 for (const v of ["path", "traffic", "int", "health", "overview"]) {
   const t0 = Date.now();
   await page.click(`#tab-${v}`);
   d = await drawn(page, d.drawn);
   report.timings[`switch_${v}_ms`] = Date.now() - t0;
+}
+
+if (opt.timingsOnly) {
+  await browser.close();
+  console.log(JSON.stringify(report));
+  process.exit(0);
 }
 
 // A flow chosen in the overview's list opens its path, and the address says which.

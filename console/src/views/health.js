@@ -3,6 +3,7 @@
 // /metrics.
 import { get, ns } from "../api.js";
 import { h, count, num, big, table, row, numCell, time } from "../util.js";
+import { section as steering } from "./steer.js";
 
 // OpenMetrics text → [{name, labels, value}] (values as text: exact).
 export function parseMetrics(text) {
@@ -83,4 +84,5 @@ export async function render(ctx) {
       ? h("p", { "data-stat": "kafka_lag" }, "consumer lag: ", h("span", { class: "value" }, lag.length ? count(sum("telemark_collector_kafka_consumer_lag")) + " records" : "– (not consuming)"))
       : h("p", { class: "muted" }, "Kafka is off on this collector."),
     h("p", { class: "muted" }, `published ${count(sum("telemark_collector_kafka_published_total"))}, consumed ${count(sum("telemark_collector_kafka_consumed_total"))}, outbox ${count(sum("telemark_collector_kafka_outbox_records"))}`)));
+  root.append(await steering(ctx));
 }

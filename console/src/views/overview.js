@@ -34,7 +34,7 @@ export async function render(ctx) {
   const bucket = bucketMs(win.toMs - win.fromMs);
   const [ov, flows] = await Promise.all([
     get("/api/v1/overview", { from: ns(win.fromMs), to: ns(win.toMs), bucket_ns: ns(bucket), agent: state.agent, proto: state.proto, top: 100 }),
-    get("/api/v1/flows", { from: ns(win.fromMs), to: ns(win.toMs), lossy: true, limit: 500 }),
+    get("/api/v1/flows", { from: ns(win.fromMs), to: ns(win.toMs), lossy: true, limit: 100 }),
   ]);
   const t = ov.total;
   const card = (id, label, value, note) => h("div", { class: "card", "data-stat": id }, h("div", { class: "label" }, label), h("div", { class: "value" }, value), note ? h("div", { class: "note" }, note) : null);

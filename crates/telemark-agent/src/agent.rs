@@ -59,6 +59,7 @@ impl Agent {
     pub fn start(cfg: AgentConfig) -> Result<Agent, AgentError> {
         let (points, per_port) = layout(&cfg);
         let stats = Arc::new(Shared::default());
+        *stats.watch.lock().unwrap_or_else(|p| p.into_inner()) = cfg.watch.clone();
         if let Some(i) = &cfg.int {
             let mut m = stats.int.lock().unwrap_or_else(|p| p.into_inner());
             (m.in_force, m.flows) = (Some(i.rules.clone()), i.flows);
@@ -80,7 +81,11 @@ impl Agent {
                         token: token.clone(),
                         transport: transport.clone(),
                     },
-                    control: Control { shared: stats.clone(), token: cfg.control_token.clone() },
+                    control: Control {
+                        shared: stats.clone(),
+                        token: cfg.control_token.clone(),
+                        int: cfg.int.is_some(),
+                    },
                 });
                 let scfg = ServerConfig::metrics_listener(*listen, cfg.control_token.is_some());
                 Some(Server::start(scfg, handler, transport).map_err(AgentError::Metrics)?)
@@ -206,10 +211,10 @@ impl Agent {
                 changed.push("int rules");
             }
         }
-        if cur.watch != new.watch {
+        // Only when the file's rules changed: rules the control API put in force since stay
+        // through a reload made for something else.
+        if cur.watch != new.watch && self.stats.set_watch(new.watch.clone()) {
             changed.push("watch");
-            *self.stats.new_watch.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some(new.watch.clone());
         }
         let tls_changed = match (&cur.tls, &new.tls) {
             (None, None) => false,

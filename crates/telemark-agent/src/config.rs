@@ -101,20 +101,60 @@ pub struct LossSection {
     pub idle: Option<String>,
 }
 
-/// A watch rule as written in the file.
-#[derive(Debug, Clone, Deserialize)]
+/// A watch rule as written in the file (and in the control API's `/api/v1/watch`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WatchSection {
     /// Source address or prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub src: Option<String>,
     /// Destination address or prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dst: Option<String>,
     /// `tcp`, `udp`, `icmp` or a number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proto: Option<String>,
     /// Source port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sport: Option<u16>,
     /// Destination port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dport: Option<u16>,
+}
+
+impl WatchSection {
+    /// Rule `r` as written: prefixes, the protocol as its number.
+    pub fn of(r: &Rule) -> WatchSection {
+        WatchSection {
+            src: r.src.map(|p| p.to_string()),
+            dst: r.dst.map(|p| p.to_string()),
+            proto: r.proto.map(|p| p.to_string()),
+            sport: r.sport,
+            dport: r.dport,
+        }
+    }
+}
+
+/// Watch rules as written, checked: an error names the rule (`#1` first) and what is wrong.
+/// A rule with no field would match every flow, and is refused (no rule at all watches every
+/// flow).
+pub fn watch_rules(sections: &[WatchSection]) -> Result<Watch, String> {
+    let mut watch = Watch::default();
+    for (i, w) in sections.iter().enumerate() {
+        let bad = |e: telemark_core::watch::WatchError| format!("[[watch]] #{}: {e}", i + 1);
+        let rule = Rule {
+            src: w.src.as_deref().map(str::parse).transpose().map_err(bad)?,
+            dst: w.dst.as_deref().map(str::parse).transpose().map_err(bad)?,
+            proto: w.proto.as_deref().map(parse_proto).transpose().map_err(bad)?,
+            sport: w.sport,
+            dport: w.dport,
+        };
+        if rule == Rule::default() {
+            return Err(format!("[[watch]] #{} is empty: it would match everything", i + 1));
+        }
+        watch.rules.push(rule);
+    }
+    Ok(watch)
 }
 
 /// Export settings.
@@ -886,25 +926,7 @@ impl FileConfig {
                 )));
             }
         }
-        let mut watch = Watch::default();
-        for (i, w) in self.watch.iter().enumerate() {
-            let bad =
-                |e: telemark_core::watch::WatchError| invalid(format!("[[watch]] #{}: {e}", i + 1));
-            let rule = Rule {
-                src: w.src.as_deref().map(str::parse).transpose().map_err(bad)?,
-                dst: w.dst.as_deref().map(str::parse).transpose().map_err(bad)?,
-                proto: w.proto.as_deref().map(parse_proto).transpose().map_err(bad)?,
-                sport: w.sport,
-                dport: w.dport,
-            };
-            if rule == Rule::default() {
-                return Err(invalid(format!(
-                    "[[watch]] #{} is empty: it would match everything",
-                    i + 1
-                )));
-            }
-            watch.rules.push(rule);
-        }
+        let watch = watch_rules(&self.watch).map_err(invalid)?;
         let d = LossConfig::default();
         let l = self.loss.unwrap_or_default();
         let loss = LossConfig {
@@ -973,9 +995,6 @@ impl FileConfig {
             (None, None) => None,
         };
         let control_token = control_file.map(|(key, f)| token_file(key, f)).transpose()?;
-        if let (Some((key, _)), None) = (control_file, &self.int) {
-            return Err(invalid(format!("{key}: the control API changes [int] rules; add [int]")));
-        }
         if let (Some((key, _)), None) = (control_file, &self.metrics) {
             return Err(invalid(format!(
                 "{key}: the control API is served on the metrics listener; add [metrics] listen"

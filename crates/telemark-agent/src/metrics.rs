@@ -5,7 +5,7 @@
 //! The [`Listener`] serves this page and, on the same socket, the control API
 //! ([`crate::control`]).
 
-use crate::control::{Control, INT};
+use crate::control::{Control, INT, WATCH};
 use crate::shared::{AgentStats, PointTable, Shared};
 use std::sync::Arc;
 use telemark_core::loss::PointSpec;
@@ -13,8 +13,8 @@ use telemark_transport::http::{Handler, Request, Response};
 use telemark_transport::metrics::Exposition;
 use telemark_transport::server::ServerStats;
 
-/// The listener: `/metrics`, and the control API (`/api/v1/int`) when a control token is
-/// configured.
+/// The listener: `/metrics`, and the control API (`/api/v1/int`, `/api/v1/watch`) when a
+/// control token is configured.
 pub(crate) struct Listener {
     pub(crate) metrics: AgentMetrics,
     pub(crate) control: Control,
@@ -39,6 +39,7 @@ impl Handler for Listener {
         match path {
             "/metrics" => "/metrics",
             INT => INT,
+            WATCH => WATCH,
             _ => "other",
         }
     }
@@ -52,7 +53,7 @@ impl Listener {
     fn access(&self, method: &str, path: &str, token: Option<&str>) -> Result<(), Response> {
         match path {
             "/metrics" => self.metrics.access(method, token),
-            INT => self.control.access(method, token),
+            INT | WATCH => self.control.access(method, token),
             p => Err(Response::error(
                 404,
                 format!("no such endpoint: {p} (the agent serves /metrics)"),
@@ -423,7 +424,7 @@ mod tests {
                 token: None,
                 transport: transport.clone(),
             },
-            control: Control { shared, token: Some(CONTROL.into()) },
+            control: Control { shared, token: Some(CONTROL.into()), int: true },
         });
         // As agent.rs starts it.
         let cfg = ServerConfig {

@@ -140,8 +140,11 @@ pub struct AgentStats {
 pub(crate) struct Shared {
     pub(crate) path: Mutex<PathStats>,
     pub(crate) export: Mutex<ExportStats>,
-    /// Watch rules a reload gave, for the fast path to take (it looks ten times a second).
+    /// Watch rules a reload or the control API gave, for the fast path to take (it looks ten
+    /// times a second).
     pub(crate) new_watch: Mutex<Option<telemark_core::watch::Watch>>,
+    /// The watch rules in force (or about to be: the fast path takes them within 100 ms).
+    pub(crate) watch: Mutex<telemark_core::watch::Watch>,
     /// Export settings a reload gave, for the aggregator thread to take.
     pub(crate) new_export: Mutex<Option<AgentConfig>>,
     /// The INT rules: in force, and new ones for the fast path to take.
@@ -192,6 +195,17 @@ impl Shared {
         let mut m = lock();
         m.in_force = Some(rules.clone());
         m.pending = Some((rules, table));
+        true
+    }
+
+    /// Puts new watch rules in force; whether they differ from those in force.
+    pub(crate) fn set_watch(&self, w: telemark_core::watch::Watch) -> bool {
+        let mut cur = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+        if *cur == w {
+            return false;
+        }
+        *cur = w.clone();
+        *self.new_watch.lock().unwrap_or_else(|p| p.into_inner()) = Some(w);
         true
     }
 

@@ -38,6 +38,10 @@ const ROUTES: &[&str] = &[
     "/api/v1/health",
     "/api/v1/events",
     "/api/v1/overview",
+    "/api/v1/control",
+    "/api/v1/control/watch",
+    "/api/v1/control/int",
+    "/api/v1/control/heaviest",
     "/metrics",
     "/healthz",
     "/readyz",
@@ -150,6 +154,8 @@ pub struct Api {
     pub kafka: Arc<crate::kafka::KafkaStats>,
     /// Flow-export listener counters.
     pub flows: Arc<crate::flow_listen::FlowStats>,
+    /// The agents the console may steer (`--control`), if any.
+    pub steering: Option<Arc<crate::steer::Steering>>,
 }
 
 impl Handler for Api {
@@ -222,6 +228,14 @@ impl Api {
             ("GET", "/api/v1/health", _) => self.health(query),
             ("GET", "/api/v1/events", _) => self.events(query, now),
             ("GET", "/api/v1/overview", _) => self.overview(query, now),
+            ("GET", "/api/v1/control", _) => self.control(query),
+            ("PUT", "/api/v1/control/watch", Some(who)) => {
+                self.steer(&who, query, req.body, crate::steer::RuleSet::Watch, now)
+            }
+            ("PUT", "/api/v1/control/int", Some(who)) => {
+                self.steer(&who, query, req.body, crate::steer::RuleSet::Int, now)
+            }
+            ("POST", "/api/v1/control/heaviest", Some(who)) => self.heaviest(&who, query, now),
             ("GET", "/metrics", _) => self.metrics_page(),
             _ => Response::error(405, format!("{} is not allowed on {path}", req.method)),
         };
@@ -271,6 +285,17 @@ impl Api {
                 Err(Refusal(Some("forbidden"), Response::error(403, "this token may only read")))
             }
             ("POST", "/api/v1/ingest" | "/api/v1/agents") => Ok(Some(who)),
+            ("PUT", "/api/v1/control/watch" | "/api/v1/control/int")
+            | ("POST", "/api/v1/control/heaviest")
+                if !who.may_steer() =>
+            {
+                Err(Refusal(
+                    Some("forbidden"),
+                    Response::error(403, "changing an agent's rules needs an [operators] token"),
+                ))
+            }
+            ("PUT", "/api/v1/control/watch" | "/api/v1/control/int")
+            | ("POST", "/api/v1/control/heaviest") => Ok(Some(who)),
             ("GET", _) if !who.may_read() => Err(Refusal(
                 Some("forbidden"),
                 Response::error(403, "this token may only send records"),
@@ -697,6 +722,122 @@ impl Api {
             Ok(rows) => q.json(200, &overview_of(rows, oq.bucket_ns, oq.source(), top)),
             Err(e) => self.db_error(e),
         }
+    }
+
+    /// The steering (or a 404 saying how to turn it on).
+    fn steering(&self) -> Result<&crate::steer::Steering, Response> {
+        self.steering.as_deref().ok_or_else(|| {
+            Response::error(404, "steering is off: start the collector with --control FILE")
+        })
+    }
+
+    /// `GET /api/v1/control`: the steered agents and the changes made, newest first; with
+    /// `agent=NAME`, that agent's watch and INT rules as it answers them (or why it did not).
+    fn control(&self, query: &str) -> Response {
+        use crate::steer::RuleSet;
+        let s = match self.steering() {
+            Ok(s) => s,
+            Err(r) => return r,
+        };
+        let agent = match Query::parse(query, &["agent", "ints"]) {
+            Ok(q) => q.get("agent").map(str::to_string),
+            Err(e) => return self.bad_query(e),
+        };
+        let Some(a) = agent else {
+            let agents: Vec<&str> = s.agents().collect();
+            return Response::json(200, &json!({ "agents": agents, "changes": s.changes() }));
+        };
+        let part = |set| match s.get(&a, set) {
+            Ok(v) => Ok((v, None)),
+            Err(e @ crate::steer::SteerError::UnknownAgent(_)) => Err(Response::error(404, e)),
+            Err(e) => Ok((serde_json::Value::Null, Some(e.to_string()))),
+        };
+        match (part(RuleSet::Watch), part(RuleSet::Int)) {
+            (Ok((watch, e1)), Ok((int, e2))) => Response::json(
+                200,
+                &json!({ "agent": a, "watch": watch, "int": int, "error": e1.or(e2) }),
+            ),
+            (Err(r), _) | (_, Err(r)) => r,
+        }
+    }
+
+    /// `PUT /api/v1/control/{watch,int}?agent=NAME`: the body (the rules, as the agent's own
+    /// control API takes them) relayed to that agent, for `who`; the agent's answer (its rules
+    /// in force), or its refusal (400 with its reason) or absence (502).
+    fn steer(
+        &self,
+        who: &crate::auth::Identity,
+        query: &str,
+        body: &[u8],
+        set: crate::steer::RuleSet,
+        now: u64,
+    ) -> Response {
+        let s = match self.steering() {
+            Ok(s) => s,
+            Err(r) => return r,
+        };
+        let agent = match Query::parse(query, &["agent"]).and_then(|q| {
+            q.get("agent").map(str::to_string).ok_or_else(|| "agent= is needed".to_string())
+        }) {
+            Ok(a) => a,
+            Err(e) => return self.bad_query(e),
+        };
+        let rules: serde_json::Value = match self.body(body, "rules") {
+            Ok(r) => r,
+            Err(resp) => return resp,
+        };
+        relayed(s.put(who.name(), &agent, set, &rules, now))
+    }
+
+    /// `POST /api/v1/control/heaviest?n=N[&agent=NAME]`: the N flows with the most packets in
+    /// the flow records of the last five minutes (the flow listener's, the agents' heavy
+    /// hitters) become the watch rules of the agent named, or of every steered agent.
+    fn heaviest(&self, who: &crate::auth::Identity, query: &str, now: u64) -> Response {
+        const WINDOW_NS: u64 = 300_000_000_000;
+        let s = match self.steering() {
+            Ok(s) => s,
+            Err(r) => return r,
+        };
+        let parsed = Query::parse(query, &["n", "agent"]).and_then(|q| {
+            let n = q.u64_or("n", 10)?;
+            if !(1..=1000).contains(&n) {
+                return Err("n: 1 to 1000 flows".to_string());
+            }
+            Ok((n as usize, q.get("agent").map(str::to_string)))
+        });
+        let (n, agent) = match parsed {
+            Ok(x) => x,
+            Err(e) => return self.bad_query(e),
+        };
+        let w = Window { from_ns: now.saturating_sub(WINDOW_NS), to_ns: u64::MAX };
+        let every = crate::store::TopFilter { exporter: None, interface: None, point: None };
+        let top = match self
+            .read(|st| st.top_talkers(w, &every, crate::store::TopBy::Packets, n as u64))
+        {
+            Ok(t) => t,
+            Err(e) => return self.db_error(e),
+        };
+        if top.is_empty() {
+            return Response::error(
+                409,
+                "no flow records in the last 5 minutes: the heaviest flows come from the flow \
+                 listener's records and the agents' heavy hitters (docs/flows.md)",
+            );
+        }
+        let flows: Vec<Flow> = top.into_iter().map(|t| t.flow).collect();
+        let rules = crate::steer::watch_rules_for(&flows);
+        let targets: Vec<String> = match agent {
+            Some(a) => vec![a],
+            None => s.agents().map(str::to_string).collect(),
+        };
+        let results: Vec<serde_json::Value> = targets
+            .iter()
+            .map(|a| match s.put(who.name(), a, crate::steer::RuleSet::Watch, &rules, now) {
+                Ok(_) => json!({ "agent": a, "result": "ok" }),
+                Err(e) => json!({ "agent": a, "result": e.to_string() }),
+            })
+            .collect();
+        Response::json(200, &json!({ "flows": flows, "watch": rules, "agents": results }))
     }
 
     /// INT events, newest first: of the last hour unless `from`/`to` say otherwise, of one
@@ -1176,5 +1317,16 @@ mod tests {
         let deep = vec![b'['; 8 << 20];
         assert!(json_values(&deep) <= 130);
         assert!(serde_json::from_slice::<serde_json::Value>(&deep).is_err());
+    }
+}
+
+/// A relayed change's answer: the agent's, or why there is none.
+fn relayed(r: Result<serde_json::Value, crate::steer::SteerError>) -> Response {
+    use crate::steer::SteerError;
+    match r {
+        Ok(v) => Response::json(200, &v),
+        Err(e @ SteerError::UnknownAgent(_)) => Response::error(404, e),
+        Err(e @ SteerError::Refused { status: 400, .. }) => Response::error(400, e),
+        Err(e) => Response::error(502, e),
     }
 }

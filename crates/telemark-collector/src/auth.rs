@@ -5,6 +5,8 @@
 //! sw-b = "8c1f…"
 //! [readers]           # may read the API, the page's data and /metrics
 //! grafana = "41d0…"
+//! [operators]         # may read, and steer the agents (docs/console.md, "Steering")
+//! alice = "77e3…"
 //! ```
 //!
 //! A request names its token in `Authorization: Bearer <token>`. Tokens are compared in
@@ -27,6 +29,8 @@ pub enum Identity {
     Agent(String),
     /// A reader's token: it may read.
     Reader(String),
+    /// An operator's token: it may read, and change the agents' rules through the collector.
+    Operator(String),
 }
 
 impl Identity {
@@ -35,7 +39,7 @@ impl Identity {
         match self {
             Identity::Anyone => true,
             Identity::Agent(a) => a == agent,
-            Identity::Reader(_) => false,
+            Identity::Reader(_) | Identity::Operator(_) => false,
         }
     }
 
@@ -46,7 +50,20 @@ impl Identity {
 
     /// Whether it may read the API and metrics.
     pub fn may_read(&self) -> bool {
-        matches!(self, Identity::Anyone | Identity::Reader(_))
+        matches!(self, Identity::Anyone | Identity::Reader(_) | Identity::Operator(_))
+    }
+
+    /// Whether it may change the agents' rules (the collector relays it to them).
+    pub fn may_steer(&self) -> bool {
+        matches!(self, Identity::Anyone | Identity::Operator(_))
+    }
+
+    /// Who, for the log of changes: the token's name (`anyone` without a token file).
+    pub fn name(&self) -> &str {
+        match self {
+            Identity::Anyone => "anyone",
+            Identity::Agent(n) | Identity::Reader(n) | Identity::Operator(n) => n,
+        }
     }
 }
 
@@ -57,6 +74,8 @@ struct TokenFile {
     agents: BTreeMap<String, String>,
     #[serde(default)]
     readers: BTreeMap<String, String>,
+    #[serde(default)]
+    operators: BTreeMap<String, String>,
 }
 
 /// The tokens.
@@ -97,8 +116,12 @@ impl Auth {
         let mut tokens = Vec::new();
         let agents = f.agents.into_iter().map(|(n, t)| (t, Identity::Agent(n)));
         let readers = f.readers.into_iter().map(|(n, t)| (t, Identity::Reader(n)));
-        for (token, who) in agents.chain(readers) {
-            let (Identity::Agent(name) | Identity::Reader(name)) = &who else { continue };
+        let operators = f.operators.into_iter().map(|(n, t)| (t, Identity::Operator(n)));
+        for (token, who) in agents.chain(readers).chain(operators) {
+            let (Identity::Agent(name) | Identity::Reader(name) | Identity::Operator(name)) = &who
+            else {
+                continue;
+            };
             if !telemark_core::records::valid_agent_name(name) {
                 return Err(format!("{name:?}: names are 1-64 of letters, digits and - _ . :"));
             }
@@ -160,6 +183,11 @@ mod tests {
         let b = Identity::Agent("sw-b".into());
         assert!(b.may_write_as("sw-b") && !b.may_write_as("sw-f") && !b.may_read());
         assert!(Identity::Reader("ops".into()).may_read());
+        assert!(!Identity::Reader("ops".into()).may_steer() && !b.may_steer());
+        let op = Auth::parse(&format!("[operators]\nalice = \"{A}\"\n")).unwrap();
+        let alice = op.identify(Some(A)).unwrap();
+        assert!(alice.may_steer() && alice.may_read() && !alice.may_write());
+        assert_eq!(alice.name(), "alice");
         // Nothing of a token in its Debug form.
         assert!(!format!("{auth:?}").contains(A));
     }

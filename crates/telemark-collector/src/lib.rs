@@ -18,6 +18,7 @@ pub mod overview;
 mod page;
 pub mod path;
 pub mod pg;
+pub mod steer;
 pub mod store;
 pub mod validate;
 
@@ -64,6 +65,9 @@ pub struct Config {
     /// Read-only connections, so at most this many requests read at once (0: half the
     /// workers, at least 1); the writer is never one of them.
     pub query_readers: usize,
+    /// The agents the console may steer, and how to reach their control APIs (`--control`;
+    /// docs/console.md, "Steering").
+    pub control: Option<Arc<steer::Steering>>,
 }
 
 impl Default for Config {
@@ -82,6 +86,7 @@ impl Default for Config {
             flows: flow_listen::FlowListenConfig::default(),
             query_budget: store::DEFAULT_QUERY_BUDGET,
             query_readers: 0,
+            control: None,
         }
     }
 }
@@ -180,6 +185,7 @@ impl Collector {
             transport: Arc::new(ServerStats::default()),
             kafka: Arc::new(kafka::KafkaStats::default()),
             flows: Arc::new(flow_listen::FlowStats::default()),
+            steering: cfg.control.clone(),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();

@@ -339,3 +339,175 @@ fn unauthenticated_slow_bodies_do_not_stall_ingest() {
         h.join().unwrap();
     }
 }
+
+/// A stand-in for an agent's control API (the real one is driven in
+/// crates/telemark/tests/console.rs): it wants its control token, answers `GET` with the
+/// rules it holds and `PUT` by taking the body, refusing (400) rules with a field it does not
+/// know. Each request it took, as (method, path, body).
+fn fake_agent(
+    token: &'static str,
+) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        let mut rules = String::from("[]");
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            let mut line = String::new();
+            r.read_line(&mut line).unwrap();
+            let (mut len, mut auth) = (0usize, String::new());
+            loop {
+                let mut h = String::new();
+                r.read_line(&mut h).unwrap();
+                if h.trim().is_empty() {
+                    break;
+                }
+                let (k, v) = h.split_once(':').unwrap();
+                match k.to_ascii_lowercase().as_str() {
+                    "content-length" => len = v.trim().parse().unwrap(),
+                    "authorization" => auth = v.trim().to_string(),
+                    _ => {}
+                }
+            }
+            let mut body = vec![0; len];
+            r.read_exact(&mut body).unwrap();
+            let body = String::from_utf8(body).unwrap();
+            let mut parts = line.split_whitespace();
+            let (method, path) =
+                (parts.next().unwrap().to_string(), parts.next().unwrap().to_string());
+            log.lock().unwrap().push((method.clone(), path, body.clone()));
+            let (status, answer) = if auth != format!("Bearer {token}") {
+                (401, r#"{"error":"unauthenticated"}"#.to_string())
+            } else if method == "PUT" && body.contains("colour") {
+                (400, r#"{"error":"[[watch]] #1: unknown field colour"}"#.to_string())
+            } else {
+                if method == "PUT" {
+                    rules = body;
+                }
+                (200, rules.clone())
+            };
+            let _ = write!(
+                s,
+                "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+        }
+    });
+    (port, seen)
+}
+
+/// Steering: a reader sees each agent's rules but may not change them (403, and nothing
+/// reaches the agent); an operator's change reaches the agent with the agent's control token
+/// and comes back as the agent answered it; an agent's refusal comes back as a 400 with its
+/// reason, an agent that is not there as a 502 naming it; every change is kept with who made it.
+#[test]
+fn only_operators_change_the_agents_rules_and_every_change_is_kept() {
+    const OPERATOR: &str = "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1";
+    const CONTROL: &str = "c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0";
+    let dir = tempfile::tempdir().unwrap();
+    let (port, seen) = fake_agent(CONTROL);
+    let token = dir.path().join("sw-b.control");
+    std::fs::write(&token, CONTROL).unwrap();
+    let file = dir.path().join("control.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[agents.sw-b]\nurl = \"http://127.0.0.1:{port}\"\ntoken_file = {token:?}\n\
+             [agents.gone]\nurl = \"http://127.0.0.1:1\"\ntoken_file = {token:?}\n"
+        ),
+    )
+    .unwrap();
+    let auth = Auth::parse(&format!(
+        "[agents]\nsw-b = \"{SW_B}\"\n[readers]\nops = \"{OPS}\"\n[operators]\nalice = \"{OPERATOR}\"\n"
+    ))
+    .unwrap();
+    let steering = telemark_collector::steer::Steering::load(&file).unwrap();
+    let cfg = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        db: dir.path().join("t.db"),
+        workers: 2,
+        auth: Some(auth),
+        control: Some(std::sync::Arc::new(steering)),
+        ..Config::default()
+    };
+    let c = Collector::start(&cfg).unwrap();
+    let a = c.addr;
+    let rules = r#"[{"dst":"10.0.3.0/24"},{"sport":4050}]"#;
+
+    let (s, body) = send(a, "GET", "/api/v1/control", Some(OPS), "");
+    assert_eq!(s, 200, "{body}");
+    assert!(body.contains("\"sw-b\"") && body.contains("\"gone\""), "{body}");
+    for who in [Some(OPS), Some(SW_B), None] {
+        let (s, body) = send(a, "PUT", "/api/v1/control/watch?agent=sw-b", who, rules);
+        assert_eq!(s, if who.is_none() { 401 } else { 403 }, "{body}");
+    }
+    let (s, _) = send(a, "POST", "/api/v1/control/heaviest?n=3", Some(OPS), "");
+    assert_eq!(s, 403);
+    assert!(seen.lock().unwrap().is_empty(), "a refused change reached the agent");
+
+    let (s, body) = send(a, "PUT", "/api/v1/control/watch?agent=sw-b", Some(OPERATOR), rules);
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+        serde_json::from_str::<serde_json::Value>(rules).unwrap()
+    );
+    let (s, body) = send(a, "GET", "/api/v1/control?agent=sw-b", Some(OPS), "");
+    assert_eq!(s, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["watch"], serde_json::from_str::<serde_json::Value>(rules).unwrap());
+    assert_eq!(
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|(m, _, _)| m == "PUT")
+            .map(|(_, p, _)| p.as_str())
+            .collect::<Vec<_>>(),
+        ["/api/v1/watch"]
+    );
+    // The agent's refusal, an agent away, an agent unknown, rules that are not JSON.
+    let (s, body) =
+        send(a, "PUT", "/api/v1/control/watch?agent=sw-b", Some(OPERATOR), r#"[{"colour":1}]"#);
+    assert_eq!(s, 400);
+    assert!(body.contains("unknown field colour"), "{body}");
+    let (s, body) = send(a, "PUT", "/api/v1/control/int?agent=gone", Some(OPERATOR), "{}");
+    assert_eq!(s, 502);
+    assert!(body.contains("gone at http://127.0.0.1:1"), "{body}");
+    let (s, _) = send(a, "PUT", "/api/v1/control/watch?agent=nobody", Some(OPERATOR), "[]");
+    assert_eq!(s, 404);
+    let (s, _) = send(a, "PUT", "/api/v1/control/watch?agent=sw-b", Some(OPERATOR), "[{");
+    assert_eq!(s, 400);
+    // No flow records: nothing to choose the heaviest from.
+    let (s, body) = send(a, "POST", "/api/v1/control/heaviest?n=3", Some(OPERATOR), "");
+    assert_eq!(s, 409, "{body}");
+
+    // Kept, newest first, with who made each.
+    let (_, body) = send(a, "GET", "/api/v1/control", Some(OPS), "");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let changes: Vec<(String, String, String)> = v["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["who"].as_str().unwrap().into(),
+                c["agent"].as_str().unwrap().into(),
+                c["rules"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let want = [
+        ("alice", "nobody", "watch"),
+        ("alice", "gone", "int"),
+        ("alice", "sw-b", "watch"),
+        ("alice", "sw-b", "watch"),
+    ];
+    assert_eq!(
+        changes.iter().map(|(w, a, r)| (w.as_str(), a.as_str(), r.as_str())).collect::<Vec<_>>(),
+        want
+    );
+    assert_eq!(v["changes"][3]["result"], "ok");
+}

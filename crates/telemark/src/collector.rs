@@ -92,6 +92,11 @@ pub struct Args {
     /// (0: half of --workers, at least 1); one more is answered 503.
     #[arg(long, default_value_t = 0)]
     pub query_readers: usize,
+    /// The agents the console may steer (their watch and INT rules): a TOML file naming each
+    /// agent's control URL (its loopback [metrics] listener) and control token file
+    /// (docs/console.md, "Steering"). Changes need an [operators] token.
+    #[arg(long)]
+    pub control: Option<std::path::PathBuf>,
     /// Bytes of data sets held for templates not seen yet, across all flow sockets and
     /// IPFIX-over-TCP sessions (the oldest of a decoder go first; docs/flows.md).
     #[arg(long, default_value_t = 64 << 20)]
@@ -166,6 +171,13 @@ pub fn run(a: Args) -> Result<()> {
         workers: usize::from(a.workers),
         query_budget: a.query_budget.max(Duration::from_millis(1)),
         query_readers: a.query_readers,
+        control: a
+            .control
+            .as_deref()
+            .map(telemark_collector::steer::Steering::load)
+            .transpose()
+            .map_err(anyhow::Error::msg)?
+            .map(std::sync::Arc::new),
         kafka,
         flows: telemark_collector::flow_listen::FlowListenConfig {
             listen: a.flows_listen,

@@ -25,10 +25,16 @@ use std::time::{Duration, Instant};
 use telemark_agent::{Agent, FileConfig};
 use telemark_collector::now_ns;
 
-/// Flows lossy on link 2; clean; INT probes (hop latency, queue occupancy).
+/// Flows lossy on link 2; clean; INT probes (hop latency, queue occupancy); a flow the agents
+/// watch only once the console told them to.
 const LOSSY: [u16; 2] = [4011, 4012];
 const CLEAN: u16 = 4001;
 const INT_PROBES: [u16; 2] = [4031, 4032];
+const STEERED: u16 = 4050;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
 
 fn api(base: &str, path: &str) -> Value {
     let r = ureq::get(&format!("{base}{path}")).call().unwrap_or_else(|e| panic!("{path}: {e}"));
@@ -111,23 +117,107 @@ fn softflowd(dir: &Path, frames: &[Vec<u8>], port: u16) {
 
 #[test]
 fn every_view_shows_what_the_traffic_did() {
-    let all = [&[CLEAN][..], &LOSSY, &INT_PROBES].concat();
+    let all = [&[CLEAN][..], &LOSSY, &INT_PROBES, &[STEERED]].concat();
     let chain = Chain::up("cs", &all);
     let p = chain.prefix.clone();
     chain.run(&["loss", "2", "20", &ports(&LOSSY)]);
     let dir = tempfile::tempdir().unwrap();
-    let (_c, base, flow_port) = collector(&dir.path().join("c.db"), &[]);
+    // The agents' control APIs, for the console to steer them through the collector.
+    let token = dir.path().join("control.token");
+    std::fs::write(&token, "control-token-0123456789abcdef0123456789").unwrap();
+    let names = ["s1", "s2", "s3"];
+    let control: Vec<u16> = names.iter().map(|_| free_port()).collect();
+    let control_file = dir.path().join("control.toml");
+    let entries: String = names
+        .iter()
+        .zip(&control)
+        .map(|(n, port)| {
+            format!("[agents.{n}]\nurl = \"http://127.0.0.1:{port}\"\ntoken_file = {token:?}\n")
+        })
+        .collect();
+    std::fs::write(&control_file, entries).unwrap();
+    let (_c, base, flow_port) =
+        collector(&dir.path().join("c.db"), &["--control", control_file.to_str().unwrap()]);
     let started = now_ns();
 
-    // Run 1, loss: every batch reported, G's traffic captured for softflowd.
+    // Run 1, loss: every batch of the watched flows reported, G's traffic captured for
+    // softflowd.
+    let watched: String = [&[CLEAN][..], &LOSSY]
+        .concat()
+        .iter()
+        .map(|s| format!("[[watch]]\nsport = {s}\n"))
+        .collect();
     let agents: Vec<Agent> = [("s1", "a"), ("s2", "none"), ("s3", "none")]
         .iter()
-        .map(|(n, mark)| agent(&p, n, mark, &base, "batch = 100", "report_all = true"))
+        .zip(&control)
+        .map(|((n, mark), port)| {
+            let metrics = format!(
+                "[metrics]\nlisten = \"127.0.0.1:{port}\"\n[control]\ntoken_file = {token:?}\n"
+            );
+            let loss = format!("batch = 100\n{watched}");
+            agent(&p, n, mark, &base, &loss, &format!("report_all = true\n{metrics}"))
+        })
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let at_g = capture(format!("{p}g"), "g0", stop.clone());
     let sent = send_flows(&p, &[&[CLEAN][..], &LOSSY].concat(), 500, 6);
     std::thread::sleep(Duration::from_millis(700));
+
+    // Steering: a flow no rule watches is not measured, until the console adds it to every
+    // agent's watch rules; then it is, from the packets sent after the change.
+    let k = key(STEERED);
+    let q = format!("src={}&dst={}&sport={STEERED}&dport=7000&proto=17", k.src, k.dst);
+    let unwatched = send_flows(&p, &[STEERED], 500, 2)[0];
+    std::thread::sleep(Duration::from_millis(700));
+    let seen = api(&base, &format!("/api/v1/localise?{q}"));
+    assert_eq!(seen["segments"], serde_json::json!([]), "an unwatched flow was measured");
+    let rules: Vec<Value> = [&[CLEAN][..], &LOSSY, &[STEERED]]
+        .concat()
+        .iter()
+        .map(|s| serde_json::json!({ "sport": s }))
+        .collect();
+    let out = screenshots();
+    let _ = std::fs::remove_dir_all(&out);
+    let steer =
+        drive(&base, &out, &serde_json::json!({"steer": {"agents": names, "watch": rules}}));
+    for n in names {
+        let s = &steer["steer"][n];
+        assert_eq!(s["status"], "saved: the agent's rules now", "{n}: {s}");
+        assert_eq!(s["rules"].as_array().unwrap().len(), 4, "{n}: {s}");
+    }
+    let after = send_flows(&p, &[STEERED], 500, 2)[0];
+    // Its batches reach the collector as they close and are exported.
+    let s1_ingress = || -> Option<Value> {
+        let m = api(&base, &format!("/api/v1/localise?{q}"));
+        m["segments"]
+            .as_array()?
+            .iter()
+            .find(|s| s["agent"] == "s1" && s["point"] == "ingress")
+            .cloned()
+    };
+    let until = Instant::now() + Duration::from_secs(10);
+    let at_s1 = loop {
+        let got = s1_ingress();
+        if got.as_ref().is_some_and(|s| u(&s["expected"]) + 100 >= after) || Instant::now() > until
+        {
+            break got.unwrap_or_else(|| panic!("the steered flow was not measured at s1"));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    println!("steered flow: {unwatched} sent unwatched, {after} watched; s1 ingress {at_s1}");
+    // Its packets since the change (the last batch may still be open), none from before.
+    assert!(
+        u(&at_s1["expected"]) <= after && u(&at_s1["expected"]) + 100 >= after,
+        "measured {} of the {after} sent after the change ({unwatched} before)",
+        at_s1["expected"]
+    );
+    let changes = api(&base, "/api/v1/control")["changes"].clone();
+    assert_eq!(changes.as_array().unwrap().len(), 3, "{changes}");
+    assert!(changes
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c["result"] == "ok" && c["who"] == "anyone"));
     let own: u64 = agents
         .into_iter()
         .map(|a| {
@@ -197,8 +287,6 @@ fn every_view_shows_what_the_traffic_did() {
     }
 
     // The browser.
-    let out = screenshots();
-    let _ = std::fs::remove_dir_all(&out);
     let k = key(LOSSY[1]);
     let options = serde_json::json!({
         "agent": "s3",

@@ -40,6 +40,10 @@ pub struct Args {
     /// the last 7 days, 1,000 per flow, one in ten lossy.
     #[arg(long)]
     pub query_batches: Option<u64>,
+    /// With --query-batches: fill this database file, and keep it (the console's figures in
+    /// docs/console.md are timed on it); an existing file is used as it is.
+    #[arg(long)]
+    pub query_db: Option<PathBuf>,
 }
 
 pub(crate) struct Proc(Child);
@@ -170,7 +174,7 @@ pub(crate) fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// A database of `n` loss records of `n / 1000` flows over the last 7 days, made with the store
+/// A database of `n` loss records of `n / 1000` flows at 16 points over the last 7 days, made with the store
 /// itself (an agent would take hours to send them).
 fn fill(db: &std::path::Path, n: u64) -> Result<()> {
     let mut st = telemark_collector::store::Store::open(db)?;
@@ -191,6 +195,8 @@ fn fill(db: &std::path::Path, n: u64) -> Result<()> {
                     l.flow.src = format!("10.{}.{}.1", f / 256 % 256, f % 256);
                     l.flow.sport = 1024 + (f / 65536) as u16;
                     l.lost = u64::from(k % 10 == 0);
+                    // Sixteen points: the overview's segments.
+                    l.point = format!("p{}", f % 16);
                     l.observed = 100 - l.lost;
                 }
                 r
@@ -218,10 +224,12 @@ fn time_get(url: &str, path: &str, rounds: usize) -> Result<f64> {
 /// Times the API's queries over a database of `n` batches, for each binary.
 fn queries(a: &Args, bins: &[(String, PathBuf)], n: u64) -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let db = dir.path().join("q.db");
-    let t = Instant::now();
-    fill(&db, n)?;
-    eprintln!("{n} batches stored in {:.0} s", t.elapsed().as_secs_f64());
+    let db = a.query_db.clone().unwrap_or_else(|| dir.path().join("q.db"));
+    if !db.exists() {
+        let t = Instant::now();
+        fill(&db, n)?;
+        eprintln!("{n} batches stored in {:.0} s", t.elapsed().as_secs_f64());
+    }
     let hour_ago = now_ns() - 3_600_000_000_000;
     let week_ago = now_ns() - 7 * 24 * 3_600_000_000_000;
     let paths = [
@@ -229,6 +237,11 @@ fn queries(a: &Args, bins: &[(String, PathBuf)], n: u64) -> Result<()> {
         format!("/api/v1/flows?since_ns={hour_ago}"),
         format!("/api/v1/flows?since_ns={week_ago}"),
         "/api/v1/loss?src=10.0.7.1&dst=10.0.0.7&sport=1024&dport=5201&proto=17".to_string(),
+        // The console's overview: a week in 2-hour buckets (the hourly sums), an hour in
+        // 30-second buckets (the records); its list of flows that lost.
+        format!("/api/v1/overview?since_ns={week_ago}&bucket_ns=7200000000000&top=100"),
+        format!("/api/v1/overview?since_ns={hour_ago}&bucket_ns=30000000000&top=100"),
+        format!("/api/v1/flows?since_ns={week_ago}&lossy=true&limit=500"),
     ];
     println!("query latency, {n} stored batches of {} flows over 7 days, collector pinned to cpu {}, median of {} rounds:", n / 1000, a.cpu, a.rounds.max(1));
     for (name, exe) in bins {

@@ -1,0 +1,58 @@
+// Steering, on the health view: each steered agent's watch rules and INT rules, edited here and
+// relayed by the collector to the agent's control API (an [operators] token is needed to
+// change them); "watch the N heaviest flows" makes agents measure the flows with the most
+// packets in the last five minutes; and the changes made, with who made them.
+import { get, send } from "../api.js";
+import { h, time } from "../util.js";
+
+function editor(agent, set, rules, label, help) {
+  const id = `${set}-${agent}`;
+  const area = h("textarea", { id, rows: 6, cols: 60, spellcheck: "false", "aria-label": `${label} of ${agent}` });
+  area.value = JSON.stringify(rules ?? (set === "watch" ? [] : { rule: [], detect: [] }), null, 1);
+  const status = h("span", { id: `status-${id}`, class: "muted", role: "status" });
+  const save = h("button", { type: "button", id: `save-${id}` }, `save ${label}`);
+  save.addEventListener("click", async () => {
+    let body;
+    try { body = JSON.parse(area.value); } catch (e) { status.textContent = "not JSON: " + e.message; status.className = "bad"; return; }
+    status.textContent = "saving…"; status.className = "muted";
+    try {
+      const now = await send("PUT", `/api/v1/control/${set}`, { agent }, body);
+      area.value = JSON.stringify(now, null, 1);
+      status.textContent = "saved: the agent's rules now"; status.className = "good";
+    } catch (e) { status.textContent = e.message; status.className = "bad"; }
+  });
+  return h("div", { class: "rules" }, h("label", { for: id }, label, " ", h("span", { class: "muted" }, help)), area, h("div", {}, save, " ", status));
+}
+
+export async function section(ctx) {
+  let c;
+  try { c = await get("/api/v1/control"); } catch (e) {
+    if (e.status === 404) return h("section", { class: "wide", id: "steering" }, h("h2", {}, "Steering"), h("p", { class: "muted" }, "Steering is off: start the collector with --control FILE (docs/console.md, \"Steering\")."));
+    throw e;
+  }
+  const n = h("input", { id: "heaviest-n", type: "number", min: 1, max: 1000, value: 10, size: 5, "aria-label": "how many flows" });
+  const who = h("select", { id: "heaviest-agent", "aria-label": "which agents" }, h("option", { value: "" }, "every steered agent"), c.agents.map(a => h("option", { value: a }, a)));
+  // Each agent's rules, asked of it through the collector, all at once (the first 50).
+  const SHOWN = 50;
+  const rules = await Promise.all(c.agents.slice(0, SHOWN).map(a => get("/api/v1/control", { agent: a }).catch(e => ({ agent: a, error: e.message }))));
+  const hstatus = h("span", { id: "status-heaviest", class: "muted", role: "status" });
+  const go = h("button", { type: "button", id: "heaviest-go" }, "watch them");
+  go.addEventListener("click", async () => {
+    hstatus.textContent = "choosing…";
+    try {
+      const r = await send("POST", "/api/v1/control/heaviest", { n: n.value, agent: who.value });
+      hstatus.textContent = `${r.flows.length} flows; ` + r.agents.map(a => `${a.agent}: ${a.result}`).join(", ");
+      hstatus.className = r.agents.every(a => a.result === "ok") ? "good" : "bad";
+    } catch (e) { hstatus.textContent = e.message; hstatus.className = "bad"; }
+  });
+  return h("section", { class: "wide", id: "steering" }, h("h2", {}, "Steering ", h("span", { class: "muted" }, "(the agents' rules, relayed by the collector; changes need an operator token)")),
+    h("p", {}, "Watch the ", n, " heaviest flows of the last 5 minutes at ", who, " ", go, " ", hstatus),
+    c.agents.length > SHOWN ? h("p", { class: "muted" }, `The first ${SHOWN} of ${c.agents.length} agents.`) : null,
+    rules.map(a => h("div", { class: "agent-rules", "data-agent": a.agent },
+      h("h3", {}, a.agent, a.error ? h("span", { class: "bad" }, " — " + a.error) : null),
+      h("div", { class: "rules-pair" },
+        editor(a.agent, "watch", a.watch, "watch rules", "(a list; [] watches every flow)"),
+        editor(a.agent, "int", a.int, "INT rules", "({rule: [...], detect: [...]})")))),
+    h("h3", {}, "Changes"),
+    c.changes.length ? h("ul", { id: "changes" }, c.changes.slice(0, 50).map(ch => h("li", {}, `${time(ch.time_ns, ctx.state.tz)} ${ch.who} changed ${ch.agent}'s ${ch.rules} rules: ${ch.result}`))) : h("p", { class: "muted" }, "No change made through this collector since it started."));
+}
