@@ -85,11 +85,13 @@ export function window(s, nowMs) {
   return { fromMs, toMs };
 }
 
-// Buckets for a window: about 120 of them, on round lengths. Windows over 5 days get buckets of
-// whole hours (2 h for a week), which the collector reads from its hourly sums.
+// Buckets for a window: about 120 of them, on round lengths; from 12 h on, whole hours (12 to
+// 24 for a day, 2 h for a week), which the collector reads from its hourly sums instead of
+// every batch: a day of a busy collector's batches takes seconds to sum, its hours do not.
 const STEPS = [1, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400].map(x => x * 1000);
 export function bucketMs(spanMs) {
   const want = spanMs / 120;
+  if (spanMs >= 12 * 3600e3) return STEPS.find(s => s >= Math.max(want, 3600e3));
   return STEPS.find(s => s >= want) ?? STEPS[STEPS.length - 1];
 }
 

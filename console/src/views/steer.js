@@ -25,11 +25,8 @@ function editor(agent, set, rules, label, help) {
 }
 
 export async function section(ctx) {
-  let c;
-  try { c = await get("/api/v1/control"); } catch (e) {
-    if (e.status === 404) return h("section", { class: "wide", id: "steering" }, h("h2", {}, "Steering"), h("p", { class: "muted" }, "Steering is off: start the collector with --control FILE (docs/console.md, \"Steering\")."));
-    throw e;
-  }
+  const c = await get("/api/v1/control");
+  if (c.off) return h("section", { class: "wide", id: "steering" }, h("h2", {}, "Steering"), h("p", { class: "muted" }, `Steering is off: ${c.off} (docs/console.md, "Steering").`));
   const n = h("input", { id: "heaviest-n", type: "number", min: 1, max: 1000, value: 10, size: 5, "aria-label": "how many flows" });
   const who = h("select", { id: "heaviest-agent", "aria-label": "which agents" }, h("option", { value: "" }, "every steered agent"), c.agents.map(a => h("option", { value: a }, a)));
   // Each agent's rules, asked of it through the collector, all at once (the first 50).

@@ -735,9 +735,12 @@ impl Api {
     /// `agent=NAME`, that agent's watch and INT rules as it answers them (or why it did not).
     fn control(&self, query: &str) -> Response {
         use crate::steer::RuleSet;
-        let s = match self.steering() {
-            Ok(s) => s,
-            Err(r) => return r,
+        let Some(s) = self.steering.as_deref() else {
+            // Not an error to ask: the console asks to know whether to show steering.
+            return Response::json(
+                200,
+                &json!({ "agents": [], "changes": [], "off": "start the collector with --control FILE" }),
+            );
         };
         let agent = match Query::parse(query, &["agent", "ints"]) {
             Ok(q) => q.get("agent").map(str::to_string),
@@ -1292,6 +1295,17 @@ fn decode(s: &str) -> Result<String, String> {
     String::from_utf8(out).map_err(|_| format!("query is not UTF-8: {s:?}"))
 }
 
+/// A relayed change's answer: the agent's, or why there is none.
+fn relayed(r: Result<serde_json::Value, crate::steer::SteerError>) -> Response {
+    use crate::steer::SteerError;
+    match r {
+        Ok(v) => Response::json(200, &v),
+        Err(e @ SteerError::UnknownAgent(_)) => Response::error(404, e),
+        Err(e @ SteerError::Refused { status: 400, .. }) => Response::error(400, e),
+        Err(e) => Response::error(502, e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::json_values;
@@ -1317,16 +1331,5 @@ mod tests {
         let deep = vec![b'['; 8 << 20];
         assert!(json_values(&deep) <= 130);
         assert!(serde_json::from_slice::<serde_json::Value>(&deep).is_err());
-    }
-}
-
-/// A relayed change's answer: the agent's, or why there is none.
-fn relayed(r: Result<serde_json::Value, crate::steer::SteerError>) -> Response {
-    use crate::steer::SteerError;
-    match r {
-        Ok(v) => Response::json(200, &v),
-        Err(e @ SteerError::UnknownAgent(_)) => Response::error(404, e),
-        Err(e @ SteerError::Refused { status: 400, .. }) => Response::error(400, e),
-        Err(e) => Response::error(502, e),
     }
 }

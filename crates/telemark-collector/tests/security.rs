@@ -340,13 +340,14 @@ fn unauthenticated_slow_bodies_do_not_stall_ingest() {
     }
 }
 
+/// The requests a stand-in agent took: (method, path, body).
+type Requests = std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>>;
+
 /// A stand-in for an agent's control API (the real one is driven in
 /// crates/telemark/tests/console.rs): it wants its control token, answers `GET` with the
 /// rules it holds and `PUT` by taking the body, refusing (400) rules with a field it does not
 /// know. Each request it took, as (method, path, body).
-fn fake_agent(
-    token: &'static str,
-) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>>) {
+fn fake_agent(token: &'static str) -> (u16, Requests) {
     use std::io::{BufRead, BufReader, Read, Write};
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();

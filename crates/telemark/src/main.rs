@@ -39,7 +39,7 @@ enum Cmd {
     BenchEbpf(bench_ebpf::Args),
     /// The telemetry server: acknowledged ingest from agents, a SQLite or PostgreSQL store,
     /// loss localisation, HTTP JSON API, Prometheus /metrics and a page.
-    Collector(collector::Args),
+    Collector(Box<collector::Args>),
     /// The loss monitor on live interfaces (AF_PACKET): a software switch between port pairs,
     /// or a tap; exports lossy batches to a collector.
     Agent(agent::Args),
@@ -108,7 +108,7 @@ fn main() {
         Cmd::BenchLive(a) => bench_live::run(a),
         Cmd::BenchEbpf(a) => bench_ebpf::run(a),
         Cmd::Eval(a) => eval::run(a),
-        Cmd::Collector(a) => collector::run(a),
+        Cmd::Collector(a) => collector::run(*a),
         Cmd::Agent(a) => agent::run(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::IntCollector(a) => telemark_int_collector::run(a),
