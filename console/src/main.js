@@ -40,7 +40,8 @@ function control(key, label, options) {
   return h("label", {}, label + " ", sel);
 }
 
-async function chrome() {
+// The bar, for drawing number `mine` (nothing, if a newer drawing started meanwhile).
+async function chrome(mine) {
   const nav = h("nav", { "aria-label": "views" }, Object.entries(VIEWS).map(([k, [name]]) => link({ ...S, view: k }, name, { class: k === S.view ? "tab on" : "tab", "aria-current": k === S.view ? "page" : null, id: "tab-" + k })));
   const presets = h("div", { class: "presets", role: "group", "aria-label": "time range" }, state.PRESETS.map(p => {
     const b = h("button", { type: "button", class: S.range === p ? "on" : "", "aria-pressed": S.range === p ? "true" : "false", "data-range": p }, "last " + p);
@@ -54,6 +55,7 @@ async function chrome() {
 
   let agents = [];
   try { agents = (await get("/api/v1/agents")).map(a => a.agent.agent); } catch (_) { /* shown by the view */ }
+  if (mine !== drawing) return;
   const filter = h("form", { class: "filter", "aria-label": "filter" },
     h("label", {}, "agent ", h("select", { id: "f-agent", name: "agent" }, h("option", { value: "" }, "all"), agents.map(a => h("option", { value: a, selected: S.agent === a }, a)))),
     h("label", {}, "protocol ", h("select", { id: "f-proto", name: "proto" }, [["", "all"], ["6", "TCP"], ["17", "UDP"], ["1", "ICMP"], ["58", "ICMPv6"], ["132", "SCTP"]].map(([v, t]) => h("option", { value: v, selected: S.proto === v }, t)))),
@@ -73,9 +75,14 @@ async function chrome() {
 
 // Draws the view; the bar too, unless this is a refresh (which keeps what is being typed).
 async function draw(refresh = false) {
-  const mine = ++drawing;
   clearTimeout(timer);
-  if (!refresh) await chrome();
+  // Never over rules being edited: try again at the next tick.
+  if (refresh && document.querySelector("textarea[data-dirty], textarea:focus")) {
+    timer = setTimeout(() => draw(true), state.duration(S.refresh) || 30000);
+    return;
+  }
+  const mine = ++drawing;
+  if (!refresh) await chrome(mine);
   const root = document.getElementById("view");
   const win = state.window(S, Date.now());
   const started = performance.now();

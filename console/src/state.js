@@ -91,7 +91,7 @@ export function window(s, nowMs) {
 const STEPS = [1, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400].map(x => x * 1000);
 export function bucketMs(spanMs) {
   const want = spanMs / 120;
-  if (spanMs >= 12 * 3600e3) return STEPS.find(s => s >= Math.max(want, 3600e3));
+  if (spanMs >= 12 * 3600e3) return STEPS.find(s => s >= Math.max(want, 3600e3)) ?? STEPS[STEPS.length - 1];
   return STEPS.find(s => s >= want) ?? STEPS[STEPS.length - 1];
 }
 

@@ -21,6 +21,7 @@ fuzz_target!(|data: &[u8]| {
         transport: Arc::new(Default::default()),
         kafka: Arc::new(Default::default()),
         flows: Arc::new(Default::default()),
+        steering: None,
     };
     let reg = br#"{"agent":"sw-b","version":"1","boot":1}"#;
     let r = api.handle(&Request { method: "POST", url: "/api/v1/agents", token: None, body: reg }, NOW);

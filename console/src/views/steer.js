@@ -5,12 +5,18 @@
 import { get, send } from "../api.js";
 import { h, time } from "../util.js";
 
+// An editor of one agent's rules of one set. Rules that could not be read are not offered
+// for saving: an empty list saved in their place would watch every flow.
 function editor(agent, set, rules, label, help) {
   const id = `${set}-${agent}`;
   const area = h("textarea", { id, rows: 6, cols: 60, spellcheck: "false", "aria-label": `${label} of ${agent}` });
-  area.value = JSON.stringify(rules ?? (set === "watch" ? [] : { rule: [], detect: [] }), null, 1);
-  const status = h("span", { id: `status-${id}`, class: "muted", role: "status" });
-  const save = h("button", { type: "button", id: `save-${id}` }, `save ${label}`);
+  const known = rules != null;
+  area.value = known ? JSON.stringify(rules, null, 1) : "";
+  area.disabled = !known;
+  // The console does not redraw over what is being edited (main.js).
+  area.addEventListener("input", () => { area.dataset.dirty = "1"; });
+  const status = h("span", { id: `status-${id}`, class: "muted", role: "status" }, known ? "" : "not read from the agent");
+  const save = h("button", { type: "button", id: `save-${id}`, disabled: !known }, `save ${label}`);
   save.addEventListener("click", async () => {
     let body;
     try { body = JSON.parse(area.value); } catch (e) { status.textContent = "not JSON: " + e.message; status.className = "bad"; return; }
@@ -18,6 +24,7 @@ function editor(agent, set, rules, label, help) {
     try {
       const now = await send("PUT", `/api/v1/control/${set}`, { agent }, body);
       area.value = JSON.stringify(now, null, 1);
+      delete area.dataset.dirty;
       status.textContent = "saved: the agent's rules now"; status.className = "good";
     } catch (e) { status.textContent = e.message; status.className = "bad"; }
   });
@@ -29,9 +36,11 @@ export async function section(ctx) {
   if (c.off) return h("section", { class: "wide", id: "steering" }, h("h2", {}, "Steering"), h("p", { class: "muted" }, `Steering is off: ${c.off} (docs/console.md, "Steering").`));
   const n = h("input", { id: "heaviest-n", type: "number", min: 1, max: 1000, value: 10, size: 5, "aria-label": "how many flows" });
   const who = h("select", { id: "heaviest-agent", "aria-label": "which agents" }, h("option", { value: "" }, "every steered agent"), c.agents.map(a => h("option", { value: a }, a)));
-  // Each agent's rules, asked of it through the collector, all at once (the first 50).
+  // Each agent's rules, asked of it through the collector one agent at a time (the collector
+  // relays only a few requests at once; the first 50 agents).
   const SHOWN = 50;
-  const rules = await Promise.all(c.agents.slice(0, SHOWN).map(a => get("/api/v1/control", { agent: a }).catch(e => ({ agent: a, error: e.message }))));
+  const rules = [];
+  for (const a of c.agents.slice(0, SHOWN)) rules.push(await get("/api/v1/control", { agent: a }).catch(e => ({ agent: a, error: e.message })));
   const hstatus = h("span", { id: "status-heaviest", class: "muted", role: "status" });
   const go = h("button", { type: "button", id: "heaviest-go" }, "watch them");
   go.addEventListener("click", async () => {

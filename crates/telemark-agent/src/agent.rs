@@ -85,6 +85,7 @@ impl Agent {
                         shared: stats.clone(),
                         token: cfg.control_token.clone(),
                         int: cfg.int.is_some(),
+                        watch: cfg.ebpf.is_none(),
                     },
                 });
                 let scfg = ServerConfig::metrics_listener(*listen, cfg.control_token.is_some());
@@ -206,8 +207,11 @@ impl Agent {
                     Some(b.ports.clone());
             }
         }
+        // As the watch rules below: only when the file's rules changed, so rules a controller
+        // put in force through the control API stay through a reload made for something else.
         if let Some(i) = &new.int {
-            if self.stats.set_int_rules(i.rules.clone()) {
+            let file_changed = cur.int.as_ref().map(|c| &c.rules) != Some(&i.rules);
+            if file_changed && self.stats.set_int_rules(i.rules.clone()) {
                 changed.push("int rules");
             }
         }

@@ -22,6 +22,9 @@ pub(crate) struct Control {
     pub(crate) token: Option<String>,
     /// Whether the agent has an INT stage (`[int]`): without one, its INT rules cannot change.
     pub(crate) int: bool,
+    /// Whether its datapath takes watch rules (the AF_PACKET switch does; the eBPF datapath
+    /// measures every flow at its ports, docs/ebpf.md).
+    pub(crate) watch: bool,
 }
 
 impl Control {
@@ -47,6 +50,13 @@ impl Control {
     /// `GET` or `PUT` of [`INT`] or [`WATCH`], once [`Control::access`] let it through.
     pub(crate) fn handle(&self, req: &Request<'_>) -> Response {
         if req.path() == WATCH {
+            if !self.watch && req.method == "PUT" {
+                return Response::error(
+                    409,
+                    "this agent's eBPF datapath measures every flow at its ports: it takes no \
+                     watch rules",
+                );
+            }
             return self.watch(req);
         }
         if !self.int {
@@ -130,7 +140,8 @@ mod tests {
     #[test]
     fn watch_rules_are_shown_and_replaced() {
         let shared = Arc::new(Shared::default());
-        let c = Control { shared: shared.clone(), token: Some("t".into()), int: false };
+        let c =
+            Control { shared: shared.clone(), token: Some("t".into()), int: false, watch: true };
         assert!(c.access("PUT", Some("t")).is_ok() && c.access("PUT", Some("x")).is_err());
         let r = c.handle(&req("GET", b""));
         assert_eq!((r.status, r.body.as_slice()), (200, b"[]".as_slice()));
@@ -168,5 +179,9 @@ mod tests {
         // No INT stage here: its rules are not there to change.
         let r = Request { method: "PUT", url: INT, token: Some("t"), body: b"{}" };
         assert_eq!(c.handle(&r).status, 409);
+        // An eBPF agent takes no watch rules, and says so.
+        let ebpf = Control { shared, token: Some("t".into()), int: false, watch: false };
+        assert_eq!(ebpf.handle(&req("PUT", rules)).status, 409);
+        assert_eq!(ebpf.handle(&req("GET", b"")).status, 200);
     }
 }

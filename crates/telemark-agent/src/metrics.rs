@@ -424,7 +424,7 @@ mod tests {
                 token: None,
                 transport: transport.clone(),
             },
-            control: Control { shared, token: Some(CONTROL.into()), int: true },
+            control: Control { shared, token: Some(CONTROL.into()), int: true, watch: true },
         });
         // As agent.rs starts it.
         let cfg = ServerConfig {

@@ -63,6 +63,13 @@ pub use telemark_transport::http::{Request, Response};
 /// Most buckets one overview may ask for.
 const MAX_BUCKETS: u64 = 10_000;
 
+/// Most buckets in one overview's answer, over its segments and "other" (about 100 bytes of
+/// JSON each).
+const MAX_SERIES_BUCKETS: u64 = 200_000;
+
+/// What a request for steering hears when it is off.
+const STEERING_OFF: &str = "steering is off: start the collector with --control FILE";
+
 /// Largest number of records in one ingest request.
 pub const MAX_RECORDS: usize = 10_000;
 
@@ -291,7 +298,11 @@ impl Api {
             {
                 Err(Refusal(
                     Some("forbidden"),
-                    Response::error(403, "changing an agent's rules needs an [operators] token"),
+                    Response::error(
+                        403,
+                        "changing an agent's rules needs an [operators] token (--auth FILE; \
+                         docs/console.md, \"Steering\")",
+                    ),
                 ))
             }
             ("PUT", "/api/v1/control/watch" | "/api/v1/control/int")
@@ -712,6 +723,14 @@ impl Api {
             let agent = q.get("agent").filter(|a| !a.is_empty()).map(str::to_string);
             let proto = q.num::<u8>("proto")?;
             let top = q.u64_or("top", 10)?.clamp(1, 100) as usize;
+            // The answer's size: at most this many buckets over all segments shown.
+            if (span / bucket_ns + 1) * (top as u64 + 1) > MAX_SERIES_BUCKETS {
+                return Err(format!(
+                    "{} buckets for each of {top} segments: at most {MAX_SERIES_BUCKETS} in all; \
+                     ask for longer buckets or fewer segments (top)",
+                    span / bucket_ns + 1
+                ));
+            }
             Ok((q, OverviewQuery { window, bucket_ns, agent, proto }, top))
         });
         let (q, oq, top) = match parsed {
@@ -726,9 +745,7 @@ impl Api {
 
     /// The steering (or a 404 saying how to turn it on).
     fn steering(&self) -> Result<&crate::steer::Steering, Response> {
-        self.steering.as_deref().ok_or_else(|| {
-            Response::error(404, "steering is off: start the collector with --control FILE")
-        })
+        self.steering.as_deref().ok_or_else(|| Response::error(404, STEERING_OFF))
     }
 
     /// `GET /api/v1/control`: the steered agents and the changes made, newest first; with
@@ -739,7 +756,7 @@ impl Api {
             // Not an error to ask: the console asks to know whether to show steering.
             return Response::json(
                 200,
-                &json!({ "agents": [], "changes": [], "off": "start the collector with --control FILE" }),
+                &json!({ "agents": [], "changes": [], "off": STEERING_OFF }),
             );
         };
         let agent = match Query::parse(query, &["agent", "ints"]) {
@@ -785,6 +802,19 @@ impl Api {
             Ok(a) => a,
             Err(e) => return self.bad_query(e),
         };
+        if !s.knows(&agent) {
+            return relayed(Err(crate::steer::SteerError::UnknownAgent(agent)));
+        }
+        if body.len() > crate::steer::MAX_RULES {
+            return Response::error(
+                413,
+                format!(
+                    "rules of {} bytes; an agent takes at most {}",
+                    body.len(),
+                    crate::steer::MAX_RULES
+                ),
+            );
+        }
         let rules: serde_json::Value = match self.body(body, "rules") {
             Ok(r) => r,
             Err(resp) => return resp,
@@ -802,9 +832,10 @@ impl Api {
             Err(r) => return r,
         };
         let parsed = Query::parse(query, &["n", "agent"]).and_then(|q| {
+            // 500 exact rules of IPv6 flows stay inside an agent's 64 KiB body limit.
             let n = q.u64_or("n", 10)?;
-            if !(1..=1000).contains(&n) {
-                return Err("n: 1 to 1000 flows".to_string());
+            if !(1..=500).contains(&n) {
+                return Err("n: 1 to 500 flows".to_string());
             }
             Ok((n as usize, q.get("agent").map(str::to_string)))
         });
@@ -1301,7 +1332,13 @@ fn relayed(r: Result<serde_json::Value, crate::steer::SteerError>) -> Response {
     match r {
         Ok(v) => Response::json(200, &v),
         Err(e @ SteerError::UnknownAgent(_)) => Response::error(404, e),
-        Err(e @ SteerError::Refused { status: 400, .. }) => Response::error(400, e),
+        Err(SteerError::Busy) => {
+            let mut r = Response::error(503, SteerError::Busy);
+            r.headers.push(("Retry-After", "1".into()));
+            r
+        }
+        // The agent's own answer to the rules: refused (400), none to change (409), too large.
+        Err(e @ SteerError::Refused { status: s @ (400 | 409 | 413), .. }) => Response::error(s, e),
         Err(e) => Response::error(502, e),
     }
 }

@@ -53,9 +53,12 @@ impl Identity {
         matches!(self, Identity::Anyone | Identity::Reader(_) | Identity::Operator(_))
     }
 
-    /// Whether it may change the agents' rules (the collector relays it to them).
+    /// Whether it may change the agents' rules (the collector relays it to them): an
+    /// operator's token only, also on a collector without a token file (everyone trusted there
+    /// would include any web page its user opens: a browser sends a cross-site `POST` to
+    /// loopback without asking).
     pub fn may_steer(&self) -> bool {
-        matches!(self, Identity::Anyone | Identity::Operator(_))
+        matches!(self, Identity::Operator(_))
     }
 
     /// Who, for the log of changes: the token's name (`anyone` without a token file).
@@ -137,7 +140,7 @@ impl Auth {
             tokens.push((token.into_bytes(), who));
         }
         if tokens.is_empty() {
-            return Err("no tokens: give [agents] and [readers] at least one".into());
+            return Err("no tokens: give [agents], [readers] or [operators] at least one".into());
         }
         Ok(Auth { tokens })
     }
@@ -184,6 +187,8 @@ mod tests {
         assert!(b.may_write_as("sw-b") && !b.may_write_as("sw-f") && !b.may_read());
         assert!(Identity::Reader("ops".into()).may_read());
         assert!(!Identity::Reader("ops".into()).may_steer() && !b.may_steer());
+        // Not even without a token file: a web page the user opens could steer then.
+        assert!(!Identity::Anyone.may_steer());
         let op = Auth::parse(&format!("[operators]\nalice = \"{A}\"\n")).unwrap();
         let alice = op.identify(Some(A)).unwrap();
         assert!(alice.may_steer() && alice.may_read() && !alice.may_write());

@@ -25,11 +25,21 @@ use std::time::Duration;
 /// Changes kept for the console.
 pub const KEPT: usize = 200;
 
-/// Longest an agent may take to answer.
-const AGENT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Longest an agent may take to answer (the whole exchange).
+const AGENT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Largest answer read from an agent.
-const MAX_ANSWER: u64 = 1 << 20;
+const MAX_ANSWER: u64 = 64 << 10;
+
+/// Largest rules relayed: what an agent's control listener takes (its body limit, 64 KiB).
+pub const MAX_RULES: usize = 64 << 10;
+
+/// Relays to agents at once: each holds a request thread of the collector for up to
+/// [`AGENT_TIMEOUT`], so a hung agent may hold at most this many; more are refused (503).
+const RELAYS: usize = 2;
+
+/// Most bytes of the rules sent, and of an agent's answer, kept and logged with a change.
+const KEPT_TEXT: usize = 2048;
 
 /// The rules an agent's control API holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -80,8 +90,8 @@ pub struct Change {
     pub agent: String,
     /// Which rules.
     pub rules: RuleSet,
-    /// The rules sent.
-    pub sent: Value,
+    /// The rules sent (their first [`KEPT_TEXT`] bytes as JSON text).
+    pub sent: String,
     /// `ok`, or the agent's error.
     pub result: String,
 }
@@ -92,6 +102,9 @@ pub enum SteerError {
     /// No such agent in the control file.
     #[error("agent {0:?} is not in the control file (--control)")]
     UnknownAgent(String),
+    /// As many relays as allowed are waiting on agents already.
+    #[error("{RELAYS} changes are waiting on agents already; retry")]
+    Busy,
     /// The agent refused the change (its answer said why).
     #[error("agent {agent} said {status}: {body}")]
     Refused {
@@ -119,6 +132,30 @@ pub struct Steering {
     agents: BTreeMap<String, AgentControl>,
     http: ureq::Agent,
     changes: Mutex<VecDeque<Change>>,
+    /// Relays under way (at most [`RELAYS`]).
+    relaying: Mutex<usize>,
+}
+
+/// A relay's place among [`RELAYS`], given back on drop.
+struct Relaying<'a>(&'a Mutex<usize>);
+
+impl Drop for Relaying<'_> {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+    }
+}
+
+/// `s` cut to at most `n` bytes, on a character boundary.
+fn cut(s: &str, n: usize) -> String {
+    let mut end = s.len().min(n);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    if end < s.len() {
+        format!("{}…", &s[..end])
+    } else {
+        s.to_string()
+    }
 }
 
 impl Steering {
@@ -164,6 +201,7 @@ impl Steering {
             agents,
             http: ureq::AgentBuilder::new().timeout(AGENT_TIMEOUT).redirects(0).build(),
             changes: Mutex::new(VecDeque::new()),
+            relaying: Mutex::new(0),
         })
     }
 
@@ -177,7 +215,13 @@ impl Steering {
         self.call(agent, "GET", set, None)
     }
 
-    /// Replaces agent `agent`'s rules of `set` with `rules`, for `who`; logged and kept.
+    /// Whether `agent` is steered here.
+    pub fn knows(&self, agent: &str) -> bool {
+        self.agents.contains_key(agent)
+    }
+
+    /// Replaces agent `agent`'s rules of `set` with `rules`, for `who`; logged and kept (a
+    /// change for an agent not in the control file is neither).
     pub fn put(
         &self,
         who: &str,
@@ -186,12 +230,16 @@ impl Steering {
         rules: &Value,
         now: u64,
     ) -> Result<Value, SteerError> {
+        if !self.knows(agent) {
+            return Err(SteerError::UnknownAgent(agent.into()));
+        }
         let r = self.call(agent, "PUT", set, Some(rules));
         let result = match &r {
             Ok(_) => "ok".to_string(),
-            Err(e) => e.to_string(),
+            Err(e) => cut(&e.to_string(), KEPT_TEXT),
         };
-        tracing::info!(who, agent, rules = ?set, result = %result, sent = %rules, "control: rules changed");
+        let sent = cut(&rules.to_string(), KEPT_TEXT);
+        tracing::info!(who, agent, rules = ?set, result = %result.escape_debug(), sent = %sent.escape_debug(), "control: rules changed");
         let mut c = self.changes.lock().unwrap_or_else(|p| p.into_inner());
         if c.len() == KEPT {
             c.pop_front();
@@ -201,7 +249,7 @@ impl Steering {
             who: who.to_string(),
             agent: agent.to_string(),
             rules: set,
-            sent: rules.clone(),
+            sent,
             result,
         });
         r
@@ -220,6 +268,14 @@ impl Steering {
         body: Option<&Value>,
     ) -> Result<Value, SteerError> {
         let a = self.agents.get(agent).ok_or_else(|| SteerError::UnknownAgent(agent.into()))?;
+        let _relaying = {
+            let mut n = self.relaying.lock().unwrap_or_else(|p| p.into_inner());
+            if *n >= RELAYS {
+                return Err(SteerError::Busy);
+            }
+            *n += 1;
+            Relaying(&self.relaying)
+        };
         let url = format!("{}{}", a.url, set.path());
         let req =
             self.http.request(method, &url).set("Authorization", &format!("Bearer {}", a.token));
@@ -318,8 +374,16 @@ mod tests {
         let e = s.put("alice", "sw-b", RuleSet::Watch, &serde_json::json!([]), 1).unwrap_err();
         assert!(e.to_string().contains("sw-b at http://127.0.0.1:1"), "{e}");
         assert!(matches!(s.get("sw-x", RuleSet::Int), Err(SteerError::UnknownAgent(_))));
+        let e = s.put("alice", "sw-x", RuleSet::Watch, &serde_json::json!([]), 1).unwrap_err();
+        assert!(matches!(e, SteerError::UnknownAgent(_)));
+        // The failed change is kept, the unknown agent's is not; what is kept is bounded.
         let c = s.changes();
         assert_eq!((c.len(), c[0].who.as_str(), c[0].rules), (1, "alice", RuleSet::Watch));
+        let big = serde_json::json!([{ "src": "x".repeat(10_000) }]);
+        let _ = s.put("alice", "sw-b", RuleSet::Watch, &big, 2);
+        assert!(s.changes()[0].sent.len() <= KEPT_TEXT + 3);
+        // The relays' budget is given back.
+        assert_eq!(*s.relaying.lock().unwrap(), 0);
     }
 
     #[test]

@@ -481,6 +481,10 @@ fn only_operators_change_the_agents_rules_and_every_change_is_kept() {
     assert_eq!(s, 404);
     let (s, _) = send(a, "PUT", "/api/v1/control/watch?agent=sw-b", Some(OPERATOR), "[{");
     assert_eq!(s, 400);
+    // More than an agent takes: refused here, not relayed.
+    let huge = format!("[{{\"dst\":\"{}\"}}]", "1".repeat(70_000));
+    let (s, body) = send(a, "PUT", "/api/v1/control/watch?agent=sw-b", Some(OPERATOR), &huge);
+    assert_eq!(s, 413, "{body}");
     // No flow records: nothing to choose the heaviest from.
     let (s, body) = send(a, "POST", "/api/v1/control/heaviest?n=3", Some(OPERATOR), "");
     assert_eq!(s, 409, "{body}");
@@ -500,15 +504,30 @@ fn only_operators_change_the_agents_rules_and_every_change_is_kept() {
             )
         })
         .collect();
-    let want = [
-        ("alice", "nobody", "watch"),
-        ("alice", "gone", "int"),
-        ("alice", "sw-b", "watch"),
-        ("alice", "sw-b", "watch"),
-    ];
+    // (The unknown agent's change is not kept: there was no agent to change.)
+    let want = [("alice", "gone", "int"), ("alice", "sw-b", "watch"), ("alice", "sw-b", "watch")];
     assert_eq!(
         changes.iter().map(|(w, a, r)| (w.as_str(), a.as_str(), r.as_str())).collect::<Vec<_>>(),
         want
     );
-    assert_eq!(v["changes"][3]["result"], "ok");
+    assert_eq!(v["changes"][2]["result"], "ok");
+    assert_eq!(seen.lock().unwrap().iter().filter(|(m, _, _)| m == "PUT").count(), 2);
+    drop(c);
+
+    // Without a token file, everyone may read, and no one may steer (a web page the user
+    // opens could send the POST).
+    let open = Collector::start(&Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        db: dir.path().join("open.db"),
+        control: Some(std::sync::Arc::new(
+            telemark_collector::steer::Steering::load(&file).unwrap(),
+        )),
+        ..Config::default()
+    })
+    .unwrap();
+    let (s, _) = send(open.addr, "GET", "/api/v1/control", None, "");
+    assert_eq!(s, 200);
+    let (s, body) = send(open.addr, "POST", "/api/v1/control/heaviest?n=3", None, "");
+    assert_eq!(s, 403, "{body}");
+    assert!(body.contains("[operators]"), "{body}");
 }

@@ -36,8 +36,14 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// The operator's token: the console steers with it (and reads, as operators may).
+const OPERATOR: &str = "0p0p0p0p0p0p0p0p0p0p0p0p0p0p0p0p";
+
 fn api(base: &str, path: &str) -> Value {
-    let r = ureq::get(&format!("{base}{path}")).call().unwrap_or_else(|e| panic!("{path}: {e}"));
+    let r = ureq::get(&format!("{base}{path}"))
+        .set("Authorization", &format!("Bearer {OPERATOR}"))
+        .call()
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
     serde_json::from_str(&r.into_string().unwrap()).unwrap()
 }
 
@@ -136,8 +142,22 @@ fn every_view_shows_what_the_traffic_did() {
         })
         .collect();
     std::fs::write(&control_file, entries).unwrap();
-    let (_c, base, flow_port) =
-        collector(&dir.path().join("c.db"), &["--control", control_file.to_str().unwrap()]);
+    // Tokens: each agent's, and an operator's (steering needs one).
+    let agent_token = |n: &str| format!("{n}-token-{}", "a".repeat(32));
+    let mut tokens = String::from("[agents]\n");
+    for n in names {
+        tokens += &format!("{n} = \"{}\"\n", agent_token(n));
+        std::fs::write(dir.path().join(format!("{n}.token")), agent_token(n)).unwrap();
+    }
+    tokens += &format!("[operators]\nops = \"{OPERATOR}\"\n");
+    let auth = dir.path().join("tokens.toml");
+    std::fs::write(&auth, tokens).unwrap();
+    let export_token =
+        |n: &str| format!("token_file = {:?}\n", dir.path().join(format!("{n}.token")));
+    let (_c, base, flow_port) = collector(
+        &dir.path().join("c.db"),
+        &["--control", control_file.to_str().unwrap(), "--auth", auth.to_str().unwrap()],
+    );
     let started = now_ns();
 
     // Run 1, loss: every batch of the watched flows reported, G's traffic captured for
@@ -155,7 +175,14 @@ fn every_view_shows_what_the_traffic_did() {
                 "[metrics]\nlisten = \"127.0.0.1:{port}\"\n[control]\ntoken_file = {token:?}\n"
             );
             let loss = format!("batch = 100\n{watched}");
-            agent(&p, n, mark, &base, &loss, &format!("report_all = true\n{metrics}"))
+            agent(
+                &p,
+                n,
+                mark,
+                &base,
+                &loss,
+                &format!("report_all = true\n{}{metrics}", export_token(n)),
+            )
         })
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
@@ -178,8 +205,11 @@ fn every_view_shows_what_the_traffic_did() {
         .collect();
     let out = screenshots();
     let _ = std::fs::remove_dir_all(&out);
-    let steer =
-        drive(&base, &out, &serde_json::json!({"steer": {"agents": names, "watch": rules}}));
+    let steer = drive(
+        &base,
+        &out,
+        &serde_json::json!({"token": OPERATOR, "steer": {"agents": names, "watch": rules}}),
+    );
     for n in names {
         let s = &steer["steer"][n];
         assert_eq!(s["status"], "saved: the agent's rules now", "{n}: {s}");
@@ -213,11 +243,7 @@ fn every_view_shows_what_the_traffic_did() {
     );
     let changes = api(&base, "/api/v1/control")["changes"].clone();
     assert_eq!(changes.as_array().unwrap().len(), 3, "{changes}");
-    assert!(changes
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|c| c["result"] == "ok" && c["who"] == "anyone"));
+    assert!(changes.as_array().unwrap().iter().all(|c| c["result"] == "ok" && c["who"] == "ops"));
     let own: u64 = agents
         .into_iter()
         .map(|a| {
@@ -236,7 +262,8 @@ fn every_view_shows_what_the_traffic_did() {
         let toml = format!(
             "agent = \"{name}\"\nnetns = \"{p}{name}\"\nmeasure = false\n\
              [[pair]]\na = \"{name}a\"\nb = \"{name}b\"\n\
-             [export]\ncollector = \"{base}\"\ninterval = \"200ms\"\n{int}"
+             [export]\ncollector = \"{base}\"\ninterval = \"200ms\"\n{}{int}",
+            export_token(name)
         );
         Agent::start(FileConfig::parse(&toml).unwrap().validate().unwrap()).unwrap()
     };
@@ -289,6 +316,7 @@ fn every_view_shows_what_the_traffic_did() {
     // The browser.
     let k = key(LOSSY[1]);
     let options = serde_json::json!({
+        "token": OPERATOR,
         "agent": "s3",
         "before": {"from": "now-3h", "to": "now-2h"},
         "flow": {"src": k.src.to_string(), "dst": k.dst.to_string(), "sport": LOSSY[1],
@@ -325,11 +353,12 @@ fn every_view_shows_what_the_traffic_did() {
         .iter()
         .find(|(n, _)| n.ends_with("s3/ingress (from the marking)"))
         .unwrap_or_else(|| panic!("no s3 ingress segment on the page: {segs:?}"));
-    // The point's own records, summed (the path view below lines batches up across switches,
-    // which also counts a batch lost whole: held to 3 % there, 5 % here).
+    // The point's own records, summed: never more than nftables dropped, and most of it (the
+    // path view below lines the switches' batches up, its figure held to 3 %; these sums can
+    // lack the loss of a flow's last batches: 107 and 113 of 116 and 117 in two runs).
     let got = shown(cell(row, 3));
     assert!(
-        got.abs_diff(link2) <= (link2 as f64 * 0.05).ceil() as u64 + own,
+        got <= link2 + own && got + (link2 as f64 * 0.1).ceil() as u64 >= link2,
         "{name}: {row:?} against nftables' {link2}"
     );
     for (n, r) in &segs {
