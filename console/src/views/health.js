@@ -74,7 +74,8 @@ export async function render(ctx) {
   }
   root.append(h("section", { class: "half" }, h("h2", {}, "Flow exporters ", h("span", { class: "muted" }, "(since the collector started)")),
     table([["exporter"], ["datagrams", "num"], ["flows", "num"], ["lost (sequence numbers)", "num"]],
-      [...exporters.values()].map(e => row([e.exporter, numCell(e.datagrams), numCell(e.flows), numCell(e.lost)], e, { "data-exporter": e.exporter })),
+      // "other" (exporters past the label limit) only once it has counted something.
+      [...exporters.values()].filter(e => e.exporter !== "other" || e.datagrams || e.flows || e.lost).map(e => row([e.exporter, numCell(e.datagrams), numCell(e.flows), numCell(e.lost)], e, { "data-exporter": e.exporter })),
       { keys: [e => e.exporter, e => Number(e.datagrams), e => Number(e.flows), e => Number(e.lost)], empty: "no flow exporter has sent (or the flow listener is off)" }),
     h("p", { class: "muted" }, `templates: ${count(sum("telemark_collector_flow_template_fields"))} fields held; refused: ${count(sum("telemark_collector_flow_refused_total"))} datagrams or sets`)));
 

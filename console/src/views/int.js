@@ -33,6 +33,11 @@ export async function render(ctx) {
       if (hop.queue_occupancy != null) queue.set(k, Math.max(queue.get(k) || 0, num(hop.queue_occupancy)));
     }
   }
+  // Every bucket of the range on the time axis (a quiet bucket shows empty), unless the range
+  // has too many of them for a chart: then the buckets with events.
+  const first = Math.floor(win.fromMs / bucket) * bucket;
+  const every = (win.toMs - first) / bucket <= 2000;
+  if (every) for (let b = first; b < win.toMs; b += bucket) times.add(b);
   const ns_ = [...nodes].sort((a, b) => a - b), ts = [...times].sort((a, b) => a - b);
   const cells = m => [...m.entries()].map(([k, v]) => { const [n, b] = k.split("/").map(Number); return [ts.indexOf(b), ns_.indexOf(n), v]; });
   const latEl = h("div", { class: "chart", id: "chart-latency" }), qEl = h("div", { class: "chart", id: "chart-queue" });

@@ -18,6 +18,7 @@ pub mod overview;
 mod page;
 pub mod path;
 pub mod pg;
+mod rollup;
 pub mod steer;
 pub mod store;
 pub mod validate;

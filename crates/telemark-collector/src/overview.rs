@@ -33,8 +33,7 @@ impl OverviewSource {
     }
 }
 
-/// An hour in nanoseconds.
-pub const HOUR_NS: u64 = 3_600_000_000_000;
+pub use crate::rollup::HOUR_NS;
 
 /// What to sum: loss records in `window`, in buckets of `bucket_ns`, of one agent and one IP
 /// protocol if given.

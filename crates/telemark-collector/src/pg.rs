@@ -32,13 +32,13 @@ use telemark_wire::ipfix::{Template, TemplateRecord};
 
 /// A day in nanoseconds: the partitions' width.
 const DAY_NS: i64 = 86_400_000_000_000;
-/// An hour in nanoseconds (`flow_hours`).
-const HOUR_NS: i64 = 3_600_000_000_000;
+/// An hour in nanoseconds (`flow_hours`, `segment_hours`).
+const HOUR_NS: i64 = crate::rollup::HOUR_NS as i64;
 /// Advisory lock key of schema changes and partition creation ("telemark" in ASCII).
 const SCHEMA_LOCK: i64 = 0x7465_6c65_6d61_726b;
 
 /// Migrations, in order; each is applied once, in one transaction.
-const MIGRATIONS: [&str; 2] = [
+const MIGRATIONS: [&str; 3] = [
     // 1: the first schema. Text in byte order (COLLATE "C"), as SQLite compares it: lists
     // sort alike on either store, whatever the database's locale.
     r#"CREATE TABLE agents (
@@ -92,6 +92,34 @@ const MIGRATIONS: [&str; 2] = [
     );"#,
     // 2: the console's overview reads every flow's loss records in a window.
     r#"CREATE INDEX loss_time ON loss (first_ns);"#,
+    // 3: sums per flow and day, and per segment and hour (`crate::rollup`), from the hourly
+    // sums already stored.
+    r#"CREATE TABLE flow_days (
+        day BIGINT NOT NULL,
+        src TEXT COLLATE "C" NOT NULL, dst TEXT COLLATE "C" NOT NULL, sport INTEGER NOT NULL, dport INTEGER NOT NULL,
+        proto SMALLINT NOT NULL, spi BIGINT NOT NULL, si SMALLINT NOT NULL,
+        agent TEXT COLLATE "C" NOT NULL, point TEXT COLLATE "C" NOT NULL, upstream TEXT COLLATE "C" NOT NULL, scope TEXT COLLATE "C" NOT NULL,
+        batches BIGINT NOT NULL, lossy_batches BIGINT NOT NULL, expected NUMERIC NOT NULL,
+        lost NUMERIC NOT NULL, uncertain NUMERIC NOT NULL,
+        first_ns BIGINT NOT NULL, last_ns BIGINT NOT NULL,
+        PRIMARY KEY (day, src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope)
+    );
+    INSERT INTO flow_days
+        SELECT hour / 24, src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope,
+               SUM(batches), SUM(lossy_batches), SUM(expected), SUM(lost), SUM(uncertain),
+               MIN(first_ns), MAX(last_ns)
+        FROM flow_hours GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12;
+    CREATE TABLE segment_hours (
+        hour BIGINT NOT NULL, agent TEXT COLLATE "C" NOT NULL, point TEXT COLLATE "C" NOT NULL,
+        upstream TEXT COLLATE "C" NOT NULL, scope TEXT COLLATE "C" NOT NULL, proto SMALLINT NOT NULL,
+        batches BIGINT NOT NULL, lossy_batches BIGINT NOT NULL, expected NUMERIC NOT NULL,
+        lost NUMERIC NOT NULL, uncertain NUMERIC NOT NULL,
+        PRIMARY KEY (hour, agent, point, upstream, scope, proto)
+    );
+    INSERT INTO segment_hours
+        SELECT hour, agent, point, upstream, scope, proto, SUM(batches), SUM(lossy_batches),
+               SUM(expected), SUM(lost), SUM(uncertain)
+        FROM flow_hours GROUP BY 1, 2, 3, 4, 5, 6;"#,
 ];
 
 /// The tables partitioned by day, in the order a batch writes them (loss, flows, other):
@@ -333,7 +361,17 @@ impl PgStore {
 
     /// Rows in `table` (for tests and the sizing report).
     pub fn rows(&mut self, table: &str) -> Result<u64, StoreError> {
-        if !["loss", "other", "flows", "seen", "flow_hours", "agents"].contains(&table) {
+        const TABLES: [&str; 8] = [
+            "loss",
+            "other",
+            "flows",
+            "seen",
+            "flow_hours",
+            "flow_days",
+            "segment_hours",
+            "agents",
+        ];
+        if !TABLES.contains(&table) {
             return Err(StoreError::Postgres(format!("no table {table}")));
         }
         let n: i64 =
@@ -499,7 +537,7 @@ fn insert(
     now: u64,
 ) -> Result<(), postgres::Error> {
     let mut loss = LossColumns::default();
-    let mut hours: std::collections::BTreeMap<HourKey, HourSums> = Default::default();
+    let mut sums = crate::rollup::Rollup::default();
     let mut other = OtherColumns::default();
     let mut flows = FlowColumns::default();
     for &(agent, boot, seq, r) in records {
@@ -507,33 +545,7 @@ fn insert(
         let kind = match r {
             Record::Loss(l) => {
                 loss.push(agent, boot, seq, l);
-                let f = &l.flow;
-                let key = HourKey {
-                    agent: agent.to_string(),
-                    hour: i(l.first_ns) / HOUR_NS,
-                    src: f.src.clone(),
-                    dst: f.dst.clone(),
-                    sport: i32::from(f.sport),
-                    dport: i32::from(f.dport),
-                    proto: i16::from(f.proto),
-                    spi: f.spi.map_or(-1, i64::from),
-                    si: f.si.map_or(-1, i16::from),
-                    point: l.point.clone(),
-                    upstream: l.upstream.clone().unwrap_or_default(),
-                    scope: l.scope.as_str().to_string(),
-                };
-                let h = hours.entry(key).or_insert(HourSums {
-                    first_ns: i64::MAX,
-                    last_ns: i64::MIN,
-                    ..HourSums::default()
-                });
-                h.batches += 1;
-                h.lossy_batches += i64::from(l.lost > 0);
-                h.expected += i128::from(l.expected.unwrap_or(0));
-                h.lost += i128::from(l.lost);
-                h.uncertain += i128::from(l.uncertain);
-                h.first_ns = h.first_ns.min(i(l.first_ns));
-                h.last_ns = h.last_ns.max(i(l.last_ns));
+                sums.add(agent, l);
                 continue;
             }
             Record::Summary(_) => "summary",
@@ -594,57 +606,8 @@ fn insert(
             ],
         )?;
     }
-    if !hours.is_empty() {
-        // Sums per key, in key order: one upsert touches each row once, and two collectors
-        // take the rows' locks in the same order.
-        let mut c = HourColumns::default();
-        for (k, h) in hours {
-            c.push(k, h);
-        }
-        tx.execute(
-            "INSERT INTO flow_hours (hour, src, dst, sport, dport, proto, spi, si, agent, point,
-                upstream, scope, batches, lossy_batches, expected, lost, uncertain, first_ns,
-                last_ns)
-             SELECT hour, src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope,
-                batches, lossy, expected::NUMERIC, lost::NUMERIC, uncertain::NUMERIC, first_ns,
-                last_ns
-             FROM unnest($1::TEXT[], $2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::INTEGER[],
-                $6::INTEGER[], $7::SMALLINT[], $8::BIGINT[], $9::SMALLINT[], $10::TEXT[],
-                $11::TEXT[], $12::TEXT[], $13::BIGINT[], $14::BIGINT[], $15::TEXT[], $16::TEXT[],
-                $17::TEXT[], $18::BIGINT[], $19::BIGINT[])
-                AS u(agent, hour, src, dst, sport, dport, proto, spi, si, point, upstream, scope,
-                     batches, lossy, expected, lost, uncertain, first_ns, last_ns)
-             ON CONFLICT (hour, src, dst, sport, dport, proto, spi, si, agent, point, upstream,
-                scope)
-             DO UPDATE SET batches = flow_hours.batches + excluded.batches,
-                lossy_batches = flow_hours.lossy_batches + excluded.lossy_batches,
-                expected = flow_hours.expected + excluded.expected,
-                lost = flow_hours.lost + excluded.lost,
-                uncertain = flow_hours.uncertain + excluded.uncertain,
-                first_ns = LEAST(flow_hours.first_ns, excluded.first_ns),
-                last_ns = GREATEST(flow_hours.last_ns, excluded.last_ns)",
-            &[
-                &c.agent,
-                &c.hour,
-                &c.src,
-                &c.dst,
-                &c.sport,
-                &c.dport,
-                &c.proto,
-                &c.spi,
-                &c.si,
-                &c.point,
-                &c.upstream,
-                &c.scope,
-                &c.batches,
-                &c.lossy,
-                &c.expected,
-                &c.lost,
-                &c.uncertain,
-                &c.first_ns,
-                &c.last_ns,
-            ],
-        )?;
+    if !sums.is_empty() {
+        add_sums(tx, &sums)?;
     }
     if !flows.seq.is_empty() {
         let f = &flows;
@@ -768,50 +731,129 @@ impl<'a> LossColumns<'a> {
     }
 }
 
-/// A row of `flow_hours` (absent NSH fields and upstreams as -1 and '').
-#[derive(PartialEq, Eq, PartialOrd, Ord)]
-struct HourKey {
-    agent: String,
-    hour: i64,
-    src: String,
-    dst: String,
-    sport: i32,
-    dport: i32,
-    proto: i16,
-    spi: i64,
-    si: i16,
-    point: String,
-    upstream: String,
-    scope: String,
+/// Adds one transaction's sums (`crate::rollup`) to their tables: one statement per table,
+/// each row once, in key order (two collectors take the rows' locks in the same order). Sums
+/// are exact (NUMERIC), sent as decimal text.
+fn add_sums(tx: &mut Transaction<'_>, sums: &crate::rollup::Rollup) -> Result<(), postgres::Error> {
+    const ADD: &str = "batches = t.batches + excluded.batches,
+        lossy_batches = t.lossy_batches + excluded.lossy_batches,
+        expected = t.expected + excluded.expected, lost = t.lost + excluded.lost,
+        uncertain = t.uncertain + excluded.uncertain";
+    for (table, period, rows) in
+        [("flow_hours", "hour", &sums.flow_hours), ("flow_days", "day", &sums.flow_days)]
+    {
+        let mut c = SumColumns::default();
+        for (k, v) in rows {
+            c.push(v);
+            c.agent.push(&k.agent);
+            c.period.push(k.period);
+            c.src.push(&k.src);
+            c.dst.push(&k.dst);
+            c.sport.push(k.sport);
+            c.dport.push(k.dport);
+            c.proto.push(k.proto);
+            c.spi.push(k.spi);
+            c.si.push(k.si);
+            c.point.push(&k.point);
+            c.upstream.push(&k.upstream);
+            c.scope.push(k.scope);
+        }
+        tx.execute(
+            &format!(
+                "INSERT INTO {table} AS t ({period}, src, dst, sport, dport, proto, spi, si,
+                    agent, point, upstream, scope, batches, lossy_batches, expected, lost,
+                    uncertain, first_ns, last_ns)
+                 SELECT p, src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope,
+                    batches, lossy, expected::NUMERIC, lost::NUMERIC, uncertain::NUMERIC,
+                    first_ns, last_ns
+                 FROM unnest($1::TEXT[], $2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::INTEGER[],
+                    $6::INTEGER[], $7::SMALLINT[], $8::BIGINT[], $9::SMALLINT[], $10::TEXT[],
+                    $11::TEXT[], $12::TEXT[], $13::BIGINT[], $14::BIGINT[], $15::TEXT[],
+                    $16::TEXT[], $17::TEXT[], $18::BIGINT[], $19::BIGINT[])
+                    AS u(agent, p, src, dst, sport, dport, proto, spi, si, point, upstream,
+                         scope, batches, lossy, expected, lost, uncertain, first_ns, last_ns)
+                 ON CONFLICT ({period}, src, dst, sport, dport, proto, spi, si, agent, point,
+                    upstream, scope)
+                 DO UPDATE SET {ADD}, first_ns = LEAST(t.first_ns, excluded.first_ns),
+                    last_ns = GREATEST(t.last_ns, excluded.last_ns)"
+            ),
+            &[
+                &c.agent,
+                &c.period,
+                &c.src,
+                &c.dst,
+                &c.sport,
+                &c.dport,
+                &c.proto,
+                &c.spi,
+                &c.si,
+                &c.point,
+                &c.upstream,
+                &c.scope,
+                &c.batches,
+                &c.lossy,
+                &c.expected,
+                &c.lost,
+                &c.uncertain,
+                &c.first_ns,
+                &c.last_ns,
+            ],
+        )?;
+    }
+    let mut c = SumColumns::default();
+    for (k, v) in &sums.segment_hours {
+        c.push(v);
+        c.agent.push(&k.agent);
+        c.period.push(k.hour);
+        c.point.push(&k.point);
+        c.upstream.push(&k.upstream);
+        c.scope.push(k.scope);
+        c.proto.push(k.proto);
+    }
+    tx.execute(
+        &format!(
+            "INSERT INTO segment_hours AS t (hour, agent, point, upstream, scope, proto, batches,
+                lossy_batches, expected, lost, uncertain)
+             SELECT hour, agent, point, upstream, scope, proto, batches, lossy,
+                expected::NUMERIC, lost::NUMERIC, uncertain::NUMERIC
+             FROM unnest($1::TEXT[], $2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::TEXT[],
+                $6::SMALLINT[], $7::BIGINT[], $8::BIGINT[], $9::TEXT[], $10::TEXT[], $11::TEXT[])
+                AS u(agent, hour, point, upstream, scope, proto, batches, lossy, expected, lost,
+                     uncertain)
+             ON CONFLICT (hour, agent, point, upstream, scope, proto) DO UPDATE SET {ADD}"
+        ),
+        &[
+            &c.agent,
+            &c.period,
+            &c.point,
+            &c.upstream,
+            &c.scope,
+            &c.proto,
+            &c.batches,
+            &c.lossy,
+            &c.expected,
+            &c.lost,
+            &c.uncertain,
+        ],
+    )?;
+    Ok(())
 }
 
-/// What a batch adds to a `flow_hours` row (sums exact: NUMERIC in the table).
+/// Rows of sums, column by column (the key columns a table has; sums as decimal text).
 #[derive(Default)]
-struct HourSums {
-    batches: i64,
-    lossy_batches: i64,
-    expected: i128,
-    lost: i128,
-    uncertain: i128,
-    first_ns: i64,
-    last_ns: i64,
-}
-
-/// `flow_hours` rows, column by column (sums as decimal text, cast to NUMERIC).
-#[derive(Default)]
-struct HourColumns {
-    agent: Vec<String>,
-    hour: Vec<i64>,
-    src: Vec<String>,
-    dst: Vec<String>,
+struct SumColumns<'a> {
+    agent: Vec<&'a str>,
+    period: Vec<i64>,
+    src: Vec<&'a str>,
+    dst: Vec<&'a str>,
     sport: Vec<i32>,
     dport: Vec<i32>,
     proto: Vec<i16>,
     spi: Vec<i64>,
     si: Vec<i16>,
-    point: Vec<String>,
-    upstream: Vec<String>,
-    scope: Vec<String>,
+    point: Vec<&'a str>,
+    upstream: Vec<&'a str>,
+    scope: Vec<&'static str>,
     batches: Vec<i64>,
     lossy: Vec<i64>,
     expected: Vec<String>,
@@ -821,27 +863,15 @@ struct HourColumns {
     last_ns: Vec<i64>,
 }
 
-impl HourColumns {
-    fn push(&mut self, k: HourKey, h: HourSums) {
-        self.agent.push(k.agent);
-        self.hour.push(k.hour);
-        self.src.push(k.src);
-        self.dst.push(k.dst);
-        self.sport.push(k.sport);
-        self.dport.push(k.dport);
-        self.proto.push(k.proto);
-        self.spi.push(k.spi);
-        self.si.push(k.si);
-        self.point.push(k.point);
-        self.upstream.push(k.upstream);
-        self.scope.push(k.scope);
-        self.batches.push(h.batches);
-        self.lossy.push(h.lossy_batches);
-        self.expected.push(h.expected.to_string());
-        self.lost.push(h.lost.to_string());
-        self.uncertain.push(h.uncertain.to_string());
-        self.first_ns.push(h.first_ns);
-        self.last_ns.push(h.last_ns);
+impl SumColumns<'_> {
+    fn push(&mut self, v: &crate::rollup::Sums) {
+        self.batches.push(v.batches);
+        self.lossy.push(v.lossy_batches);
+        self.expected.push(v.expected.to_string());
+        self.lost.push(v.lost.to_string());
+        self.uncertain.push(v.uncertain.to_string());
+        self.first_ns.push(v.first_ns);
+        self.last_ns.push(v.last_ns);
     }
 }
 
@@ -1162,6 +1192,8 @@ impl PgStore {
         let cut = before.div_euclid(DAY_NS) * DAY_NS;
         tx.execute("DELETE FROM seen WHERE time_ns < $1", &[&cut])?;
         tx.execute("DELETE FROM flow_hours WHERE hour < $1", &[&(cut / HOUR_NS)])?;
+        tx.execute("DELETE FROM segment_hours WHERE hour < $1", &[&(cut / HOUR_NS)])?;
+        tx.execute("DELETE FROM flow_days WHERE day < $1", &[&(cut / DAY_NS)])?;
         tx.commit()?;
         Ok(gone)
     }
@@ -1195,20 +1227,31 @@ impl PgStore {
         offset: usize,
         limit: usize,
     ) -> Result<Vec<FlowSummary>, StoreError> {
+        // Whole days from the daily sums, the hours around them from the hourly ones (as
+        // [`crate::store::Sqlite::flows`]).
+        const COLUMNS: &str = "src, dst, sport, dport, proto, spi, si, agent, point, upstream,
+            scope, lossy_batches, lost, uncertain, first_ns, last_ns, expected";
         let sql = format!(
             "SELECT src, dst, sport, dport, proto, NULLIF(spi, -1), NULLIF(si, -1), agent, point,
                     NULLIF(upstream, ''), scope, SUM(lossy_batches)::BIGINT, {}, {},
                     MIN(first_ns), MAX(last_ns), {}
-             FROM flow_hours WHERE hour >= $1 AND hour <= $2
+             FROM (SELECT {COLUMNS} FROM flow_days WHERE day >= $1 AND day <= $2
+                   UNION ALL SELECT {COLUMNS} FROM flow_hours WHERE hour >= $3 AND hour <= $4
+                   UNION ALL SELECT {COLUMNS} FROM flow_hours WHERE hour >= $5 AND hour <= $6)
+                  AS sums
              GROUP BY src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope
-             HAVING NOT $3 OR MAX(lost) > 0 OR MAX(uncertain) > 0
+             HAVING NOT $7 OR MAX(lost) > 0 OR MAX(uncertain) > 0
              ORDER BY src, dst, sport, dport, proto, spi, si",
             usum("lost"),
             usum("uncertain"),
             usum("expected")
         );
-        let hours = (i(w.from_ns) / HOUR_NS, i(w.to_ns.saturating_sub(1)) / HOUR_NS);
-        let rows = self.query(&sql, &[&hours.0, &hours.1, &lossy_only])?;
+        let s = crate::rollup::split_hours(
+            i(w.from_ns) / HOUR_NS,
+            i(w.to_ns.saturating_sub(1)) / HOUR_NS,
+        );
+        let (d, b, a) = (s.days, s.before, s.after);
+        let rows = self.query(&sql, &[&d.0, &d.1, &b.0, &b.1, &a.0, &a.1, &lossy_only])?;
         let rows = rows
             .iter()
             .map(|r| {
@@ -1272,7 +1315,7 @@ impl PgStore {
         &self,
         q: &crate::overview::OverviewQuery,
     ) -> Result<Vec<crate::overview::OverviewRow>, StoreError> {
-        use crate::overview::{OverviewRow, OverviewSource, Sums, HOUR_NS};
+        use crate::overview::{OverviewRow, OverviewSource, Sums};
         let filter = "($4::TEXT IS NULL OR agent = $4) AND ($5::SMALLINT IS NULL OR proto = $5)";
         let sql = match q.source() {
             OverviewSource::Batches => format!(
@@ -1287,7 +1330,7 @@ impl PgStore {
             OverviewSource::HourlySums => format!(
                 "SELECT agent, point, NULLIF(upstream, ''), scope,
                         ((hour * {HOUR_NS}) / $1) * $1 AS t, {}, {}, {}, {}, {}
-                 FROM flow_hours WHERE hour >= $2 AND hour <= $3 AND {filter}
+                 FROM segment_hours WHERE hour >= $2 AND hour <= $3 AND {filter}
                  GROUP BY agent, point, upstream, scope, t",
                 usum("batches"),
                 usum("lossy_batches"),

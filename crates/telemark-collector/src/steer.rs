@@ -38,6 +38,19 @@ pub const MAX_RULES: usize = 64 << 10;
 /// [`AGENT_TIMEOUT`], so a hung agent may hold at most this many; more are refused (503).
 const RELAYS: usize = 2;
 
+/// Of those, what readers' reads of rules may hold: an operator's change always finds a place,
+/// whatever readers ask.
+const READER_RELAYS: usize = 1;
+
+/// Whom a relay is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Relayer {
+    /// Someone who may read only.
+    Reader,
+    /// An operator (may steer).
+    Operator,
+}
+
 /// Most bytes of the rules sent, and of an agent's answer, kept and logged with a change.
 const KEPT_TEXT: usize = 2048;
 
@@ -132,16 +145,19 @@ pub struct Steering {
     agents: BTreeMap<String, AgentControl>,
     http: ureq::Agent,
     changes: Mutex<VecDeque<Change>>,
-    /// Relays under way (at most [`RELAYS`]).
-    relaying: Mutex<usize>,
+    /// Relays under way: all of them (at most [`RELAYS`]), and readers' (at most
+    /// [`READER_RELAYS`]).
+    relaying: Mutex<(usize, usize)>,
 }
 
 /// A relay's place among [`RELAYS`], given back on drop.
-struct Relaying<'a>(&'a Mutex<usize>);
+struct Relaying<'a>(&'a Mutex<(usize, usize)>, Relayer);
 
 impl Drop for Relaying<'_> {
     fn drop(&mut self) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+        let mut n = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        n.0 -= 1;
+        n.1 -= usize::from(self.1 == Relayer::Reader);
     }
 }
 
@@ -201,7 +217,7 @@ impl Steering {
             agents,
             http: ureq::AgentBuilder::new().timeout(AGENT_TIMEOUT).redirects(0).build(),
             changes: Mutex::new(VecDeque::new()),
-            relaying: Mutex::new(0),
+            relaying: Mutex::new((0, 0)),
         })
     }
 
@@ -210,9 +226,9 @@ impl Steering {
         self.agents.keys().map(String::as_str)
     }
 
-    /// Agent `agent`'s rules of `set`, as it answers them.
-    pub fn get(&self, agent: &str, set: RuleSet) -> Result<Value, SteerError> {
-        self.call(agent, "GET", set, None)
+    /// Agent `agent`'s rules of `set`, as it answers them, for `by`.
+    pub fn get(&self, agent: &str, set: RuleSet, by: Relayer) -> Result<Value, SteerError> {
+        self.call(agent, "GET", set, None, by)
     }
 
     /// Whether `agent` is steered here.
@@ -233,7 +249,7 @@ impl Steering {
         if !self.knows(agent) {
             return Err(SteerError::UnknownAgent(agent.into()));
         }
-        let r = self.call(agent, "PUT", set, Some(rules));
+        let r = self.call(agent, "PUT", set, Some(rules), Relayer::Operator);
         let result = match &r {
             Ok(_) => "ok".to_string(),
             Err(e) => cut(&e.to_string(), KEPT_TEXT),
@@ -266,15 +282,18 @@ impl Steering {
         method: &str,
         set: RuleSet,
         body: Option<&Value>,
+        by: Relayer,
     ) -> Result<Value, SteerError> {
         let a = self.agents.get(agent).ok_or_else(|| SteerError::UnknownAgent(agent.into()))?;
         let _relaying = {
             let mut n = self.relaying.lock().unwrap_or_else(|p| p.into_inner());
-            if *n >= RELAYS {
+            let reader = by == Relayer::Reader;
+            if n.0 >= RELAYS || (reader && n.1 >= READER_RELAYS) {
                 return Err(SteerError::Busy);
             }
-            *n += 1;
-            Relaying(&self.relaying)
+            n.0 += 1;
+            n.1 += usize::from(reader);
+            Relaying(&self.relaying, by)
         };
         let url = format!("{}{}", a.url, set.path());
         let req =
@@ -373,7 +392,8 @@ mod tests {
         let s = Steering::load(&file).unwrap();
         let e = s.put("alice", "sw-b", RuleSet::Watch, &serde_json::json!([]), 1).unwrap_err();
         assert!(e.to_string().contains("sw-b at http://127.0.0.1:1"), "{e}");
-        assert!(matches!(s.get("sw-x", RuleSet::Int), Err(SteerError::UnknownAgent(_))));
+        let unknown = s.get("sw-x", RuleSet::Int, Relayer::Reader);
+        assert!(matches!(unknown, Err(SteerError::UnknownAgent(_))));
         let e = s.put("alice", "sw-x", RuleSet::Watch, &serde_json::json!([]), 1).unwrap_err();
         assert!(matches!(e, SteerError::UnknownAgent(_)));
         // The failed change is kept, the unknown agent's is not; what is kept is bounded.
@@ -383,7 +403,34 @@ mod tests {
         let _ = s.put("alice", "sw-b", RuleSet::Watch, &big, 2);
         assert!(s.changes()[0].sent.len() <= KEPT_TEXT + 3);
         // The relays' budget is given back.
-        assert_eq!(*s.relaying.lock().unwrap(), 0);
+        assert_eq!(*s.relaying.lock().unwrap(), (0, 0));
+    }
+
+    /// An agent that never answers holds a relay's place until the timeout: readers' reads
+    /// hold at most one, so an operator's change still goes out.
+    #[test]
+    fn readers_never_take_the_operators_last_relay() {
+        let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (file, token) = (dir.path().join("control.toml"), dir.path().join("token"));
+        std::fs::write(&token, "c".repeat(32)).unwrap();
+        let url = format!("http://{}", hung.local_addr().unwrap());
+        let text = format!("[agents.sw-b]\nurl = {url:?}\ntoken_file = {token:?}\n");
+        std::fs::write(&file, text).unwrap();
+        let s = Steering::load(&file).unwrap();
+        std::thread::scope(|sc| {
+            let first = sc.spawn(|| s.get("sw-b", RuleSet::Watch, Relayer::Reader));
+            while s.relaying.lock().unwrap().1 == 0 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let second = s.get("sw-b", RuleSet::Watch, Relayer::Reader);
+            assert!(matches!(second, Err(SteerError::Busy)), "{second:?}");
+            // The operator's change is relayed (and times out on the hung agent: not Busy).
+            let change = s.put("alice", "sw-b", RuleSet::Watch, &serde_json::json!([]), 1);
+            assert!(matches!(change, Err(SteerError::Unreachable { .. })), "{change:?}");
+            assert!(matches!(first.join().unwrap(), Err(SteerError::Unreachable { .. })));
+        });
+        assert_eq!(*s.relaying.lock().unwrap(), (0, 0));
     }
 
     #[test]

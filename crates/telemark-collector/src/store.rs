@@ -804,6 +804,23 @@ CREATE TABLE IF NOT EXISTS flow_hours (
     first_ns INTEGER NOT NULL, last_ns INTEGER NOT NULL,
     PRIMARY KEY (hour, src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS flow_days (
+    day INTEGER NOT NULL,
+    src TEXT NOT NULL, dst TEXT NOT NULL, sport INTEGER NOT NULL, dport INTEGER NOT NULL,
+    proto INTEGER NOT NULL, spi INTEGER NOT NULL, si INTEGER NOT NULL,
+    agent TEXT NOT NULL, point TEXT NOT NULL, upstream TEXT NOT NULL, scope TEXT NOT NULL,
+    batches INTEGER NOT NULL, lossy_batches INTEGER NOT NULL, expected INTEGER NOT NULL,
+    lost INTEGER NOT NULL, uncertain INTEGER NOT NULL,
+    first_ns INTEGER NOT NULL, last_ns INTEGER NOT NULL,
+    PRIMARY KEY (day, src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS segment_hours (
+    hour INTEGER NOT NULL, agent TEXT NOT NULL, point TEXT NOT NULL, upstream TEXT NOT NULL,
+    scope TEXT NOT NULL, proto INTEGER NOT NULL,
+    batches INTEGER NOT NULL, lossy_batches INTEGER NOT NULL, expected INTEGER NOT NULL,
+    lost INTEGER NOT NULL, uncertain INTEGER NOT NULL,
+    PRIMARY KEY (hour, agent, point, upstream, scope, proto)
+) WITHOUT ROWID;
 ";
 
 /// The flow-state row key of a session's domain: its address and port, and the protocol's
@@ -838,6 +855,78 @@ fn table_exists(db: &Connection, name: &str) -> Result<bool, StoreError> {
     Ok(n > 0)
 }
 
+/// Adds one transaction's sums (`crate::rollup`) to their tables, each row once; sums saturate
+/// at 2^63 - 1 (read back with `usum`).
+fn add_sums(
+    tx: &rusqlite::Transaction<'_>,
+    sums: &crate::rollup::Rollup,
+) -> Result<(), StoreError> {
+    let sat = |v: i128| i64::try_from(v).unwrap_or(i64::MAX);
+    const ADD: &str = "batches = batches + excluded.batches,
+        lossy_batches = lossy_batches + excluded.lossy_batches,
+        expected = MIN(expected + excluded.expected, 9223372036854775807),
+        lost = MIN(lost + excluded.lost, 9223372036854775807),
+        uncertain = MIN(uncertain + excluded.uncertain, 9223372036854775807)";
+    for (table, period, rows) in
+        [("flow_hours", "hour", &sums.flow_hours), ("flow_days", "day", &sums.flow_days)]
+    {
+        let mut st = tx.prepare_cached(&format!(
+            "INSERT INTO {table} ({period}, src, dst, sport, dport, proto, spi, si, agent, point,
+                upstream, scope, batches, lossy_batches, expected, lost, uncertain, first_ns,
+                last_ns)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+                ?18, ?19)
+             ON CONFLICT DO UPDATE SET {ADD}, first_ns = MIN(first_ns, excluded.first_ns),
+                last_ns = MAX(last_ns, excluded.last_ns)"
+        ))?;
+        for (k, v) in rows {
+            st.execute(params![
+                k.period,
+                k.src,
+                k.dst,
+                k.sport,
+                k.dport,
+                k.proto,
+                k.spi,
+                k.si,
+                k.agent,
+                k.point,
+                k.upstream,
+                k.scope,
+                v.batches,
+                v.lossy_batches,
+                sat(v.expected),
+                sat(v.lost),
+                sat(v.uncertain),
+                v.first_ns,
+                v.last_ns,
+            ])?;
+        }
+    }
+    let mut st = tx.prepare_cached(&format!(
+        "INSERT INTO segment_hours (hour, agent, point, upstream, scope, proto, batches,
+            lossy_batches, expected, lost, uncertain)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+         ON CONFLICT DO UPDATE SET {ADD}"
+    ))?;
+    for (k, v) in &sums.segment_hours {
+        st.execute(params![
+            k.hour,
+            k.agent,
+            k.point,
+            k.upstream,
+            k.scope,
+            k.proto,
+            v.batches,
+            v.lossy_batches,
+            sat(v.expected),
+            sat(v.lost),
+            sat(v.uncertain),
+        ])?;
+    }
+    Ok(())
+}
+
 /// Fills `flows` from the `flow` records a collector stored in `other` before `flows` existed.
 fn backfill_flows(db: &Connection) -> Result<(), StoreError> {
     db.execute_batch(
@@ -867,10 +956,7 @@ fn migrate_flow_state(db: &Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// `flow_hours` sums each flow's batches per point and hour of `first_ns`: the flows list
-/// reads these few rows instead of every batch (one row stands for up to hours of batches).
-/// Absent NSH fields and upstreams are stored as -1 and '' there (key columns are not NULL).
-const HOUR_NS: u64 = 3_600_000_000_000;
+use crate::rollup::{DAY_NS, HOUR_NS};
 
 /// Columns of `loss` added after its first release, oldest first.
 /// A loss record's drop reasons as stored: `{"NETFILTER_DROP": 30}`, or NULL for none.
@@ -991,7 +1077,7 @@ impl Sqlite {
         if !in_memory {
             store.file = identity(path);
         }
-        store.backfill_flow_hours()?;
+        store.backfill_sums()?;
         let count = |t: &str| -> Result<u64, StoreError> {
             Ok(u(store.db.query_row(&format!("SELECT COUNT(*) FROM {t}"), [], |r| r.get(0))?))
         };
@@ -1027,13 +1113,14 @@ impl Sqlite {
         Ok(Readers { conns, budget })
     }
 
-    /// A database from before `flow_hours` gets it filled from its batches, once.
-    fn backfill_flow_hours(&mut self) -> Result<(), StoreError> {
-        let empty: bool =
-            self.db.query_row("SELECT NOT EXISTS (SELECT 1 FROM flow_hours)", [], |r| r.get(0))?;
-        let has_loss: bool =
-            self.db.query_row("SELECT EXISTS (SELECT 1 FROM loss)", [], |r| r.get(0))?;
-        if empty && has_loss {
+    /// A database from before the sums (`crate::rollup`) gets them filled, once: `flow_hours`
+    /// from its batches, the others from `flow_hours`.
+    fn backfill_sums(&mut self) -> Result<(), StoreError> {
+        let empty = |t: &str| -> Result<bool, StoreError> {
+            let q = format!("SELECT NOT EXISTS (SELECT 1 FROM {t})");
+            Ok(self.db.query_row(&q, [], |r| r.get(0))?)
+        };
+        if empty("flow_hours")? && !empty("loss")? {
             self.db.execute(
                 &format!(
                     "INSERT INTO flow_hours
@@ -1044,6 +1131,25 @@ impl Sqlite {
                             MIN(first_ns), MAX(last_ns)
                      FROM loss GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12"
                 ),
+                [],
+            )?;
+        }
+        if empty("flow_days")? && !empty("flow_hours")? {
+            self.db.execute(
+                "INSERT INTO flow_days
+                 SELECT hour / 24, src, dst, sport, dport, proto, spi, si, agent, point, upstream,
+                        scope, SUM(batches), SUM(lossy_batches), usum(expected), usum(lost),
+                        usum(uncertain), MIN(first_ns), MAX(last_ns)
+                 FROM flow_hours GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12",
+                [],
+            )?;
+        }
+        if empty("segment_hours")? && !empty("flow_hours")? {
+            self.db.execute(
+                "INSERT INTO segment_hours
+                 SELECT hour, agent, point, upstream, scope, proto, SUM(batches),
+                        SUM(lossy_batches), usum(expected), usum(lost), usum(uncertain)
+                 FROM flow_hours GROUP BY 1, 2, 3, 4, 5, 6",
                 [],
             )?;
         }
@@ -1320,20 +1426,7 @@ impl Sqlite {
                     src, dst, sport, dport, proto, packets, bytes, exact, error_bound)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
             )?;
-            let mut hours = tx.prepare_cached(
-                "INSERT INTO flow_hours (hour, src, dst, sport, dport, proto, spi, si, agent,
-                    point, upstream, scope, batches, lossy_batches, expected, lost, uncertain,
-                    first_ns, last_ns)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, 1, ?13, ?14, ?15,
-                    ?16, ?17, ?18)
-                 ON CONFLICT DO UPDATE SET batches = batches + 1,
-                    lossy_batches = lossy_batches + excluded.lossy_batches,
-                    expected = MIN(expected + excluded.expected, 9223372036854775807),
-                    lost = MIN(lost + excluded.lost, 9223372036854775807),
-                    uncertain = MIN(uncertain + excluded.uncertain, 9223372036854775807),
-                    first_ns = MIN(first_ns, excluded.first_ns),
-                    last_ns = MAX(last_ns, excluded.last_ns)",
-            )?;
+            let mut sums = crate::rollup::Rollup::default();
             let mut outbox = tx.prepare_cached(
                 "INSERT INTO outbox (agent, boot, seq, kind, key, json)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -1416,26 +1509,7 @@ impl Sqlite {
                     }
                 }
                 if let (1, Record::Loss(l)) = (added, r) {
-                    hours.execute(params![
-                        i(l.first_ns / HOUR_NS),
-                        l.flow.src,
-                        l.flow.dst,
-                        l.flow.sport,
-                        l.flow.dport,
-                        l.flow.proto,
-                        l.flow.spi.map_or(-1, i64::from),
-                        l.flow.si.map_or(-1, i64::from),
-                        agent,
-                        l.point,
-                        l.upstream.as_deref().unwrap_or(""),
-                        l.scope.as_str(),
-                        i64::from(l.lost > 0),
-                        i(l.expected.unwrap_or(0)),
-                        i(l.lost),
-                        i(l.uncertain),
-                        i(l.first_ns),
-                        i(l.last_ns),
-                    ])?;
+                    sums.add(agent, l);
                     new_rows.0 += 1;
                 } else if added == 1 {
                     new_rows.1 += 1;
@@ -1447,6 +1521,7 @@ impl Sqlite {
                 }
                 st.new.push(added == 1);
             }
+            add_sums(&tx, &sums)?;
             tx.execute(
                 "UPDATE agents SET last_seen_ns = ?2, records = records + ?3,
                  export_dropped = COALESCE(?4, export_dropped) WHERE agent = ?1",
@@ -1470,6 +1545,8 @@ impl Sqlite {
         self.db.execute("DELETE FROM flows WHERE time_ns < ?1", [i(before_ns)])?;
         // Hours wholly before the cut go; the hour it falls in stays until it is whole.
         self.db.execute("DELETE FROM flow_hours WHERE hour < ?1", [i(before_ns / HOUR_NS)])?;
+        self.db.execute("DELETE FROM segment_hours WHERE hour < ?1", [i(before_ns / HOUR_NS)])?;
+        self.db.execute("DELETE FROM flow_days WHERE day < ?1", [i(before_ns / DAY_NS)])?;
         for (rows, gone) in self.rows.iter().zip([a as u64, b as u64]) {
             let _ = rows.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 Some(n.saturating_sub(gone))
@@ -1509,20 +1586,30 @@ impl Sqlite {
         offset: usize,
         limit: usize,
     ) -> Result<Vec<FlowSummary>, StoreError> {
-        // The whole hours `w` touches: the ranking may count a little outside `w`; the figures
-        // of the flows listed are then read exactly, from their batches.
-        let mut q = self.db.prepare_cached(
+        // The whole hours `w` touches (its whole days from the daily sums): the ranking may
+        // count a little outside `w`; the figures of the flows listed are then read exactly,
+        // from their batches.
+        const COLUMNS: &str = "src, dst, sport, dport, proto, spi, si, agent, point, upstream,
+            scope, lossy_batches, lost, uncertain, first_ns, last_ns, expected";
+        let mut q = self.db.prepare_cached(&format!(
             "SELECT src, dst, sport, dport, proto, NULLIF(spi, -1), NULLIF(si, -1), agent, point,
                     NULLIF(upstream, ''), scope, SUM(lossy_batches), usum(lost), usum(uncertain),
                     MIN(first_ns), MAX(last_ns)
                     , usum(expected)
-             FROM flow_hours WHERE hour >= ?1 AND hour <= ?2
+             FROM (SELECT {COLUMNS} FROM flow_days WHERE day >= ?1 AND day <= ?2
+                   UNION ALL SELECT {COLUMNS} FROM flow_hours WHERE hour >= ?3 AND hour <= ?4
+                   UNION ALL SELECT {COLUMNS} FROM flow_hours WHERE hour >= ?5 AND hour <= ?6)
              GROUP BY src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope
-             HAVING ?3 = 0 OR MAX(lost) > 0 OR MAX(uncertain) > 0
-             ORDER BY src, dst, sport, dport, proto, spi, si",
-        )?;
-        let hours = (i(w.from_ns / HOUR_NS), i(w.to_ns.saturating_sub(1) / HOUR_NS));
-        let rows = q.query_map(params![hours.0, hours.1, lossy_only], |r| {
+             HAVING ?7 = 0 OR MAX(lost) > 0 OR MAX(uncertain) > 0
+             ORDER BY src, dst, sport, dport, proto, spi, si"
+        ))?;
+        let s = crate::rollup::split_hours(
+            i(w.from_ns / HOUR_NS),
+            i(w.to_ns.saturating_sub(1) / HOUR_NS),
+        );
+        let (d, b, a) = (s.days, s.before, s.after);
+        let args = params![d.0, d.1, b.0, b.1, a.0, a.1, lossy_only];
+        let rows = q.query_map(args, |r| {
             let p = PointRecords {
                 agent: r.get(7)?,
                 point: r.get(8)?,
@@ -1546,7 +1633,7 @@ impl Sqlite {
         &self,
         q: &crate::overview::OverviewQuery,
     ) -> Result<Vec<crate::overview::OverviewRow>, StoreError> {
-        use crate::overview::{OverviewRow, OverviewSource, Sums, HOUR_NS};
+        use crate::overview::{OverviewRow, OverviewSource, Sums};
         let sql = match q.source() {
             OverviewSource::Batches => {
                 "SELECT agent, point, upstream, scope, (first_ns / :bucket) * :bucket AS t,
@@ -1562,7 +1649,7 @@ impl Sqlite {
                         ((hour * :hour) / :bucket) * :bucket AS t,
                         SUM(batches), SUM(lossy_batches), usum(expected), usum(lost),
                         usum(uncertain)
-                 FROM flow_hours
+                 FROM segment_hours
                  WHERE hour >= :from AND hour <= :to
                    AND (:agent IS NULL OR agent = :agent) AND (:proto IS NULL OR proto = :proto)
                  GROUP BY agent, point, upstream, scope, t"
@@ -2178,6 +2265,69 @@ mod tests {
         assert!(mem.try_lock().is_err(), "the reader holds the writer's connection");
         drop(r);
         assert!(mem.try_lock().is_ok());
+    }
+
+    /// A database from before the daily and per-segment sums gets them from its hourly sums
+    /// when opened: the same flows list and overview as sums written with the records.
+    #[test]
+    fn sums_added_later_are_filled_from_the_hourly_ones() {
+        const HOUR: u64 = crate::rollup::HOUR_NS;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let batch = |b: u64, sport: u16, lost: u64| {
+            Record::Loss(LossRecord {
+                agent: "a".into(),
+                port: "1".into(),
+                point: "ingress".into(),
+                upstream: None,
+                flow: Flow {
+                    src: "10.0.0.1".into(),
+                    dst: "10.0.0.2".into(),
+                    sport,
+                    dport: 80,
+                    proto: 17,
+                    spi: None,
+                    si: None,
+                },
+                color: (b % 2) as u8,
+                batch: b,
+                first_ns: 30 * 24 * HOUR + b * 7 * HOUR,
+                last_ns: 30 * 24 * HOUR + b * 7 * HOUR + 1,
+                expected: Some(100),
+                observed: 100 - lost,
+                lost,
+                late: 0,
+                uncertain: 0,
+                scope: Scope::Path,
+                tail: false,
+                drops: Vec::new(),
+            })
+        };
+        let recs: Vec<Record> = (0..40).map(|b| batch(b, 1 + (b % 3) as u16, b % 5)).collect();
+        let w = Window { from_ns: 30 * 24 * HOUR + 5 * HOUR, to_ns: 38 * 24 * HOUR };
+        let q = crate::overview::OverviewQuery {
+            window: w,
+            bucket_ns: 24 * HOUR,
+            agent: None,
+            proto: None,
+        };
+        let answers = |s: &Sqlite| {
+            let flows: Vec<_> =
+                s.flows(w, true, 0, 10).unwrap().into_iter().map(|f| (f.flow, f.lost)).collect();
+            let mut o = s.overview(&q).unwrap();
+            o.sort_by_key(|r| (r.agent.clone(), r.point.clone(), r.t_ns));
+            (flows, o)
+        };
+        let want = {
+            let mut s = Sqlite::open(&path).unwrap();
+            s.register("a", "1", 1, 0).unwrap();
+            s.ingest("a", 1, 0, &recs, 0, 1).unwrap();
+            let want = answers(&s);
+            assert!(want.0.len() == 3 && !want.1.is_empty(), "{want:?}");
+            s.db.execute_batch("DELETE FROM flow_days; DELETE FROM segment_hours").unwrap();
+            want
+        };
+        assert_eq!(answers(&Sqlite::open(&path).unwrap()), want);
     }
 
     #[test]

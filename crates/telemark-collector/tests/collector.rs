@@ -845,6 +845,21 @@ fn the_overview_sums_every_flow_per_segment_and_bucket() {
     assert_eq!(o["total"]["lossy_batches"], truth.values().map(|v| v[1]).sum::<u64>());
     assert_eq!(o["total"]["expected"], 180_000);
 
+    // The hourly sums by protocol and agent too.
+    for (q, want) in [("proto=6", tcp_lost), ("agent=sw-b", sum("sw-b", "egress", 3))] {
+        let (s, body) = get(
+            a,
+            &format!(
+                "/api/v1/overview?from={}&to={}&bucket_ns=3600000000000&{q}",
+                base_ns() - 3_600_000_000_000,
+                base_ns() + 3_600_000_000_000
+            ),
+        );
+        assert_eq!(s, 200, "{body}");
+        let o: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!((&o["source"], &o["total"]["lost"]), (&"hourly_sums".into(), &want.into()));
+    }
+
     // More buckets than a chart can use, and bad arguments: 400, saying what to ask instead.
     let (s, body) = get(a, &format!("/api/v1/overview?{window}&bucket_ns=1000"));
     assert_eq!(s, 400);
@@ -853,4 +868,63 @@ fn the_overview_sums_every_flow_per_segment_and_bucket() {
         let (s, body) = get(a, &format!("/api/v1/overview?{window}&{bad}"));
         assert_eq!(s, 400, "{bad}: {body}");
     }
+}
+
+/// Flows ranked over days: the whole days of the window from the daily sums, the hours around
+/// them from the hourly ones, nothing of the days' hours outside the window. Each flow's loss
+/// lies where a wrong split would rank it first.
+#[test]
+fn the_flows_list_ranks_a_window_of_days_by_its_hours() {
+    const HOUR: u64 = 3_600_000_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    let c = start(&dir.path().join("t.db"), "127.0.0.1:0".parse().unwrap());
+    let a = c.addr;
+    let day0 = (base_ns() / (24 * HOUR) - 4) * 24 * HOUR;
+    // The window: day 0 from 20:00 to day 2 at 03:00; day 1 whole.
+    let (from, to) = (day0 + 20 * HOUR, day0 + 51 * HOUR);
+    // (sport, hour since day 0, lost); the loss inside the window per flow: 50, 40, 30, 10.
+    let lost_at = [
+        (40100, 10, 95),
+        (40100, 21, 10),
+        (40101, 22, 50),
+        (40102, 36, 40),
+        (40102, 53, 90),
+        (40103, 49, 30),
+    ];
+    let records: Vec<Record> = lost_at
+        .iter()
+        .enumerate()
+        .map(|(b, &(sport, hour, lost))| {
+            let mut r = loss("sw-f", "ingress", None, b as u64, lost);
+            if let Record::Loss(l) = &mut r {
+                l.flow.sport = sport;
+                l.first_ns = day0 + hour * HOUR + 60_000_000_000;
+                l.last_ns = l.first_ns + 1_000_000;
+            }
+            r
+        })
+        .collect();
+    let reg = br#"{"agent":"sw-f","version":"1","boot":1}"#;
+    assert_eq!(send("POST", a, "/api/v1/agents", reg).0, 200);
+    let body = serde_json::json!({"agent": "sw-f", "boot": 1, "seq": 0, "records": records});
+    let (s, text) = send("POST", a, "/api/v1/ingest", body.to_string().as_bytes());
+    assert_eq!(s, 200, "{text}");
+    let list = |q: &str| -> Vec<(u64, u64)> {
+        let (s, body) = get(a, &format!("/api/v1/flows?from={from}&to={to}&lossy=true&{q}"));
+        assert_eq!(s, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|f| (f["flow"]["sport"].as_u64().unwrap(), f["lost"].as_u64().unwrap()))
+            .collect()
+    };
+    assert_eq!(list("limit=10"), [(40101, 50), (40102, 40), (40103, 30), (40100, 10)]);
+    assert_eq!(list("limit=1"), [(40101, 50)]);
+    // The overview over the same hours, from the hourly sums per segment.
+    let (s, body) =
+        get(a, &format!("/api/v1/overview?from={from}&to={to}&bucket_ns={}", 24 * HOUR));
+    assert_eq!(s, 200, "{body}");
+    let o: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((&o["source"], &o["total"]["lost"]), (&"hourly_sums".into(), &130.into()));
 }

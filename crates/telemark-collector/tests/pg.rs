@@ -100,12 +100,19 @@ fn two_collectors_store_each_record_once() {
         server.psql("telemark", "SELECT SUM(lost), SUM(batches) FROM flow_hours"),
         format!("{truth_lost}|{total}")
     );
+    for sums in ["flow_days", "segment_hours"] {
+        assert_eq!(
+            server.psql("telemark", &format!("SELECT SUM(lost), SUM(batches) FROM {sums}")),
+            format!("{truth_lost}|{total}"),
+            "{sums}"
+        );
+    }
     let parts = server
         .psql("telemark", "SELECT COUNT(*) FROM pg_inherits WHERE inhparent = 'loss'::regclass");
     assert_eq!(parts, "3", "one partition a day");
     let mut third = PgStore::connect(&server.url(), None).unwrap();
-    // Each migration applied once (two so far), whoever connected first.
-    assert_eq!(server.psql("telemark", "SELECT COUNT(*) FROM telemark_migrations"), "2");
+    // Each migration applied once (three so far), whoever connected first.
+    assert_eq!(server.psql("telemark", "SELECT COUNT(*) FROM telemark_migrations"), "3");
 
     // Retention drops whole days: everything before the second day's start goes, nothing
     // after it.
