@@ -11,7 +11,7 @@ function heat(ctx, el, cells, nodes, buckets, tz, label, unit) {
     tooltip: { position: "top" },
     xAxis: { type: "category", data: buckets.map(b => time(BigInt(b) * 1000000n, tz, false)), name: "time", nameLocation: "middle", nameGap: 30 },
     yAxis: { type: "category", data: nodes.map(n => "node " + n), name: "node" },
-    visualMap: { min: 0, max, calculable: true, orient: "horizontal", left: "center", bottom: 0, text: [`${count(max)} ${unit}`, "0"], inRange: { color: ["#f7fbff", "#6baed6", "#08306b"] } },
+    visualMap: { min: 0, max, calculable: true, orient: "horizontal", left: "center", bottom: 0, text: [`${count(max)} ${unit}`, "0"], formatter: v => count(Math.round(v)), inRange: { color: ["#f7fbff", "#6baed6", "#08306b"] } },
     series: [{ type: "heatmap", name: label, data: cells, emphasis: { itemStyle: { borderColor: "#000", borderWidth: 1 } } }],
   }, tz, label);
 }

@@ -33,10 +33,15 @@ function order(segs) {
 
 function drawPath(segs) {
   const nodes = order(segs);
-  const W = 190, gap = 70, H = 230, y = 150;
+  const W = 180, gap = 60, H = 230, y = 150;
   const x = i => 20 + i * (W + gap);
   const width = x(nodes.length) - gap + 20;
-  const svg = h("svg", { viewBox: `0 0 ${width} ${H}`, width, height: H, class: "path", role: "img", "aria-label": "the flow's path: points and segments coloured by loss" });
+  // Drawn to fit the page's width, down to 3/4 of its size; a longer path scrolls, to its
+  // segment that lost most (below).
+  const avail = Math.max(600, document.documentElement.clientWidth - 64);
+  const scale = Math.min(1, Math.max(0.75, avail / width));
+  const svg = h("svg", { viewBox: `0 0 ${width} ${H}`, width: Math.round(width * scale), height: Math.round(H * scale), class: "path", role: "img", "aria-label": "the flow's path: points and segments coloured by loss" });
+  let worst = null;
   const idx = new Map(nodes.map((n, i) => [n, i]));
   segs.forEach((s, k) => {
     const to = idx.get(`${s.agent}/${s.point}`), from = idx.get(s.from || "marker");
@@ -49,6 +54,7 @@ function drawPath(segs) {
     const label = `lost ${count(s.lost)}` + (num(s.uncertain) ? `, uncertain ${count(s.uncertain)}` : "");
     const reasons = Object.entries(s.drops || {}).sort((a, b) => num(b[1]) - num(a[1])).map(([r, n]) => `${count(n)} ${r}`).join(", ");
     const lx = adjacent ? (x1 + x2) / 2 : (x(from) + x(to) + W) / 2, ly = adjacent ? y - 10 : y - 40 - lift * 1.5;
+    if (num(s.lost) && (!worst || num(s.lost) > worst.lost)) worst = { lost: num(s.lost), x: lx * scale };
     svg.append(h("g", { class: "segment", "data-segment": `${s.from || "marker"} → ${s.agent}/${s.point}`, "data-lost": s.lost },
       h("title", {}, `${s.from || "marker"} → ${s.agent}/${s.point}: ${label} of ${count(s.expected)} (${METHOD[s.method] || s.method})` + (reasons ? `; dropped by the kernel: ${reasons}` : "")),
       h("path", { d, fill: "none", stroke: c, "stroke-width": num(s.lost) ? 5 : 3, "marker-end": "" }),
@@ -65,7 +71,9 @@ function drawPath(segs) {
       h("text", { x: x(i) + W / 2, y: y + 8, "text-anchor": "middle" }, point),
       seg ? h("text", { x: x(i) + W / 2, y: y + 24, "text-anchor": "middle", class: "pt-port" }, `port ${seg.port}`) : null));
   });
-  return h("div", { class: "path-scroll" }, svg);
+  const box = h("div", { class: "path-scroll" }, svg);
+  if (worst) requestAnimationFrame(() => { box.scrollLeft = Math.max(0, worst.x - box.clientWidth / 2); });
+  return box;
 }
 
 export async function render(ctx) {

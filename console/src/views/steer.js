@@ -7,7 +7,7 @@ import { h, time } from "../util.js";
 
 // An editor of one agent's rules of one set. Rules that could not be read are not offered
 // for saving: an empty list saved in their place would watch every flow.
-function editor(agent, set, rules, label, help, changed) {
+function editor(agent, set, rules, why, label, help, changed) {
   const id = `${set}-${agent}`;
   const area = h("textarea", { id, rows: 6, cols: 60, spellcheck: "false", "aria-label": `${label} of ${agent}` });
   const known = rules != null;
@@ -15,7 +15,7 @@ function editor(agent, set, rules, label, help, changed) {
   area.disabled = !known;
   // The console does not redraw over what is being edited (main.js).
   area.addEventListener("input", () => { area.dataset.dirty = "1"; });
-  const status = h("span", { id: `status-${id}`, class: "muted", role: "status" }, known ? "" : "not read from the agent");
+  const status = h("span", { id: `status-${id}`, class: "muted", role: "status" }, known ? "" : why || "not read from the agent");
   const save = h("button", { type: "button", id: `save-${id}`, disabled: !known }, `save ${label}`);
   save.addEventListener("click", async () => {
     let body;
@@ -64,9 +64,11 @@ export async function section(ctx) {
     h("p", {}, "Watch the ", n, " heaviest flows of the last 5 minutes at ", who, " ", go, " ", hstatus),
     c.agents.length > SHOWN ? h("p", { class: "muted" }, `The first ${SHOWN} of ${c.agents.length} agents.`) : null,
     rules.map(a => h("div", { class: "agent-rules", "data-agent": a.agent },
-      h("h3", {}, a.agent, a.error ? h("span", { class: "bad" }, " — " + a.error) : null),
+      // The agent's error once when neither set could be read (it is down); else each set's
+      // own (an agent without [int] refuses INT rules).
+      h("h3", {}, a.agent, a.error && a.watch == null && a.int == null ? h("span", { class: "bad" }, " — " + a.error) : null),
       h("div", { class: "rules-pair" },
-        editor(a.agent, "watch", a.watch, "watch rules", "(a list; [] watches every flow)", changed),
-        editor(a.agent, "int", a.int, "INT rules", "({rule: [...], detect: [...]})", changed)))),
+        editor(a.agent, "watch", a.watch, a.watch_error, "watch rules", "(a list; [] watches every flow)", changed),
+        editor(a.agent, "int", a.int, a.int_error, "INT rules", "({rule: [...], detect: [...]})", changed)))),
     h("h3", {}, "Changes"), changesBox);
 }

@@ -774,9 +774,13 @@ impl Api {
             Err(e) => Ok((serde_json::Value::Null, Some(e.to_string()))),
         };
         match (part(RuleSet::Watch), part(RuleSet::Int)) {
+            // Each set's own reason, and the first of them as the answer's.
             (Ok((watch, e1)), Ok((int, e2))) => Response::json(
                 200,
-                &json!({ "agent": a, "watch": watch, "int": int, "error": e1.or(e2) }),
+                &json!({
+                    "agent": a, "watch": watch, "int": int, "watch_error": e1, "int_error": e2,
+                    "error": e1.clone().or(e2.clone()),
+                }),
             ),
             (Err(r), _) | (_, Err(r)) => r,
         }
