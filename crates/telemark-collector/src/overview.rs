@@ -17,8 +17,8 @@ use telemark_core::records::Scope;
 pub enum OverviewSource {
     /// The loss records themselves (buckets shorter than an hour, or not whole hours).
     Batches,
-    /// The hourly sums (`flow_hours`): buckets of whole hours; the window's first and last
-    /// hours count whole.
+    /// The sums per segment and hour (`segment_hours`, `crate::rollup`): buckets of whole
+    /// hours; the window's first and last hours count whole.
     HourlySums,
 }
 

@@ -93,8 +93,10 @@ const MIGRATIONS: [&str; 3] = [
     // 2: the console's overview reads every flow's loss records in a window.
     r#"CREATE INDEX loss_time ON loss (first_ns);"#,
     // 3: sums per flow and day, and per segment and hour (`crate::rollup`), from the hourly
-    // sums already stored.
-    r#"CREATE TABLE flow_days (
+    // sums already stored; writers of them wait (and those under way finish first), so none is
+    // left out.
+    r#"LOCK TABLE flow_hours IN SHARE MODE;
+    CREATE TABLE flow_days (
         day BIGINT NOT NULL,
         src TEXT COLLATE "C" NOT NULL, dst TEXT COLLATE "C" NOT NULL, sport INTEGER NOT NULL, dport INTEGER NOT NULL,
         proto SMALLINT NOT NULL, spi BIGINT NOT NULL, si SMALLINT NOT NULL,

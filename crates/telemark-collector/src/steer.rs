@@ -38,17 +38,17 @@ pub const MAX_RULES: usize = 64 << 10;
 /// [`AGENT_TIMEOUT`], so a hung agent may hold at most this many; more are refused (503).
 const RELAYS: usize = 2;
 
-/// Of those, what readers' reads of rules may hold: an operator's change always finds a place,
-/// whatever readers ask.
-const READER_RELAYS: usize = 1;
+/// Of those, what reads of rules may hold (anyone's, operators' too: the page reads every
+/// agent's rules on each draw): a change always finds a place, whatever is being read.
+const READ_RELAYS: usize = 1;
 
-/// Whom a relay is for.
+/// What a relay does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Relayer {
-    /// Someone who may read only.
-    Reader,
-    /// An operator (may steer).
-    Operator,
+enum Relay {
+    /// Reads an agent's rules.
+    Read,
+    /// Changes them.
+    Change,
 }
 
 /// Most bytes of the rules sent, and of an agent's answer, kept and logged with a change.
@@ -145,19 +145,19 @@ pub struct Steering {
     agents: BTreeMap<String, AgentControl>,
     http: ureq::Agent,
     changes: Mutex<VecDeque<Change>>,
-    /// Relays under way: all of them (at most [`RELAYS`]), and readers' (at most
-    /// [`READER_RELAYS`]).
+    /// Relays under way: all of them (at most [`RELAYS`]), and reads (at most
+    /// [`READ_RELAYS`]).
     relaying: Mutex<(usize, usize)>,
 }
 
 /// A relay's place among [`RELAYS`], given back on drop.
-struct Relaying<'a>(&'a Mutex<(usize, usize)>, Relayer);
+struct Relaying<'a>(&'a Mutex<(usize, usize)>, Relay);
 
 impl Drop for Relaying<'_> {
     fn drop(&mut self) {
         let mut n = self.0.lock().unwrap_or_else(|p| p.into_inner());
         n.0 -= 1;
-        n.1 -= usize::from(self.1 == Relayer::Reader);
+        n.1 -= usize::from(self.1 == Relay::Read);
     }
 }
 
@@ -226,9 +226,9 @@ impl Steering {
         self.agents.keys().map(String::as_str)
     }
 
-    /// Agent `agent`'s rules of `set`, as it answers them, for `by`.
-    pub fn get(&self, agent: &str, set: RuleSet, by: Relayer) -> Result<Value, SteerError> {
-        self.call(agent, "GET", set, None, by)
+    /// Agent `agent`'s rules of `set`, as it answers them.
+    pub fn get(&self, agent: &str, set: RuleSet) -> Result<Value, SteerError> {
+        self.call(agent, "GET", set, None, Relay::Read)
     }
 
     /// Whether `agent` is steered here.
@@ -249,7 +249,7 @@ impl Steering {
         if !self.knows(agent) {
             return Err(SteerError::UnknownAgent(agent.into()));
         }
-        let r = self.call(agent, "PUT", set, Some(rules), Relayer::Operator);
+        let r = self.call(agent, "PUT", set, Some(rules), Relay::Change);
         let result = match &r {
             Ok(_) => "ok".to_string(),
             Err(e) => cut(&e.to_string(), KEPT_TEXT),
@@ -282,18 +282,18 @@ impl Steering {
         method: &str,
         set: RuleSet,
         body: Option<&Value>,
-        by: Relayer,
+        what: Relay,
     ) -> Result<Value, SteerError> {
         let a = self.agents.get(agent).ok_or_else(|| SteerError::UnknownAgent(agent.into()))?;
         let _relaying = {
             let mut n = self.relaying.lock().unwrap_or_else(|p| p.into_inner());
-            let reader = by == Relayer::Reader;
-            if n.0 >= RELAYS || (reader && n.1 >= READER_RELAYS) {
+            let read = what == Relay::Read;
+            if n.0 >= RELAYS || (read && n.1 >= READ_RELAYS) {
                 return Err(SteerError::Busy);
             }
             n.0 += 1;
-            n.1 += usize::from(reader);
-            Relaying(&self.relaying, by)
+            n.1 += usize::from(read);
+            Relaying(&self.relaying, what)
         };
         let url = format!("{}{}", a.url, set.path());
         let req =
@@ -392,7 +392,7 @@ mod tests {
         let s = Steering::load(&file).unwrap();
         let e = s.put("alice", "sw-b", RuleSet::Watch, &serde_json::json!([]), 1).unwrap_err();
         assert!(e.to_string().contains("sw-b at http://127.0.0.1:1"), "{e}");
-        let unknown = s.get("sw-x", RuleSet::Int, Relayer::Reader);
+        let unknown = s.get("sw-x", RuleSet::Int);
         assert!(matches!(unknown, Err(SteerError::UnknownAgent(_))));
         let e = s.put("alice", "sw-x", RuleSet::Watch, &serde_json::json!([]), 1).unwrap_err();
         assert!(matches!(e, SteerError::UnknownAgent(_)));
@@ -406,10 +406,10 @@ mod tests {
         assert_eq!(*s.relaying.lock().unwrap(), (0, 0));
     }
 
-    /// An agent that never answers holds a relay's place until the timeout: readers' reads
-    /// hold at most one, so an operator's change still goes out.
+    /// An agent that never answers holds a relay's place until the timeout: reads hold at
+    /// most one, so an operator's change still goes out.
     #[test]
-    fn readers_never_take_the_operators_last_relay() {
+    fn reads_never_take_the_last_relay_from_a_change() {
         let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let dir = tempfile::tempdir().unwrap();
         let (file, token) = (dir.path().join("control.toml"), dir.path().join("token"));
@@ -419,11 +419,11 @@ mod tests {
         std::fs::write(&file, text).unwrap();
         let s = Steering::load(&file).unwrap();
         std::thread::scope(|sc| {
-            let first = sc.spawn(|| s.get("sw-b", RuleSet::Watch, Relayer::Reader));
+            let first = sc.spawn(|| s.get("sw-b", RuleSet::Watch));
             while s.relaying.lock().unwrap().1 == 0 {
                 std::thread::sleep(Duration::from_millis(5));
             }
-            let second = s.get("sw-b", RuleSet::Watch, Relayer::Reader);
+            let second = s.get("sw-b", RuleSet::Watch);
             assert!(matches!(second, Err(SteerError::Busy)), "{second:?}");
             // The operator's change is relayed (and times out on the hung agent: not Busy).
             let change = s.put("alice", "sw-b", RuleSet::Watch, &serde_json::json!([]), 1);

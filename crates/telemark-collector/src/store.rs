@@ -855,6 +855,14 @@ fn table_exists(db: &Connection, name: &str) -> Result<bool, StoreError> {
     Ok(n > 0)
 }
 
+/// Sums the hours `?1 .. ?2` (end excluded) of `flow_hours` into `flow_days`, whose rows of those
+/// days must not exist.
+const DAYS_FROM_HOURS: &str = "INSERT INTO flow_days
+    SELECT hour / 24, src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope,
+           SUM(batches), SUM(lossy_batches), usum(expected), usum(lost), usum(uncertain),
+           MIN(first_ns), MAX(last_ns)
+    FROM flow_hours WHERE hour >= ?1 AND hour < ?2 GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12";
+
 /// Adds one transaction's sums (`crate::rollup`) to their tables, each row once; sums saturate
 /// at 2^63 - 1 (read back with `usum`).
 fn add_sums(
@@ -1135,14 +1143,7 @@ impl Sqlite {
             )?;
         }
         if empty("flow_days")? && !empty("flow_hours")? {
-            self.db.execute(
-                "INSERT INTO flow_days
-                 SELECT hour / 24, src, dst, sport, dport, proto, spi, si, agent, point, upstream,
-                        scope, SUM(batches), SUM(lossy_batches), usum(expected), usum(lost),
-                        usum(uncertain), MIN(first_ns), MAX(last_ns)
-                 FROM flow_hours GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12",
-                [],
-            )?;
+            self.db.execute(DAYS_FROM_HOURS, [i64::MIN, i64::MAX])?;
         }
         if empty("segment_hours")? && !empty("flow_hours")? {
             self.db.execute(
@@ -1543,10 +1544,26 @@ impl Sqlite {
         let a = self.db.execute("DELETE FROM loss WHERE first_ns < ?1", [i(before_ns)])?;
         let b = self.db.execute("DELETE FROM other WHERE time_ns < ?1", [i(before_ns)])?;
         self.db.execute("DELETE FROM flows WHERE time_ns < ?1", [i(before_ns)])?;
-        // Hours wholly before the cut go; the hour it falls in stays until it is whole.
-        self.db.execute("DELETE FROM flow_hours WHERE hour < ?1", [i(before_ns / HOUR_NS)])?;
-        self.db.execute("DELETE FROM segment_hours WHERE hour < ?1", [i(before_ns / HOUR_NS)])?;
-        self.db.execute("DELETE FROM flow_days WHERE day < ?1", [i(before_ns / DAY_NS)])?;
+        // Hours wholly before the cut go; the hour it falls in stays until it is whole. The
+        // day it falls in is summed again from its hours kept, once some of them go (once an
+        // hour), so a ranking never counts loss whose batches are gone.
+        let (hour, day) = (i(before_ns / HOUR_NS), i(before_ns / DAY_NS));
+        let tx = self.db.transaction()?;
+        let going: bool = tx.query_row(
+            "SELECT EXISTS (SELECT 1 FROM flow_hours WHERE hour >= ?1 AND hour < ?2)",
+            [day * 24, hour],
+            |r| r.get(0),
+        )?;
+        tx.execute("DELETE FROM flow_hours WHERE hour < ?1", [hour])?;
+        tx.execute("DELETE FROM segment_hours WHERE hour < ?1", [hour])?;
+        tx.execute(
+            "DELETE FROM flow_days WHERE day < ?1 OR (?2 AND day = ?1)",
+            params![day, going],
+        )?;
+        if going {
+            tx.execute(DAYS_FROM_HOURS, [day * 24, day * 24 + 24])?;
+        }
+        tx.commit()?;
         for (rows, gone) in self.rows.iter().zip([a as u64, b as u64]) {
             let _ = rows.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 Some(n.saturating_sub(gone))
@@ -1988,8 +2005,8 @@ impl Sqlite {
     }
 }
 
-/// Per flow and point, its hourly sums in a window (`flow_hours`): the flow, the point's
-/// figures, its first and last batch time.
+/// Per flow and point, its sums in a window (`flow_days` and `flow_hours`): the flow, the
+/// point's figures, its first and last batch time.
 pub(crate) type HourRow = (Flow, PointRecords, u64, u64);
 
 /// The flows of `rows` (ordered by flow) ranked most lost first, `limit` of them after
@@ -2328,6 +2345,57 @@ mod tests {
             want
         };
         assert_eq!(answers(&Sqlite::open(&path).unwrap()), want);
+    }
+
+    /// Retention inside a day: the day's sums lose the hours whose batches went, so a ranking
+    /// over that day does not put a flow first for loss no longer stored.
+    #[test]
+    fn retention_takes_the_hours_it_deletes_out_of_their_day() {
+        const HOUR: u64 = crate::rollup::HOUR_NS;
+        let day = 40 * 24 * HOUR;
+        let lossy = |b: u64, sport: u16, hour: u64, lost: u64| {
+            Record::Loss(LossRecord {
+                agent: "a".into(),
+                port: "1".into(),
+                point: "ingress".into(),
+                upstream: None,
+                flow: Flow {
+                    src: "10.0.0.1".into(),
+                    dst: "10.0.0.2".into(),
+                    sport,
+                    dport: 80,
+                    proto: 17,
+                    spi: None,
+                    si: None,
+                },
+                color: 0,
+                batch: b,
+                first_ns: day + hour * HOUR,
+                last_ns: day + hour * HOUR + 1,
+                expected: Some(100),
+                observed: 100 - lost,
+                lost,
+                late: 0,
+                uncertain: 0,
+                scope: Scope::Path,
+                tail: false,
+                drops: Vec::new(),
+            })
+        };
+        let mut s = Sqlite::open(Path::new(":memory:")).unwrap();
+        s.register("a", "1", 1, 0).unwrap();
+        s.ingest("a", 1, 0, &[lossy(0, 1, 2, 50), lossy(1, 2, 12, 10)], 0, 1).unwrap();
+        assert_eq!(s.expire(day + 5 * HOUR).unwrap(), 1);
+        // The window is two whole days: read from the daily sums.
+        let w = Window { from_ns: day, to_ns: day + 48 * HOUR };
+        let top: Vec<_> =
+            s.flows(w, true, 0, 1).unwrap().into_iter().map(|f| (f.flow.sport, f.lost)).collect();
+        assert_eq!(top, [(2, 10)]);
+        // Another pass in the same hour changes nothing; the day goes once wholly past.
+        s.expire(day + 5 * HOUR + 1).unwrap();
+        assert_eq!(s.flows(w, true, 0, 5).unwrap().len(), 1);
+        s.expire(day + 24 * HOUR).unwrap();
+        assert!(s.flows(w, true, 0, 5).unwrap().is_empty());
     }
 
     #[test]

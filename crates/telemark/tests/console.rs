@@ -355,8 +355,8 @@ fn every_view_shows_what_the_traffic_did() {
         .unwrap_or_else(|| panic!("no s3 ingress segment on the page: {segs:?}"));
     // The point's own records, summed: never more than nftables dropped, and most of it. A
     // point measured from the marking reports each flow's last (short) batch without an
-    // expected count, so its loss is not in these sums (docs/console.md, "Limits"): 107, 113
-    // and 129 of 116, 117 and 132 in three runs. The path view below lines the switches'
+    // expected count, so its loss is not in these sums (docs/console.md, "Limits"): 107, 113,
+    // 129 and 115 of 116, 117, 132 and 119 in four runs. The path view below lines the switches'
     // batches up and is held to 3 %.
     let got = shown(cell(row, 3));
     assert!(
