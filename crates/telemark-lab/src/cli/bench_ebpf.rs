@@ -410,15 +410,17 @@ pub fn run(a: Args) -> Result<()> {
         );
         println!("|:---|{}|", ["---:"; 6].join("|"));
         let base = med(0, li, |f| f.gbps);
+        // A program's cost, or a dash where the mode has none.
+        let ns = |v: f64| if v.is_nan() { "–".to_string() } else { format!("{v:.0}") };
         for (mi, (_, label)) in modes.iter().enumerate() {
             let g = med(mi, li, |f| f.gbps);
             println!(
-                "| {label:<54} | {g:>7.2} | {:>9.1} | {:>7.3} | {:>10.0} | {:>6.0} | {:>6.0} |",
+                "| {label:<54} | {g:>7.2} | {:>9.1} | {:>7.3} | {:>10.0} | {:>6} | {:>6} |",
                 med(mi, li, |f| f.pps) / 1e3,
                 g / base,
                 med(mi, li, |f| f.cpu_ns_per_pkt),
-                med(mi, li, |f| f.ns_in),
-                med(mi, li, |f| f.ns_out),
+                ns(med(mi, li, |f| f.ns_in)),
+                ns(med(mi, li, |f| f.ns_out)),
             );
         }
         // Telemark's programs against the reference at the same hooks.
