@@ -2284,6 +2284,38 @@ mod tests {
         assert!(mem.try_lock().is_ok());
     }
 
+    /// Batch `b` of UDP flow 10.0.0.1:`sport` → 10.0.0.2:80 at agent a's ingress, measured
+    /// from the marking, begun at `first_ns`, `lost` of 100 lost.
+    fn loss_record(b: u64, sport: u16, first_ns: u64, lost: u64) -> Record {
+        Record::Loss(LossRecord {
+            agent: "a".into(),
+            port: "1".into(),
+            point: "ingress".into(),
+            upstream: None,
+            flow: Flow {
+                src: "10.0.0.1".into(),
+                dst: "10.0.0.2".into(),
+                sport,
+                dport: 80,
+                proto: 17,
+                spi: None,
+                si: None,
+            },
+            color: (b % 2) as u8,
+            batch: b,
+            first_ns,
+            last_ns: first_ns + 1,
+            expected: Some(100),
+            observed: 100 - lost,
+            lost,
+            late: 0,
+            uncertain: 0,
+            scope: Scope::Path,
+            tail: false,
+            drops: Vec::new(),
+        })
+    }
+
     /// A database from before the daily and per-segment sums gets them from its hourly sums
     /// when opened: the same flows list and overview as sums written with the records.
     #[test]
@@ -2292,33 +2324,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.db");
         let batch = |b: u64, sport: u16, lost: u64| {
-            Record::Loss(LossRecord {
-                agent: "a".into(),
-                port: "1".into(),
-                point: "ingress".into(),
-                upstream: None,
-                flow: Flow {
-                    src: "10.0.0.1".into(),
-                    dst: "10.0.0.2".into(),
-                    sport,
-                    dport: 80,
-                    proto: 17,
-                    spi: None,
-                    si: None,
-                },
-                color: (b % 2) as u8,
-                batch: b,
-                first_ns: 30 * 24 * HOUR + b * 7 * HOUR,
-                last_ns: 30 * 24 * HOUR + b * 7 * HOUR + 1,
-                expected: Some(100),
-                observed: 100 - lost,
-                lost,
-                late: 0,
-                uncertain: 0,
-                scope: Scope::Path,
-                tail: false,
-                drops: Vec::new(),
-            })
+            loss_record(b, sport, 30 * 24 * HOUR + b * 7 * HOUR, lost)
         };
         let recs: Vec<Record> = (0..40).map(|b| batch(b, 1 + (b % 3) as u16, b % 5)).collect();
         let w = Window { from_ns: 30 * 24 * HOUR + 5 * HOUR, to_ns: 38 * 24 * HOUR };
@@ -2354,33 +2360,7 @@ mod tests {
         const HOUR: u64 = crate::rollup::HOUR_NS;
         let day = 40 * 24 * HOUR;
         let lossy = |b: u64, sport: u16, hour: u64, lost: u64| {
-            Record::Loss(LossRecord {
-                agent: "a".into(),
-                port: "1".into(),
-                point: "ingress".into(),
-                upstream: None,
-                flow: Flow {
-                    src: "10.0.0.1".into(),
-                    dst: "10.0.0.2".into(),
-                    sport,
-                    dport: 80,
-                    proto: 17,
-                    spi: None,
-                    si: None,
-                },
-                color: 0,
-                batch: b,
-                first_ns: day + hour * HOUR,
-                last_ns: day + hour * HOUR + 1,
-                expected: Some(100),
-                observed: 100 - lost,
-                lost,
-                late: 0,
-                uncertain: 0,
-                scope: Scope::Path,
-                tail: false,
-                drops: Vec::new(),
-            })
+            loss_record(b, sport, day + hour * HOUR, lost)
         };
         let mut s = Sqlite::open(Path::new(":memory:")).unwrap();
         s.register("a", "1", 1, 0).unwrap();
