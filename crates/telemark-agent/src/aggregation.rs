@@ -4,6 +4,7 @@
 //! (output.rs) and, with `[ipfix] loss`, to the flow-export thread.
 
 use crate::config::AgentConfig;
+use crate::doorbell::Backoff;
 use crate::egress::RuledEvent;
 use crate::flow_export;
 use crate::kafka_out::KafkaOut;
@@ -88,7 +89,9 @@ impl Aggregation {
         let mut was_failing = false;
         // Per-flow state of flows silent this long is forgotten (it was reported already).
         let forget_ns = self.cfg.loss.idle_ns.saturating_mul(4).max(30_000_000_000);
+        let mut idle = Backoff::new();
         loop {
+            let records_before = records;
             let finished = path_done.load(Ordering::Acquire);
             let agg = &mut self.agg;
             let n = self.cons.drain(|ev| {
@@ -169,8 +172,17 @@ impl Aggregation {
                 next_summary = next_summary.min(now_ns() + self.cfg.summary_interval_ns);
             }
             self.publish(shared, &out, records);
-            if n == 0 {
-                std::thread::sleep(Duration::from_millis(2));
+            if n > 0 || records > records_before {
+                idle.worked();
+            } else if !finished {
+                // Until the datapath rings, something comes in, or the next interval is due.
+                let due = next_summary.min(next_export).saturating_sub(now_ns());
+                let wait = idle.next().min(Duration::from_nanos(due));
+                shared.aggregation_bell.wait(wait, || {
+                    !self.cons.is_empty()
+                        || !self.int_events.is_empty()
+                        || self.hh_windows.as_ref().is_some_and(|c| !c.is_empty())
+                });
             }
         }
         // The fast path closed every batch: resolve and export the rest.

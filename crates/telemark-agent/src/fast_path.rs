@@ -7,6 +7,7 @@
 
 use crate::config::AgentConfig;
 use crate::datapath::{Datapath, PortPoints, Started};
+use crate::doorbell::Backoff;
 use crate::egress::{Egress, IntStage, RuledEvent};
 use crate::error::AgentError;
 use crate::flow_export::PortInfo;
@@ -202,6 +203,7 @@ impl FastPath {
         let mut busy_ns = 0u64;
         let mut last_pub = Instant::now();
         let mut next_idle = now_ns() + self.idle_check_ns;
+        let mut last_ring = Instant::now();
         while !stop.load(Ordering::Relaxed) {
             let t0 = Instant::now();
             let mut got = 0;
@@ -220,6 +222,12 @@ impl FastPath {
             self.stages.egress.kick();
             if got > 0 {
                 busy_ns += t0.elapsed().as_nanos() as u64;
+                // Frames close batches: events for the aggregation, which may sleep (rung at
+                // most every 2 ms, as often as it looked before it slept).
+                if last_ring.elapsed() >= Backoff::FIRST {
+                    last_ring = Instant::now();
+                    shared.aggregation_bell.ring();
+                }
             } else {
                 // Asleep until a frame arrives or the next queued one is due (10 ms at most).
                 let wait_ms = self
@@ -236,6 +244,7 @@ impl FastPath {
             if now >= next_idle {
                 next_idle = now + self.idle_check_ns;
                 self.expire(now);
+                shared.aggregation_bell.ring();
             }
             if last_pub.elapsed() >= Duration::from_millis(100) {
                 last_pub = Instant::now();
@@ -284,6 +293,7 @@ impl FastPath {
         }
         self.publish(&shared.path, busy_ns);
         done.store(true, Ordering::Release);
+        shared.aggregation_bell.ring();
     }
 
     /// Reads one RX block of port `pi` in bursts through its processor; frames read.

@@ -16,6 +16,7 @@ mod aggregation;
 pub mod config;
 mod control;
 mod datapath;
+mod doorbell;
 mod ebpf_flows;
 mod ebpf_path;
 mod egress;

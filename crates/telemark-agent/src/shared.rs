@@ -166,6 +166,9 @@ pub(crate) struct Shared {
     pub(crate) new_ebpf_ports: Mutex<Option<Vec<crate::config::EbpfPortConfig>>>,
     /// The eBPF datapath's ports by number, as its points name them (`ns:interface`).
     pub(crate) port_labels: Mutex<Vec<String>>,
+    /// Rung by the datapath when it has handed events to the aggregation thread, which waits
+    /// on it while idle.
+    pub(crate) aggregation_bell: crate::doorbell::Doorbell,
 }
 
 /// INT rules in force (what `GET /api/v1/int` shows) and those the fast path is to take next,

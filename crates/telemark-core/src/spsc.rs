@@ -140,6 +140,11 @@ impl<T> Consumer<T> {
         Some(v)
     }
 
+    /// Whether the ring holds nothing (as of now: the producer may push the next moment).
+    pub fn is_empty(&self) -> bool {
+        self.head.get() == self.shared.tail.0.load(Ordering::Acquire)
+    }
+
     /// Pops everything currently in the ring into `f`; returns how many.
     pub fn drain(&self, mut f: impl FnMut(T)) -> usize {
         let mut n = 0;

@@ -44,8 +44,8 @@ pub struct Args {
     /// Offered load of the UDP test, 64-byte frames per second.
     #[arg(long, default_value_t = 1_000_000)]
     pub pps: u64,
-    /// Only these modes (repeatable): bridge, reference, ebpf, ebpf-count, softflowd, pmacctd,
-    /// bridge-no-offload, switch.
+    /// Only these modes (repeatable), in this order (the first is what "vs none" compares
+    /// with): bridge, reference, ebpf, ebpf-count, softflowd, pmacctd, bridge-no-offload, switch.
     #[arg(long = "mode")]
     pub modes: Vec<String>,
 }
@@ -363,14 +363,18 @@ pub fn run(a: Args) -> Result<()> {
             bail!("bench-ebpf needs {tool} (apt-get install iperf3 ethtool softflowd pmacct)");
         }
     }
-    let modes: Vec<(&str, &str)> = MODES
-        .iter()
-        .copied()
-        .filter(|(m, _)| a.modes.is_empty() || a.modes.iter().any(|x| x == m))
-        .collect();
-    if modes.is_empty() {
-        bail!("--mode takes one of {:?}", MODES.map(|m| m.0));
-    }
+    // The modes asked for, in the order asked (the first is the "vs none" base), or all.
+    let modes: Vec<(&str, &str)> = if a.modes.is_empty() {
+        MODES.to_vec()
+    } else {
+        a.modes
+            .iter()
+            .map(|x| match MODES.iter().find(|(m, _)| m == x) {
+                Some(m) => Ok(*m),
+                None => bail!("--mode {x}: there is no such mode; one of {:?}", MODES.map(|m| m.0)),
+            })
+            .collect::<Result<_>>()?
+    };
     let _stats = ebpf::enable_run_stats()?;
     let _bed = Bed::up()?;
     let mut res: Vec<Vec<Vec<Figures>>> = vec![vec![Vec::new(); LOADS.len()]; modes.len()];
