@@ -227,7 +227,9 @@ impl Aggregation {
     /// A loss record to the IPFIX exporter too, when it takes them.
     fn offer_ipfix(&self, r: &Record, shared: &Shared) {
         if let (Some(tx), Record::Loss(l)) = (&self.loss_tx, r) {
-            flow_export::offer_loss(tx, l, shared);
+            if flow_export::offer_loss(tx, l, shared) {
+                shared.flow_export_bell.ring();
+            }
         }
     }
 

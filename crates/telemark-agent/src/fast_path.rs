@@ -222,11 +222,12 @@ impl FastPath {
             self.stages.egress.kick();
             if got > 0 {
                 busy_ns += t0.elapsed().as_nanos() as u64;
-                // Frames close batches: events for the aggregation, which may sleep (rung at
-                // most every 2 ms, as often as it looked before it slept).
+                // Frames close batches and feed the flow meter: the threads that take their
+                // events, flows and samples may sleep (rung at most every 2 ms, as often as
+                // they looked before they slept).
                 if last_ring.elapsed() >= Backoff::FIRST {
                     last_ring = Instant::now();
-                    shared.aggregation_bell.ring();
+                    shared.ring_consumers();
                 }
             } else {
                 // Asleep until a frame arrives or the next queued one is due (10 ms at most).
@@ -244,7 +245,7 @@ impl FastPath {
             if now >= next_idle {
                 next_idle = now + self.idle_check_ns;
                 self.expire(now);
-                shared.aggregation_bell.ring();
+                shared.ring_consumers();
             }
             if last_pub.elapsed() >= Duration::from_millis(100) {
                 last_pub = Instant::now();
@@ -293,7 +294,7 @@ impl FastPath {
         }
         self.publish(&shared.path, busy_ns);
         done.store(true, Ordering::Release);
-        shared.aggregation_bell.ring();
+        shared.ring_consumers();
     }
 
     /// Reads one RX block of port `pi` in bursts through its processor; frames read.
