@@ -227,9 +227,7 @@ impl Aggregation {
     /// A loss record to the IPFIX exporter too, when it takes them.
     fn offer_ipfix(&self, r: &Record, shared: &Shared) {
         if let (Some(tx), Record::Loss(l)) = (&self.loss_tx, r) {
-            if flow_export::offer_loss(tx, l, shared) {
-                shared.flow_export_bell.ring();
-            }
+            flow_export::offer_loss(tx, l, shared);
         }
     }
 

@@ -465,7 +465,7 @@ impl EbpfPath {
         self.overruns();
         self.flows.tick(now, self.reader.final_upto(now), self.ports.len());
         self.samples();
-        self.shared.ring_consumers();
+        self.shared.aggregation_bell.ring();
     }
 
     /// Hands the packets the kernel sampled to the sFlow exporter, each with its port's
@@ -690,7 +690,7 @@ impl Datapath for EbpfPath {
         }
         self.publish(shared);
         done.store(true, Ordering::Release);
-        shared.ring_consumers();
+        shared.aggregation_bell.ring();
     }
 }
 

@@ -222,12 +222,11 @@ impl FastPath {
             self.stages.egress.kick();
             if got > 0 {
                 busy_ns += t0.elapsed().as_nanos() as u64;
-                // Frames close batches and feed the flow meter: the threads that take their
-                // events, flows and samples may sleep (rung at most every 2 ms, as often as
-                // they looked before they slept).
+                // Frames close batches: events for the aggregation, which may sleep (rung at
+                // most every 2 ms, as often as it looked before it slept).
                 if last_ring.elapsed() >= Backoff::FIRST {
                     last_ring = Instant::now();
-                    shared.ring_consumers();
+                    shared.aggregation_bell.ring();
                 }
             } else {
                 // Asleep until a frame arrives or the next queued one is due (10 ms at most).
@@ -245,7 +244,7 @@ impl FastPath {
             if now >= next_idle {
                 next_idle = now + self.idle_check_ns;
                 self.expire(now);
-                shared.ring_consumers();
+                shared.aggregation_bell.ring();
             }
             if last_pub.elapsed() >= Duration::from_millis(100) {
                 last_pub = Instant::now();
@@ -294,7 +293,7 @@ impl FastPath {
         }
         self.publish(&shared.path, busy_ns);
         done.store(true, Ordering::Release);
-        shared.ring_consumers();
+        shared.aggregation_bell.ring();
     }
 
     /// Reads one RX block of port `pi` in bursts through its processor; frames read.

@@ -5,7 +5,6 @@
 //! path: what it cannot send is dropped and counted.
 
 use crate::config::{IpfixExport, IpfixTransport, SflowExport};
-use crate::doorbell::Backoff;
 pub use crate::shared::FlowExportStats;
 use crate::shared::Shared;
 use std::io::Write as _;
@@ -123,7 +122,6 @@ struct Thread {
 
 impl Thread {
     fn run(&mut self, shared: &Shared, fast_done: &AtomicBool) {
-        let mut idle = Backoff::new();
         loop {
             let finished = fast_done.load(Ordering::Acquire);
             let now = now_ns();
@@ -173,14 +171,8 @@ impl Thread {
             if last {
                 break;
             }
-            if got > 0 {
-                idle.worked();
-            } else {
-                // Until the datapath or the aggregation rings, or a sample or flow comes in.
-                shared.flow_export_bell.wait(idle.next(), || {
-                    self.rings.samples.as_ref().is_some_and(|r| !r.is_empty())
-                        || self.rings.flows.as_ref().is_some_and(|r| !r.is_empty())
-                });
+            if got == 0 {
+                std::thread::sleep(Duration::from_millis(5));
             }
         }
     }

@@ -169,9 +169,6 @@ pub(crate) struct Shared {
     /// Rung by the datapath when it has handed events to the aggregation thread, which waits
     /// on it while idle.
     pub(crate) aggregation_bell: crate::doorbell::Doorbell,
-    /// The same for the flow-export thread: rung by the datapath (flows, samples) and by the
-    /// aggregation (loss records for IPFIX).
-    pub(crate) flow_export_bell: crate::doorbell::Doorbell,
 }
 
 /// INT rules in force (what `GET /api/v1/int` shows) and those the fast path is to take next,
@@ -186,13 +183,6 @@ pub(crate) struct IntMailbox {
 }
 
 impl Shared {
-    /// What a datapath calls once it has handed things over: wakes the threads that take them
-    /// if they sleep.
-    pub(crate) fn ring_consumers(&self) {
-        self.aggregation_bell.ring();
-        self.flow_export_bell.ring();
-    }
-
     /// Puts new INT rules in force (the fast path takes them within 100 ms); whether they
     /// differ from those in force (rules that do not are not applied again).
     pub(crate) fn set_int_rules(&self, rules: IntRules) -> bool {
