@@ -179,7 +179,8 @@ impl Aggregation {
                 let due = next_summary.min(next_export).saturating_sub(now_ns());
                 let wait = idle.next().min(Duration::from_nanos(due));
                 shared.aggregation_bell.wait(wait, || {
-                    !self.cons.is_empty()
+                    path_done.load(Ordering::Acquire)
+                        || !self.cons.is_empty()
                         || !self.int_events.is_empty()
                         || self.hh_windows.as_ref().is_some_and(|c| !c.is_empty())
                 });

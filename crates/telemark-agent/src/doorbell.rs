@@ -1,11 +1,11 @@
 //! How the aggregation thread sleeps while nothing comes: the datapath rings a doorbell when
-//! it has handed events over, and the aggregation, finding its rings empty, waits for the bell
-//! or a timeout that grows while it stays idle ([`Backoff`]).
+//! it hands events over, and the aggregation, finding its rings empty, waits for the bell or
+//! a timeout that grows while it stays idle ([`Backoff`]).
 //!
-//! An idle thread that polls every 2 ms wakes 500 times a second; on a host of two cores
-//! forwarding TCP at line rate, those wake-ups cost about 8 % of the throughput (the eBPF
-//! datapath's `telemark bench-ebpf`, docs/ebpf.md). Waiting on the bell, an idle agent wakes
-//! 20 times a second and a busy one no more than before.
+//! A thread that polls every 2 ms wakes 500 times a second; on a host of two cores
+//! forwarding TCP at line rate, that alone cost about 8 % of the throughput with the eBPF
+//! datapath (`telemark bench-ebpf`, docs/ebpf.md). Waiting on the bell, the idle aggregation
+//! wakes 20 times a second, and a busy one no more often than it polled.
 
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -34,10 +34,11 @@ impl Doorbell {
     }
 
     /// Sleeps until the bell rings or `timeout` passes, unless `waiting()` (asked after the
-    /// waiter said it sleeps) finds something handed over meanwhile. Called by one thread only.
+    /// waiter said it sleeps) finds something handed over meanwhile. One thread only waits on
+    /// a bell: the first that does (another would sleep out every timeout).
     pub(crate) fn wait(&self, timeout: Duration, waiting: impl Fn() -> bool) {
         let me = self.waiter.get_or_init(std::thread::current);
-        debug_assert_eq!(me.id(), std::thread::current().id(), "one waiter only");
+        assert_eq!(me.id(), std::thread::current().id(), "a doorbell has one waiter");
         self.asleep.store(true, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         if !waiting() {
@@ -55,13 +56,17 @@ impl Doorbell {
     }
 }
 
+/// How often a producer that hands things over continuously (the switch, as frames close
+/// batches) rings at most: the consumer then takes them as often as it polled before.
+pub(crate) const RING_EVERY: Duration = Duration::from_millis(2);
+
 /// How long an idle consumer waits: [`Backoff::FIRST`] after it last found work, twice as long
 /// each time it finds none, up to [`Backoff::MOST`].
 #[derive(Debug)]
 pub(crate) struct Backoff(Duration);
 
 impl Backoff {
-    /// The first wait after work: what the thread polled at before it had a bell.
+    /// The first wait after work: what the aggregation polled at before it had a bell.
     pub(crate) const FIRST: Duration = Duration::from_millis(2);
     /// The longest wait: what an idle agent's records and reloads may lag by.
     pub(crate) const MOST: Duration = Duration::from_millis(50);

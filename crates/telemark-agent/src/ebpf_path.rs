@@ -37,6 +37,8 @@ pub(crate) struct EbpfPath {
     settings: EbpfSettings,
     programs: Programs,
     events: Producer<BatchEvent>,
+    /// Events sent since the aggregation's doorbell was last rung.
+    unrung: usize,
     reader: PeriodReader,
     /// Attached interfaces by target.
     attached: HashMap<Target, Attached>,
@@ -122,6 +124,7 @@ pub(crate) fn open(
         settings: eb.clone(),
         programs,
         events: prod,
+        unrung: 0,
         reader: PeriodReader::with_settle(
             eb.period_ns,
             eb.guard_ns,
@@ -358,6 +361,13 @@ impl EbpfPath {
             // The aggregator learns that events were lost (their batches become uncertain).
             let _ = self.events.push(BatchEvent::gap());
         }
+        // A sweep may close a batch of every flow at once: the aggregation, maybe asleep, is
+        // woken long before they could fill its ring.
+        self.unrung += 1;
+        if self.unrung >= self.events.capacity() / 8 {
+            self.unrung = 0;
+            self.shared.aggregation_bell.ring();
+        }
     }
 
     /// Reads the counters: final periods become closed batches, late packets late events.
@@ -465,6 +475,7 @@ impl EbpfPath {
         self.overruns();
         self.flows.tick(now, self.reader.final_upto(now), self.ports.len());
         self.samples();
+        self.unrung = 0;
         self.shared.aggregation_bell.ring();
     }
 

@@ -7,7 +7,7 @@
 
 use crate::config::AgentConfig;
 use crate::datapath::{Datapath, PortPoints, Started};
-use crate::doorbell::Backoff;
+use crate::doorbell::RING_EVERY;
 use crate::egress::{Egress, IntStage, RuledEvent};
 use crate::error::AgentError;
 use crate::flow_export::PortInfo;
@@ -222,9 +222,8 @@ impl FastPath {
             self.stages.egress.kick();
             if got > 0 {
                 busy_ns += t0.elapsed().as_nanos() as u64;
-                // Frames close batches: events for the aggregation, which may sleep (rung at
-                // most every 2 ms, as often as it looked before it slept).
-                if last_ring.elapsed() >= Backoff::FIRST {
+                // Frames close batches: events for the aggregation, which may sleep.
+                if last_ring.elapsed() >= RING_EVERY {
                     last_ring = Instant::now();
                     shared.aggregation_bell.ring();
                 }

@@ -166,8 +166,8 @@ pub(crate) struct Shared {
     pub(crate) new_ebpf_ports: Mutex<Option<Vec<crate::config::EbpfPortConfig>>>,
     /// The eBPF datapath's ports by number, as its points name them (`ns:interface`).
     pub(crate) port_labels: Mutex<Vec<String>>,
-    /// Rung by the datapath when it has handed events to the aggregation thread, which waits
-    /// on it while idle.
+    /// Rung by the datapath as it hands events to the aggregation thread (the switch while
+    /// frames come, the eBPF datapath after each sweep), which waits on it while idle.
     pub(crate) aggregation_bell: crate::doorbell::Doorbell,
 }
 

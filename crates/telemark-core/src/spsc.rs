@@ -175,6 +175,18 @@ mod tests {
         assert_eq!(c.pop(), None);
     }
 
+    /// The consumer sees a push from another thread without popping, and an empty ring after
+    /// taking everything.
+    #[test]
+    fn is_empty_sees_the_other_threads_push() {
+        let (p, c) = channel::<u32>(4);
+        assert!(c.is_empty());
+        std::thread::spawn(move || p.push(7).unwrap()).join().unwrap();
+        assert!(!c.is_empty());
+        assert_eq!(c.pop(), Some(7));
+        assert!(c.is_empty());
+    }
+
     /// Fetching ahead, further than the ring holds and for zero-sized items, changes nothing
     /// a push or a pop sees.
     #[test]
