@@ -203,7 +203,7 @@ impl FastPath {
         let mut busy_ns = 0u64;
         let mut last_pub = Instant::now();
         let mut next_idle = now_ns() + self.idle_check_ns;
-        let mut last_ring = Instant::now();
+        let mut next_ring = 0u64;
         while !stop.load(Ordering::Relaxed) {
             let t0 = Instant::now();
             let mut got = 0;
@@ -223,8 +223,8 @@ impl FastPath {
             if got > 0 {
                 busy_ns += t0.elapsed().as_nanos() as u64;
                 // Frames close batches: events for the aggregation, which may sleep.
-                if last_ring.elapsed() >= RING_EVERY {
-                    last_ring = Instant::now();
+                if now >= next_ring {
+                    next_ring = now + RING_EVERY.as_nanos() as u64;
                     shared.aggregation_bell.ring();
                 }
             } else {
