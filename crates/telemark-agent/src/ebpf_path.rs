@@ -19,11 +19,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use telemark_core::loss::{BatchEvent, BatchEventKind, PointSpec};
 use telemark_core::spsc::{self, Producer};
-use telemark_datapath::ebpf::maps::{
-    DropKey, EgressAction, IngressAction, Key, Port, Settings, Stat,
-};
+use telemark_datapath::ebpf::maps::{DropKey, EgressAction, IngressAction, Key, Port, Stat};
 use telemark_datapath::ebpf::periods::{PeriodReader, Reading};
-use telemark_datapath::ebpf::{self, Attached, Programs, Samples, Target};
+use telemark_datapath::ebpf::{self, Attached, Programs, Samples, Settings, Target};
 use telemark_wire::FlowKey;
 
 /// Interfaces the kernel programs tell apart: two points each (ingress 2i, egress 2i + 1).
@@ -98,7 +96,6 @@ pub(crate) fn open(
         colour_bit: cfg.loss.color_bit,
         sample_rate: sflow.map_or(0, |s| s.rate),
         sample_bytes: sflow.map_or(0, |s| s.header_bytes as u32),
-        ..Settings::default()
     };
     let load_err = |e: ebpf::Error| AgentError::Port(std::io::Error::other(e.to_string()));
     let mut programs = Programs::load(eb.flows, settings).map_err(load_err)?;

@@ -51,11 +51,32 @@ struct tm_port {
 
 /* Map "ports": an attached interface's port in slot ifindex mod TM_PORT_SLOTS, with the index
  * it belongs to. An array, not a hash: the verifier inlines an array lookup, which saves about
- * 40 ns a packet here; user space refuses an interface whose slot another one holds. */
+ * 40 ns a packet here; user space refuses an interface whose slot another one holds.
+ *
+ * A slot also holds a copy of every setting a hook reads for each packet (user space writes
+ * them into every slot; the programs keep period_seen), so that a packet's run touches one
+ * line of it. Under TCP load each line a run touches is cold (the kernel copying 64 KB skbs
+ * evicts it between runs): the port and the settings in their own maps took three lines, and
+ * about 35 ns a packet more than a run touching none. The 56 bytes read per packet come after
+ * 8 read only while sampling: array values start 8 bytes before a cache line on Linux 6.18
+ * (struct bpf_array is 312 bytes), where they are then one line; where values start on a line,
+ * the whole slot is. On other kernels they may be two lines. */
 #define TM_PORT_SLOTS 65536
 struct tm_port_slot {
+	__u32 sample_bytes; /* sFlow: the most bytes of a sampled packet sent (its headers) */
+	__u32 pad;
+	/* Read by every packet: */
 	__u32 ifindex; /* 0: free */
 	struct tm_port port;
+	__u64 period_ns;
+	__u64 guard_ns;
+	__u64 fine_offset_ns;   /* added to CLOCK_TAI for Unix time: see unix_now() */
+	__u64 coarse_offset_ns; /* added to the coarse clock for Unix time: see count_now() */
+	__u64 period_seen;      /* the period a packet here was last seen in: see period_at() */
+	__u32 sample_rate;      /* sFlow: sample one packet in this many arriving (0: none) */
+	__u8 colour_bit;        /* DSCP bit 0..5 */
+	__u8 clock;             /* enum tm_clock: the counting points' */
+	__u8 pad2[2];
 };
 
 /* Whether some flow arrived at a marker with the colour bit already set (map "settings"). */
@@ -72,26 +93,22 @@ enum tm_clock {
 			      * less under TCP load here) */
 };
 
+/* The settings (map "settings"). A copy of those a hook reads for every packet is in each port's
+ * slot: the hooks read these only to restore flows' own colour bit at the domain's edges, and
+ * the drop program for all it does. */
 struct tm_settings {
 	__u64 period_ns;
 	__u64 guard_ns;
 	__u8 colour_bit; /* DSCP bit 0..5 */
 	__u8 restore;    /* enum tm_restore */
-	__u8 clock;      /* enum tm_clock */
-	__u8 pad;
+	__u8 pad[2];
 	/* This kernel's SKB_CONSUMED (a free after use, not a drop; from its BTF), or ~0. */
 	__u32 consumed_reason;
 	/* CLOCK_TAI minus CLOCK_REALTIME (the kernel's leap seconds, maybe 0): taken off, so that
 	 * periods are on Unix time, as the AF_PACKET switch's packet timestamps are, and hosts
 	 * agree whether or not something set their TAI offset. */
 	__u64 tai_offset_ns;
-	/* CLOCK_REALTIME minus CLOCK_MONOTONIC: turns the coarse clock into Unix time. */
-	__u64 coarse_offset_ns;
-	/* sFlow: sample one packet in this many at each ingress point (0: no sampling). */
-	__u32 sample_rate;
-	/* sFlow: the most bytes of a sampled packet sent (its headers). */
-	__u32 sample_bytes;
-	/* The period some packet was last seen in (written by the programs: see period_at()). */
+	/* The period some packet was last seen in (the drop program's: see period_at()). */
 	__u64 period_seen;
 };
 
@@ -269,9 +286,9 @@ static __always_inline void bump(__u32 stat)
 }
 
 /* The DSCP bit, as a mask of the IPv4 TOS byte / the IPv6 traffic class. */
-static __always_inline __u8 tos_mask(const struct tm_settings *s)
+static __always_inline __u8 tos_mask(__u8 colour_bit)
 {
-	return (__u8)(1u << (s->colour_bit + 2));
+	return (__u8)(1u << (colour_bit + 2));
 }
 
 static __always_inline int colour_of(struct tm_ip *ip, void *end, __u8 mask)
@@ -325,37 +342,50 @@ static __always_inline int set_colour(struct __sk_buff *skb, struct tm_ip *ip, v
 	return bpf_skb_store_bytes(skb, ip->l3_offset, bytes, 2, BPF_F_RECOMPUTE_CSUM) == 0;
 }
 
+/* The marking periods as a hook sees them: from its port's slot, or the drop program from the
+ * settings. */
+struct tm_periods {
+	__u64 period_ns;
+	__u64 guard_ns;
+	__u64 *seen; /* the period a packet was last seen in, in the slot or the settings */
+};
+
+static __always_inline struct tm_periods slot_periods(struct tm_port_slot *p)
+{
+	return (struct tm_periods){ p->period_ns, p->guard_ns, &p->period_seen };
+}
+
+/* The period `now` is in (RFC 9341 §3.2: k = floor(t / T)). A 64-bit division costs about a
+ * packet's 13 ns, so the last period seen is kept and tried first: while `now` is in it, one
+ * multiplication tells. All CPUs write the same value once a period; a value another CPU wrote
+ * meanwhile, older or newer, fails the test and is computed again. */
+static __always_inline __u64 period_at(__u64 now, struct tm_periods t)
+{
+	__u64 k = *t.seen;
+	if (tm_likely(now - k * t.period_ns < t.period_ns))
+		return k;
+	k = now / t.period_ns;
+	*t.seen = k;
+	return k;
+}
+
 /* The period a packet of colour `colour` seen at `now` belongs to. A packet of the other
  * colour than the current period's is a straggler of the period before within the guard after
  * it began, early for the next one within as long before that one begins (this host's clock
  * behind the marker's), and late in between (`*late` set; the period before). */
-/* The period `now` is in (RFC 9341 §3.2: k = floor(t / T)). A 64-bit division costs about a
- * packet's 13 ns, so the last period seen is kept in the settings and tried first: while `now`
- * is in it, one multiplication tells. All CPUs write the same value once a period; a value
- * another CPU wrote meanwhile, older or newer, fails the test and is computed again. */
-static __always_inline __u64 period_at(__u64 now, struct tm_settings *s)
+static __always_inline __u64 period_of(__u64 now, __u8 colour, struct tm_periods t, int *late)
 {
-	__u64 k = s->period_seen;
-	if (now - k * s->period_ns < s->period_ns)
-		return k;
-	k = now / s->period_ns;
-	s->period_seen = k;
-	return k;
-}
-
-static __always_inline __u64 period_of(__u64 now, __u8 colour, struct tm_settings *s, int *late)
-{
-	__u64 k_now = period_at(now, s);
+	__u64 k_now = period_at(now, t);
 	*late = 0;
-	if ((k_now & 1) == colour)
+	if (tm_likely((k_now & 1) == colour))
 		return k_now;
-	__u64 off = now - k_now * s->period_ns;
-	__u64 early = s->period_ns - s->guard_ns;
-	if (early > s->guard_ns)
-		early = s->guard_ns;
-	if (off < s->guard_ns)
+	__u64 off = now - k_now * t.period_ns;
+	__u64 early = t.period_ns - t.guard_ns;
+	if (early > t.guard_ns)
+		early = t.guard_ns;
+	if (off < t.guard_ns)
 		return k_now - 1;
-	if (off >= s->period_ns - early)
+	if (off >= t.period_ns - early)
 		return k_now + 1;
 	*late = 1;
 	return k_now - 1;
@@ -364,14 +394,14 @@ static __always_inline __u64 period_of(__u64 now, __u8 colour, struct tm_setting
 /* Counts `segs` packets of colour `colour` at `point`: in the period they belong to, or as
  * late. */
 static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u32 len,
-				  __u32 segs, __u64 now, struct tm_settings *s)
+				  __u32 segs, __u64 now, struct tm_periods t)
 {
 	int late;
-	__u64 period = period_of(now, colour, s, &late);
+	__u64 period = period_of(now, colour, t, &late);
 	k->point = point;
 	k->colour = colour;
 	struct tm_slots *v = bpf_map_lookup_elem(&counts, k);
-	if (!v) {
+	if (tm_unlikely(!v)) {
 		struct tm_slots fresh = {};
 		if (bpf_map_update_elem(&counts, k, &fresh, BPF_NOEXIST) != 0) {
 			v = bpf_map_lookup_elem(&counts, k);
@@ -389,7 +419,7 @@ static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u
 				return;
 		}
 	}
-	if (late) {
+	if (tm_unlikely(late)) {
 		bump(TM_STAT_LATE);
 		if (v->cur.period == period)
 			v->cur.late += segs;
@@ -399,7 +429,7 @@ static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u
 			bump(TM_STAT_LATE_LOST);
 		return;
 	}
-	if (v->cur.period != period) {
+	if (tm_unlikely(v->cur.period != period)) {
 		if (v->prev.packets) {
 			__u32 zero = 0;
 			__u64 *read = bpf_map_lookup_elem(&reader, &zero);
@@ -425,10 +455,10 @@ static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u
  * drops that come after their period was read, or of packets counted late, are left as they
  * are (then the link after the point shows them). */
 static __always_inline int uncount(struct tm_key *k, __u8 point, __u8 colour, __u32 len,
-				   __u32 segs, __u64 now, struct tm_settings *s)
+				   __u32 segs, __u64 now, struct tm_periods t)
 {
 	int late;
-	__u64 period = period_of(now, colour, s, &late);
+	__u64 period = period_of(now, colour, t, &late);
 	k->point = point;
 	k->colour = colour;
 	struct tm_slots *v = bpf_map_lookup_elem(&counts, k);
@@ -456,7 +486,8 @@ static __always_inline int uncount(struct tm_key *k, __u8 point, __u8 colour, __
  * A GSO or GRO skb is its segments: they all add to the pool, every gap that ends inside it
  * gives a sample of it (its segments share their headers), and the segments after the last
  * one start the next gap. */
-static __always_inline void sample(struct __sk_buff *skb, __u8 point, const struct tm_settings *s)
+static __always_inline void sample(struct __sk_buff *skb, __u8 point,
+				   const struct tm_port_slot *s)
 {
 	__u32 p = point;
 	struct tm_sampler *sm = bpf_map_lookup_elem(&samplers, &p);
@@ -493,18 +524,19 @@ static __always_inline void sample(struct __sk_buff *skb, __u8 point, const stru
 	}
 }
 
-/* Now, in Unix time (BPF has no CLOCK_REALTIME; TAI moves with it, a fixed offset apart). */
-static __always_inline __u64 unix_now(const struct tm_settings *s)
+/* Now, in Unix time (BPF has no CLOCK_REALTIME; TAI moves with it, a fixed offset apart:
+ * fine_offset_ns is minus the TAI offset, modulo 2^64). */
+static __always_inline __u64 unix_now(const struct tm_port_slot *p)
 {
-	return bpf_ktime_get_tai_ns() - s->tai_offset_ns;
+	return bpf_ktime_get_tai_ns() + p->fine_offset_ns;
 }
 
 /* Now for a counting point: the coarse clock where it is precise enough (enum tm_clock). */
-static __always_inline __u64 count_now(const struct tm_settings *s)
+static __always_inline __u64 count_now(const struct tm_port_slot *p)
 {
-	if (s->clock == TM_CLOCK_COARSE)
-		return bpf_ktime_get_coarse_ns() + s->coarse_offset_ns;
-	return unix_now(s);
+	if (p->clock == TM_CLOCK_COARSE)
+		return bpf_ktime_get_coarse_ns() + p->coarse_offset_ns;
+	return unix_now(p);
 }
 
 static __always_inline struct tm_settings *get_settings(void)
@@ -516,44 +548,44 @@ static __always_inline struct tm_settings *get_settings(void)
 	return s;
 }
 
-/* The port of the interface with index `ifindex`, if it is attached. */
-static __always_inline struct tm_port *port_of(__u32 ifindex)
+/* The slot of the interface with index `ifindex`, if it is attached and set. */
+static __always_inline struct tm_port_slot *port_of(__u32 ifindex)
 {
 	__u32 slot = ifindex % TM_PORT_SLOTS;
 	struct tm_port_slot *p = bpf_map_lookup_elem(&ports, &slot);
-	if (!p || p->ifindex != ifindex)
+	if (tm_unlikely(!p || p->ifindex != ifindex || p->period_ns == 0))
 		return 0;
-	return &p->port;
+	return p;
 }
 
 SEC("classifier")
 int tm_ingress(struct __sk_buff *skb)
 {
-	struct tm_settings *s = get_settings();
-	if (!s)
-		return TC_ACT_UNSPEC;
-	struct tm_port *port = port_of(skb->ifindex);
-	if (!port) {
+	struct tm_port_slot *port = port_of(skb->ifindex);
+	if (tm_unlikely(!port)) {
 		bump(TM_STAT_UNATTACHED);
 		return TC_ACT_UNSPEC;
 	}
 	/* Every frame, as it arrived (before a marker colours it). */
-	if (s->sample_rate && port->in_point != TM_NO_POINT)
-		sample(skb, port->in_point, s);
+	if (tm_unlikely(port->sample_rate && port->port.in_point != TM_NO_POINT))
+		sample(skb, port->port.in_point, port);
 	struct tm_key k = {};
 	struct tm_ip ip = {};
-	if (parse(skb, &ip, &k) != 0) {
+	if (tm_unlikely(parse(skb, &ip, &k) != 0)) {
 		bump(TM_STAT_NOT_IP);
 		return TC_ACT_UNSPEC;
 	}
 	void *end = (void *)(long)skb->data_end;
-	__u8 mask = tos_mask(s);
+	__u8 mask = tos_mask(port->colour_bit);
 	__u64 now;
 	__u8 colour;
-	if (port->in_action == TM_IN_MARK) {
+	if (tm_unlikely(port->port.in_action == TM_IN_MARK)) {
+		struct tm_settings *s = get_settings();
+		if (!s)
+			return TC_ACT_UNSPEC;
 		/* The marker's colour changes on the period's edge: the fine clock. */
-		now = unix_now(s);
-		colour = period_at(now, s) & 1;
+		now = unix_now(port);
+		colour = period_at(now, slot_periods(port)) & 1;
 		if (colour_of(&ip, end, mask)) {
 			/* The flow's own DSCP has the bit: remember it for the exit (rare). */
 			__u8 one = 1;
@@ -568,43 +600,45 @@ int tm_ingress(struct __sk_buff *skb)
 		set_colour(skb, &ip, end, mask, colour);
 		bump(TM_STAT_MARKED);
 	} else {
-		now = count_now(s);
+		now = count_now(port);
 		colour = colour_of(&ip, end, mask);
 	}
-	if (port->in_point != TM_NO_POINT)
-		count(&k, port->in_point, colour, skb->len, wire_packets(skb), now, s);
+	if (port->port.in_point != TM_NO_POINT)
+		count(&k, port->port.in_point, colour, skb->len, wire_packets(skb), now,
+		      slot_periods(port));
 	return TC_ACT_UNSPEC;
 }
 
 SEC("classifier")
 int tm_egress(struct __sk_buff *skb)
 {
-	struct tm_settings *s = get_settings();
-	if (!s)
-		return TC_ACT_UNSPEC;
-	struct tm_port *port = port_of(skb->ifindex);
-	if (!port) {
+	struct tm_port_slot *port = port_of(skb->ifindex);
+	if (tm_unlikely(!port)) {
 		bump(TM_STAT_UNATTACHED);
 		return TC_ACT_UNSPEC;
 	}
 	struct tm_key k = {};
 	struct tm_ip ip = {};
-	if (parse(skb, &ip, &k) != 0) {
+	if (tm_unlikely(parse(skb, &ip, &k) != 0)) {
 		bump(TM_STAT_NOT_IP);
 		return TC_ACT_UNSPEC;
 	}
 	void *end = (void *)(long)skb->data_end;
-	__u8 mask = tos_mask(s);
+	__u8 mask = tos_mask(port->colour_bit);
 	__u8 colour = colour_of(&ip, end, mask);
-	if (port->out_action == TM_OUT_UNMARK) {
+	if (tm_unlikely(port->port.out_action == TM_OUT_UNMARK)) {
+		struct tm_settings *s = get_settings();
+		if (!s)
+			return TC_ACT_UNSPEC;
 		int own = 0;
 		if (s->restore == TM_RESTORE_SOME && bpf_map_lookup_elem(&original, &k))
 			own = 1;
 		if (set_colour(skb, &ip, end, mask, own))
 			bump(TM_STAT_UNMARKED);
 	}
-	if (port->out_point != TM_NO_POINT)
-		count(&k, port->out_point, colour, skb->len, wire_packets(skb), count_now(s), s);
+	if (port->port.out_point != TM_NO_POINT)
+		count(&k, port->port.out_point, colour, skb->len, wire_packets(skb), count_now(port),
+		      slot_periods(port));
 	return TC_ACT_UNSPEC;
 }
 
@@ -705,23 +739,25 @@ int tm_drop(__u64 *ctx)
 		bump(TM_STAT_DROPS_UNPARSED);
 		return 0;
 	}
-	if (s && place && *place == TM_DROP_EGRESS_QUEUE && port->out_point != TM_NO_POINT) {
+	if (s && s->period_ns && place && *place == TM_DROP_EGRESS_QUEUE &&
+	    port->out_point != TM_NO_POINT) {
 		struct tm_ip ip = { .l3 = buf, .version = buf[0] >> 4 };
-		__u8 colour = colour_of(&ip, buf + sizeof(buf), tos_mask(s));
+		__u8 colour = colour_of(&ip, buf + sizeof(buf), tos_mask(s->colour_bit));
 		struct tm_key k = dk.flow;
+		struct tm_periods t = { s->period_ns, s->guard_ns, &s->period_seen };
 		/* The fine clock: tracing programs may not read the coarse one, and the counting
 		 * point's tick of error is well inside the guard period_of() allows. */
-		__u64 now = unix_now(s);
+		__u64 now = bpf_ktime_get_tai_ns() - s->tai_offset_ns;
 		int done;
 		if (port->out_action == TM_OUT_UNMARK) {
 			/* The exit gave the packet its own DSCP bit back, so the colour it was
 			 * counted in is not in it. It was counted moments ago: in the current
 			 * period's colour, or, a straggler, the other. */
-			__u8 current = period_at(now, s) & 1;
-			done = uncount(&k, port->out_point, current, skb->len, packets, now, s) ||
-			       uncount(&k, port->out_point, current ^ 1, skb->len, packets, now, s);
+			__u8 current = period_at(now, t) & 1;
+			done = uncount(&k, port->out_point, current, skb->len, packets, now, t) ||
+			       uncount(&k, port->out_point, current ^ 1, skb->len, packets, now, t);
 		} else {
-			done = uncount(&k, port->out_point, colour, skb->len, packets, now, s);
+			done = uncount(&k, port->out_point, colour, skb->len, packets, now, t);
 		}
 		bump(done ? TM_STAT_QUEUE_UNCOUNTED : TM_STAT_QUEUE_MISSED);
 	}

@@ -34,6 +34,11 @@ static long (*bpf_perf_event_output)(void *ctx, void *map, __u64 flags, void *da
 				     __u64 size) = (void *)BPF_FUNC_perf_event_output;
 static __u32 (*bpf_get_prandom_u32)(void) = (void *)BPF_FUNC_get_prandom_u32;
 
+/* Branch weights: clang lays the likely path out straight and the rest after it, so a
+ * packet's run fetches fewer instruction cache lines. */
+#define tm_likely(x) __builtin_expect(!!(x), 1)
+#define tm_unlikely(x) __builtin_expect(!!(x), 0)
+
 #define offsetof(type, field) __builtin_offsetof(type, field)
 #define bpf_htons(x) __builtin_bswap16(x)
 #define bpf_ntohs(x) __builtin_bswap16(x)

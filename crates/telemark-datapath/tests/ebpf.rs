@@ -8,9 +8,9 @@ use std::collections::HashMap;
 use std::net::UdpSocket;
 use std::process::Command;
 use std::time::Duration;
-use telemark_datapath::ebpf::maps::{EgressAction, IngressAction, Port, Settings, Stat, NO_POINT};
+use telemark_datapath::ebpf::maps::{EgressAction, IngressAction, Port, Stat, NO_POINT};
 use telemark_datapath::ebpf::periods::{PeriodReader, Reading};
-use telemark_datapath::ebpf::{self, btf, in_netns, Programs, Target};
+use telemark_datapath::ebpf::{self, btf, in_netns, Programs, Settings, Target};
 
 struct Netns(String);
 

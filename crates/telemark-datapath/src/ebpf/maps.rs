@@ -42,13 +42,31 @@ pub struct Port {
 /// `TM_PORT_SLOTS`: map "ports" holds an interface's [`Port`] in slot `ifindex % PORT_SLOTS`.
 pub const PORT_SLOTS: u32 = 65536;
 
-/// `struct tm_port_slot`: a slot of map "ports".
+/// `struct tm_port_slot`: a slot of map "ports": an interface's port and a copy of every
+/// setting its hooks read for each packet, so that a run touches one cache line of it.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PortSlot {
+    /// sFlow: the most bytes of a sampled packet sent.
+    pub sample_bytes: u32,
+    pub pad: u32,
     /// The interface the slot belongs to (0: free).
     pub ifindex: u32,
     pub port: Port,
+    pub period_ns: u64,
+    pub guard_ns: u64,
+    /// Added to CLOCK_TAI for Unix time: minus the TAI offset, modulo 2^64.
+    pub fine_offset_ns: u64,
+    /// Added to the coarse clock (CLOCK_MONOTONIC's) for Unix time.
+    pub coarse_offset_ns: u64,
+    /// The period a packet here was last seen in: the programs' own.
+    pub period_seen: u64,
+    /// sFlow: one packet in this many sampled at the port's ingress point (0: none).
+    pub sample_rate: u32,
+    pub colour_bit: u8,
+    /// [`Clock`]: the counting points'.
+    pub clock: u8,
+    pub pad2: [u8; 2],
 }
 
 /// `struct tm_drop_port`: an attached interface as the drop program tells them apart.
@@ -61,7 +79,8 @@ pub struct DropPort {
     pub pad: u32,
 }
 
-/// `struct tm_settings`.
+/// `struct tm_settings`: what the drop program reads, and the hooks at the domain's edges (a
+/// copy of what the hooks read for every packet is in each [`PortSlot`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Settings {
@@ -70,20 +89,12 @@ pub struct Settings {
     pub colour_bit: u8,
     /// `enum tm_restore`, set by the kernel.
     pub restore: u8,
-    /// [`Clock`]: set by the loader.
-    pub clock: u8,
-    pub pad: u8,
-    /// This kernel's `SKB_CONSUMED` (not a drop), or `u32::MAX`: set by the loader.
+    pub pad: [u8; 2],
+    /// This kernel's `SKB_CONSUMED` (not a drop), or `u32::MAX`.
     pub consumed_reason: u32,
-    /// CLOCK_TAI minus CLOCK_REALTIME: set by the loader ([`super::tai_offset_ns`]).
+    /// CLOCK_TAI minus CLOCK_REALTIME ([`super::tai_offset_ns`]).
     pub tai_offset_ns: u64,
-    /// CLOCK_REALTIME minus CLOCK_MONOTONIC: set by the loader.
-    pub coarse_offset_ns: u64,
-    /// sFlow: one packet in this many sampled at each ingress point (0: none).
-    pub sample_rate: u32,
-    /// sFlow: the most bytes of a sampled packet sent.
-    pub sample_bytes: u32,
-    /// The period a packet was last seen in: the programs' own, kept across writes.
+    /// The period a packet was last seen in: the drop program's own, kept across writes.
     pub period_seen: u64,
 }
 
@@ -306,7 +317,8 @@ unsafe impl aya::Pod for Sampler {}
 const _: () = {
     assert!(core::mem::size_of::<Port>() == 4);
     assert!(core::mem::size_of::<DropPort>() == 16);
-    assert!(core::mem::size_of::<Settings>() == 56);
+    assert!(core::mem::size_of::<Settings>() == 40);
+    assert!(core::mem::size_of::<PortSlot>() == 64);
     assert!(core::mem::size_of::<Sampler>() == 16);
     assert!(core::mem::size_of::<Key>() == 40);
     assert!(core::mem::size_of::<Batch>() == 48);

@@ -21,7 +21,7 @@ use aya::maps::{
 use aya::programs::tc::{self, TcAttachOptions};
 use aya::programs::{BtfTracePoint, LinkOrder, SchedClassifier, TcAttachType};
 use aya::{Btf, Ebpf, EbpfLoader};
-use maps::{Clock, DropKey, DropPort, Key, Port, PortSlot, Settings, Slots, Stat, PORT_SLOTS};
+use maps::{Clock, DropKey, DropPort, Key, Port, PortSlot, Slots, Stat, PORT_SLOTS};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -160,13 +160,44 @@ impl Samples {
     }
 }
 
+/// What the agent tells the programs: the marking, and sFlow's sampling at ingress points.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Settings {
+    pub period_ns: u64,
+    pub guard_ns: u64,
+    /// The DSCP bit (0..5) that carries the colour.
+    pub colour_bit: u8,
+    /// sFlow: one packet in this many sampled at each ingress point (0: none).
+    pub sample_rate: u32,
+    /// sFlow: the most bytes of a sampled packet sent (its headers).
+    pub sample_bytes: u32,
+}
+
+/// The offsets that turn the kernel's clocks into Unix time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Clocks {
+    /// CLOCK_TAI minus CLOCK_REALTIME.
+    tai_offset_ns: u64,
+    /// CLOCK_REALTIME minus CLOCK_MONOTONIC.
+    coarse_offset_ns: u64,
+}
+
+impl Clocks {
+    fn now() -> Clocks {
+        Clocks { tai_offset_ns: tai_offset_ns(), coarse_offset_ns: coarse_offset_ns() }
+    }
+}
+
 /// The loaded programs and their maps.
 pub struct Programs {
     ebpf: Ebpf,
     hook: Hook,
-    /// Attached interfaces by index: indexes are per namespace, so two interfaces in
-    /// different namespaces may share one, and only the first can be attached.
-    attached: std::collections::HashMap<u32, Target>,
+    settings: Settings,
+    clocks: Clocks,
+    /// Attached interfaces by index, with what their hooks do: indexes are per namespace, so
+    /// two interfaces in different namespaces may share one, and only the first can be
+    /// attached.
+    attached: std::collections::HashMap<u32, (Target, Port)>,
     /// Why drops cannot be attributed, when the `kfree_skb` program could not be attached.
     pub drops_unavailable: Option<String>,
 }
@@ -206,7 +237,14 @@ impl Programs {
             .map_err(|e| load_err(format!("{e:#}")))?;
         load_tc_programs(&mut ebpf, &[INGRESS_PROGRAM, EGRESS_PROGRAM])?;
         let hook = Hook::for_this_kernel();
-        let mut p = Programs { ebpf, hook, attached: Default::default(), drops_unavailable: None };
+        let mut p = Programs {
+            ebpf,
+            hook,
+            settings,
+            clocks: Clocks::now(),
+            attached: Default::default(),
+            drops_unavailable: None,
+        };
         p.set_settings(settings)?;
         p.set_drop_places()?;
         p.drops_unavailable = p.attach_drops(&btf).err();
@@ -248,40 +286,73 @@ impl Programs {
         self.hook
     }
 
-    /// Sets the marking period, guard and colour bit (a running marker changes at once).
+    /// Sets the marking period, guard, colour bit and sampling (a running marker changes at
+    /// once).
     pub fn set_settings(&mut self, s: Settings) -> Result<(), Error> {
-        let mut a: Array<&mut MapData, Settings> =
+        self.settings = s;
+        self.clocks = Clocks::now();
+        self.write_settings()
+    }
+
+    /// Writes the settings and the clocks' offsets to map "settings" and every attached
+    /// port's slot.
+    fn write_settings(&mut self) -> Result<(), Error> {
+        let mut a: Array<&mut MapData, maps::Settings> =
             Array::try_from(self.ebpf.map_mut("settings").expect("settings map"))
                 .map_err(map_err("settings"))?;
         let old = a.get(&0, 0).unwrap_or_default();
-        let clock = clock_for(s.period_ns, s.guard_ns);
-        let s = Settings {
+        let value = maps::Settings {
+            period_ns: self.settings.period_ns,
+            guard_ns: self.settings.guard_ns,
+            colour_bit: self.settings.colour_bit,
             restore: old.restore,
-            period_seen: old.period_seen,
             consumed_reason: btf::consumed_reason(),
-            tai_offset_ns: tai_offset_ns(),
-            clock: clock as u8,
-            coarse_offset_ns: coarse_offset_ns(),
-            ..s
+            tai_offset_ns: self.clocks.tai_offset_ns,
+            period_seen: old.period_seen,
+            ..Default::default()
         };
-        a.set(0, s, 0).map_err(map_err("settings"))
+        a.set(0, value, 0).map_err(map_err("settings"))?;
+        let ports: Vec<(u32, Port)> = self.attached.iter().map(|(i, (_, p))| (*i, *p)).collect();
+        for (ifindex, port) in ports {
+            self.write_slot(ifindex, port)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `ifindex`'s slot in map "ports": its port and the settings its hooks read.
+    fn write_slot(&mut self, ifindex: u32, port: Port) -> Result<(), Error> {
+        let (s, c) = (self.settings, self.clocks);
+        let slot = PortSlot {
+            sample_bytes: s.sample_bytes,
+            ifindex,
+            port,
+            period_ns: s.period_ns,
+            guard_ns: s.guard_ns,
+            fine_offset_ns: c.tai_offset_ns.wrapping_neg(),
+            coarse_offset_ns: c.coarse_offset_ns,
+            sample_rate: s.sample_rate,
+            colour_bit: s.colour_bit,
+            clock: clock_for(s.period_ns, s.guard_ns) as u8,
+            ..Default::default()
+        };
+        let mut m: Array<&mut MapData, PortSlot> =
+            Array::try_from(self.ebpf.map_mut("ports").expect("ports map"))
+                .map_err(map_err("ports"))?;
+        m.set(ifindex % PORT_SLOTS, slot, 0).map_err(map_err("ports"))
     }
 
     /// Updates the programs' clock offsets if the kernel's changed (a leap second, the clock
     /// set); true if so.
     pub fn refresh_clocks(&mut self) -> Result<bool, Error> {
-        let mut a: Array<&mut MapData, Settings> =
-            Array::try_from(self.ebpf.map_mut("settings").expect("settings map"))
-                .map_err(map_err("settings"))?;
-        let mut s = a.get(&0, 0).map_err(map_err("settings"))?;
-        let (tai, coarse) = (tai_offset_ns(), coarse_offset_ns());
+        let now = Clocks::now();
         // The two reads behind the coarse offset are microseconds apart: a millisecond is a step.
-        if s.tai_offset_ns == tai && s.coarse_offset_ns.abs_diff(coarse) < 1_000_000 {
+        if now.tai_offset_ns == self.clocks.tai_offset_ns
+            && now.coarse_offset_ns.abs_diff(self.clocks.coarse_offset_ns) < 1_000_000
+        {
             return Ok(false);
         }
-        s.tai_offset_ns = tai;
-        s.coarse_offset_ns = coarse;
-        a.set(0, s, 0).map_err(map_err("settings"))?;
+        self.clocks = now;
+        self.write_settings()?;
         Ok(true)
     }
 
@@ -296,7 +367,7 @@ impl Programs {
         let result = in_netns(target.netns.as_deref(), || -> Result<_, Error> {
             let ifindex = ifindex(&target.iface).map_err(|e| ierr(e.to_string()))?;
             let cookie = netns_cookie_here().map_err(|e| ierr(format!("SO_NETNS_COOKIE: {e}")))?;
-            let slot_taken = attached.iter().find(|(i, o)| {
+            let slot_taken = attached.iter().map(|(i, (o, _))| (i, o)).find(|(i, o)| {
                 (**i == ifindex && *o != target)
                     || (**i != ifindex && *i % PORT_SLOTS == ifindex % PORT_SLOTS)
             });
@@ -320,7 +391,7 @@ impl Programs {
         let (ifindex, netns_cookie, mut ids) = result?;
         let egress = ids.pop().expect("two links");
         let ingress = ids.pop().expect("two links");
-        self.attached.insert(ifindex, target.clone());
+        self.attached.insert(ifindex, (target.clone(), port));
         let a = Attached { target: target.clone(), ifindex, netns_cookie, hook, ingress, egress };
         if let Err(e) = self.set_port(&a, port) {
             self.detach(a);
@@ -331,11 +402,10 @@ impl Programs {
 
     /// Sets what `a`'s hooks do.
     pub fn set_port(&mut self, a: &Attached, port: Port) -> Result<(), Error> {
-        let mut m: Array<&mut MapData, PortSlot> =
-            Array::try_from(self.ebpf.map_mut("ports").expect("ports map"))
-                .map_err(map_err("ports"))?;
-        m.set(a.ifindex % PORT_SLOTS, PortSlot { ifindex: a.ifindex, port }, 0)
-            .map_err(map_err("ports"))?;
+        if let Some((_, p)) = self.attached.get_mut(&a.ifindex) {
+            *p = port;
+        }
+        self.write_slot(a.ifindex, port)?;
         let mut d: BpfHashMap<&mut MapData, DropPort, Port> =
             BpfHashMap::try_from(self.ebpf.map_mut("drop_ports").expect("drop_ports map"))
                 .map_err(map_err("drop_ports"))?;
