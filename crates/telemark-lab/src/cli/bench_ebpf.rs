@@ -21,7 +21,8 @@
 //!   includes the meters' processes and every softirq, divided by the packets k0 received
 //!   (for TCP, by its bytes over 1,514: full-size frames).
 //!
-//! Every mode runs `--rounds` times, interleaved; medians are reported.
+//! Every mode runs `--rounds` times, interleaved; medians are reported, and a ratio of two
+//! modes is the median of their ratios within each round.
 
 use crate::traffic::{self, FlowSpec};
 use anyhow::{bail, Context, Result};
@@ -394,6 +395,12 @@ pub fn run(a: Args) -> Result<()> {
     let med = |mi: usize, li: usize, f: fn(&Figures) -> f64| -> f64 {
         median(res[mi][li].iter().map(f).collect())
     };
+    // A ratio of two modes: the median of their ratios round by round. A round runs every
+    // mode back to back, so each ratio compares like with like on a machine whose speed
+    // drifts over a run (a shared host's neighbours come and go).
+    let ratio = |mi: usize, mj: usize, li: usize, f: fn(&Figures) -> f64| -> f64 {
+        median(res[mi][li].iter().zip(&res[mj][li]).map(|(x, y)| f(x) / f(y)).collect())
+    };
     println!(
         "tme-s ─ w0 [tme-w] w1 ─ tme-k; medians of {} rounds of {} s; CPU = whole machine \
          ({} cores) per packet received",
@@ -413,7 +420,6 @@ pub fn run(a: Args) -> Result<()> {
             "path", "Gbit/s", "kpkt/s", "vs none", "CPU ns/pkt", "in ns", "out ns"
         );
         println!("|:---|{}|", ["---:"; 6].join("|"));
-        let base = med(0, li, |f| f.gbps);
         // A program's cost, or a dash where the mode has none.
         let ns = |v: f64| if v.is_nan() { "–".to_string() } else { format!("{v:.0}") };
         for (mi, (_, label)) in modes.iter().enumerate() {
@@ -421,7 +427,7 @@ pub fn run(a: Args) -> Result<()> {
             println!(
                 "| {label:<54} | {g:>7.2} | {:>9.1} | {:>7.3} | {:>10.0} | {:>6} | {:>6} |",
                 med(mi, li, |f| f.pps) / 1e3,
-                g / base,
+                ratio(mi, 0, li, |f| f.gbps),
                 med(mi, li, |f| f.cpu_ns_per_pkt),
                 ns(med(mi, li, |f| f.ns_in)),
                 ns(med(mi, li, |f| f.ns_out)),
@@ -430,27 +436,27 @@ pub fn run(a: Args) -> Result<()> {
         // Telemark's programs against the reference at the same hooks.
         let of = |m: &str| modes.iter().position(|(x, _)| *x == m);
         if let Some(r) = of("reference") {
-            let (r_in, r_out) = (med(r, li, |f| f.ns_in), med(r, li, |f| f.ns_out));
             if let Some(c) = of("ebpf-count") {
                 println!(
                     "counting points / reference: ingress {:.2}, egress {:.2}",
-                    med(c, li, |f| f.ns_in) / r_in,
-                    med(c, li, |f| f.ns_out) / r_out
+                    ratio(c, r, li, |f| f.ns_in),
+                    ratio(c, r, li, |f| f.ns_out)
                 );
             }
             if let Some(e) = of("ebpf") {
                 println!(
                     "marker (w0 ingress) / reference {:.2}; exit (w1 egress, unmarking) / \
                      reference {:.2}",
-                    med(e, li, |f| f.ns_in) / r_in,
-                    med(e, li, |f| f.ns_out) / r_out
+                    ratio(e, r, li, |f| f.ns_in),
+                    ratio(e, r, li, |f| f.ns_out)
                 );
             }
         }
     }
     println!(
-        "\n(\"vs none\" is throughput against the first mode; ns/run from the kernel's \
-         run_time_ns / run_cnt with statistics on, which add about 20 ns a run to every program)"
+        "\n(\"vs none\" is throughput against the first mode, and the ratios to the reference \
+         ns/run: medians of each round's ratio; ns/run from the kernel's run_time_ns / run_cnt \
+         with statistics on, which add about 20 ns a run to every program)"
     );
     Ok(())
 }
