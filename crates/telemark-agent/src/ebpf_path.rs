@@ -372,6 +372,9 @@ impl EbpfPath {
         if let Ok(true) = self.programs.refresh_clocks() {
             tracing::info!("eBPF: the clock was set or a leap second passed: followed");
         }
+        if let Err(e) = self.programs.share_restore() {
+            tracing::warn!("eBPF: {e}");
+        }
         let now = ebpf::now();
         let mut out = Vec::new();
         let reader = &mut self.reader;

@@ -76,7 +76,8 @@ struct tm_port_slot {
 	__u32 sample_rate;      /* sFlow: sample one packet in this many arriving (0: none) */
 	__u8 colour_bit;        /* DSCP bit 0..5 */
 	__u8 clock;             /* enum tm_clock: the counting points' */
-	__u8 pad2[2];
+	__u8 restore;           /* enum tm_restore: this marker's own (kept by user space) */
+	__u8 pad2;
 };
 
 /* Whether some flow arrived at a marker with the colour bit already set (map "settings"). */
@@ -94,8 +95,8 @@ enum tm_clock {
 };
 
 /* The settings (map "settings"). A copy of those a hook reads for every packet is in each port's
- * slot: the hooks read these only to restore flows' own colour bit at the domain's edges, and
- * the drop program for all it does. */
+ * slot: the hooks read these only where a marker remembers a flow's own colour bit and where
+ * an exit gives it back, and the drop program for all it does. */
 struct tm_settings {
 	__u64 period_ns;
 	__u64 guard_ns;
@@ -580,20 +581,21 @@ int tm_ingress(struct __sk_buff *skb)
 	__u64 now;
 	__u8 colour;
 	if (tm_unlikely(port->port.in_action == TM_IN_MARK)) {
-		struct tm_settings *s = get_settings();
-		if (!s)
-			return TC_ACT_UNSPEC;
 		/* The marker's colour changes on the period's edge: the fine clock. */
 		now = unix_now(port);
 		colour = period_at(now, slot_periods(port)) & 1;
-		if (colour_of(&ip, end, mask)) {
+		if (tm_unlikely(colour_of(&ip, end, mask))) {
 			/* The flow's own DSCP has the bit: remember it for the exit (rare). */
 			__u8 one = 1;
-			if (bpf_map_update_elem(&original, &k, &one, BPF_ANY) != 0)
+			struct tm_settings *s = get_settings();
+			if (bpf_map_update_elem(&original, &k, &one, BPF_ANY) != 0) {
 				bump(TM_STAT_ORIGINAL_FULL);
-			else
-				s->restore = TM_RESTORE_SOME;
-		} else if (s->restore == TM_RESTORE_SOME) {
+			} else {
+				port->restore = TM_RESTORE_SOME;
+				if (s)
+					s->restore = TM_RESTORE_SOME; /* for the exits */
+			}
+		} else if (port->restore == TM_RESTORE_SOME) {
 			/* It no longer has it (or never had: the same ports reused by a new flow). */
 			bpf_map_delete_elem(&original, &k);
 		}

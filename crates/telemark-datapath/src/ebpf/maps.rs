@@ -66,7 +66,10 @@ pub struct PortSlot {
     pub colour_bit: u8,
     /// [`Clock`]: the counting points'.
     pub clock: u8,
-    pub pad2: [u8; 2],
+    /// `enum tm_restore`: the marker's own, set by it and kept as map "settings"' by user
+    /// space.
+    pub restore: u8,
+    pub pad2: u8,
 }
 
 /// `struct tm_drop_port`: an attached interface as the drop program tells them apart.

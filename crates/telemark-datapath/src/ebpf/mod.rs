@@ -173,6 +173,24 @@ pub struct Settings {
     pub sample_bytes: u32,
 }
 
+/// The slot of interface `ifindex` in map "ports": its port, and the settings and clock
+/// offsets its hooks read.
+fn slot(ifindex: u32, port: Port, s: Settings, c: Clocks) -> PortSlot {
+    PortSlot {
+        sample_bytes: s.sample_bytes,
+        ifindex,
+        port,
+        period_ns: s.period_ns,
+        guard_ns: s.guard_ns,
+        fine_offset_ns: c.tai_offset_ns.wrapping_neg(),
+        coarse_offset_ns: c.coarse_offset_ns,
+        sample_rate: s.sample_rate,
+        colour_bit: s.colour_bit,
+        clock: clock_for(s.period_ns, s.guard_ns) as u8,
+        ..Default::default()
+    }
+}
+
 /// The offsets that turn the kernel's clocks into Unix time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Clocks {
@@ -289,56 +307,84 @@ impl Programs {
     /// Sets the marking period, guard, colour bit and sampling (a running marker changes at
     /// once).
     pub fn set_settings(&mut self, s: Settings) -> Result<(), Error> {
-        self.settings = s;
-        self.clocks = Clocks::now();
-        self.write_settings()
+        self.write_settings(s, Clocks::now(), true)
     }
 
-    /// Writes the settings and the clocks' offsets to map "settings" and every attached
-    /// port's slot.
-    fn write_settings(&mut self) -> Result<(), Error> {
-        let mut a: Array<&mut MapData, maps::Settings> =
-            Array::try_from(self.ebpf.map_mut("settings").expect("settings map"))
-                .map_err(map_err("settings"))?;
-        let old = a.get(&0, 0).unwrap_or_default();
-        let value = maps::Settings {
-            period_ns: self.settings.period_ns,
-            guard_ns: self.settings.guard_ns,
-            colour_bit: self.settings.colour_bit,
-            restore: old.restore,
-            consumed_reason: btf::consumed_reason(),
-            tai_offset_ns: self.clocks.tai_offset_ns,
-            period_seen: old.period_seen,
-            ..Default::default()
-        };
-        a.set(0, value, 0).map_err(map_err("settings"))?;
+    /// Writes settings `s` and clock offsets `c` into every attached port's slot, and into
+    /// map "settings" if `global` (what it holds changed). They become the programs' only
+    /// once every write went through, so a write that failed is made again next time.
+    fn write_settings(&mut self, s: Settings, c: Clocks, global: bool) -> Result<(), Error> {
+        if global {
+            let mut a: Array<&mut MapData, maps::Settings> =
+                Array::try_from(self.ebpf.map_mut("settings").expect("settings map"))
+                    .map_err(map_err("settings"))?;
+            // What the programs write (restore, period_seen) is kept; a marker setting
+            // restore between this read and the write sets it again with its next such flow.
+            let old = a.get(&0, 0).unwrap_or_default();
+            let value = maps::Settings {
+                period_ns: s.period_ns,
+                guard_ns: s.guard_ns,
+                colour_bit: s.colour_bit,
+                restore: old.restore,
+                consumed_reason: btf::consumed_reason(),
+                tai_offset_ns: c.tai_offset_ns,
+                period_seen: old.period_seen,
+                ..Default::default()
+            };
+            a.set(0, value, 0).map_err(map_err("settings"))?;
+        }
         let ports: Vec<(u32, Port)> = self.attached.iter().map(|(i, (_, p))| (*i, *p)).collect();
         for (ifindex, port) in ports {
-            self.write_slot(ifindex, port)?;
+            self.put_slot(slot(ifindex, port, s, c))?;
+        }
+        (self.settings, self.clocks) = (s, c);
+        Ok(())
+    }
+
+    /// Whether some marker remembered a flow's own colour bit (map "settings"' restore).
+    fn restore(&self) -> u8 {
+        Array::<&MapData, maps::Settings>::try_from(self.ebpf.map("settings").expect("settings"))
+            .and_then(|a| a.get(&0, 0))
+            .map_or(0, |s| s.restore)
+    }
+
+    /// Tells every port's slot once some marker remembered a flow's own colour bit: a marker
+    /// reads its own slot's flag, set when it remembers one itself, and this tells it when
+    /// another marker did (a flow that moves to it without the bit is then forgotten). Run
+    /// at every sweep.
+    pub fn share_restore(&mut self) -> Result<(), Error> {
+        if self.restore() == 0 {
+            return Ok(());
+        }
+        let ports: Vec<(u32, Port)> = self.attached.iter().map(|(i, (_, p))| (*i, *p)).collect();
+        for (ifindex, port) in ports {
+            self.put_slot(slot(ifindex, port, self.settings, self.clocks))?;
         }
         Ok(())
     }
 
-    /// Writes `ifindex`'s slot in map "ports": its port and the settings its hooks read.
-    fn write_slot(&mut self, ifindex: u32, port: Port) -> Result<(), Error> {
-        let (s, c) = (self.settings, self.clocks);
-        let slot = PortSlot {
-            sample_bytes: s.sample_bytes,
-            ifindex,
-            port,
-            period_ns: s.period_ns,
-            guard_ns: s.guard_ns,
-            fine_offset_ns: c.tai_offset_ns.wrapping_neg(),
-            coarse_offset_ns: c.coarse_offset_ns,
-            sample_rate: s.sample_rate,
-            colour_bit: s.colour_bit,
-            clock: clock_for(s.period_ns, s.guard_ns) as u8,
-            ..Default::default()
-        };
+    /// Writes a slot of map "ports". The kernel copies a value in without ordering its
+    /// words, so a hook may read a slot half written: a slot being taken is first written
+    /// whole with no interface (which the hooks ignore), then with it, so that the second copy
+    /// changes only the index.
+    /// The slot's restore flag is map "settings"' (set whenever a slot's is), and the last
+    /// period seen the programs' own; a slot already so is left alone.
+    fn put_slot(&mut self, value: PortSlot) -> Result<(), Error> {
+        let mut value = PortSlot { restore: self.restore(), ..value };
         let mut m: Array<&mut MapData, PortSlot> =
             Array::try_from(self.ebpf.map_mut("ports").expect("ports map"))
                 .map_err(map_err("ports"))?;
-        m.set(ifindex % PORT_SLOTS, slot, 0).map_err(map_err("ports"))
+        let at = value.ifindex % PORT_SLOTS;
+        match m.get(&at, 0) {
+            Ok(old) if old.ifindex == value.ifindex => {
+                value.period_seen = old.period_seen;
+                if old == value {
+                    return Ok(());
+                }
+            }
+            _ => m.set(at, PortSlot { ifindex: 0, ..value }, 0).map_err(map_err("ports"))?,
+        }
+        m.set(at, value, 0).map_err(map_err("ports"))
     }
 
     /// Updates the programs' clock offsets if the kernel's changed (a leap second, the clock
@@ -351,8 +397,9 @@ impl Programs {
         {
             return Ok(false);
         }
-        self.clocks = now;
-        self.write_settings()?;
+        // Map "settings" holds the TAI offset only.
+        let global = now.tai_offset_ns != self.clocks.tai_offset_ns;
+        self.write_settings(self.settings, now, global)?;
         Ok(true)
     }
 
@@ -405,7 +452,7 @@ impl Programs {
         if let Some((_, p)) = self.attached.get_mut(&a.ifindex) {
             *p = port;
         }
-        self.write_slot(a.ifindex, port)?;
+        self.put_slot(slot(a.ifindex, port, self.settings, self.clocks))?;
         let mut d: BpfHashMap<&mut MapData, DropPort, Port> =
             BpfHashMap::try_from(self.ebpf.map_mut("drop_ports").expect("drop_ports map"))
                 .map_err(map_err("drop_ports"))?;
@@ -417,7 +464,13 @@ impl Programs {
         if let Ok(mut m) = Array::<&mut MapData, PortSlot>::try_from(
             self.ebpf.map_mut("ports").expect("ports map"),
         ) {
-            let _ = m.set(a.ifindex % PORT_SLOTS, PortSlot::default(), 0);
+            // The index first, so that a hook reading the slot meanwhile sees it whole or
+            // not at all (as in put_slot).
+            let at = a.ifindex % PORT_SLOTS;
+            if let Ok(old) = m.get(&at, 0) {
+                let _ = m.set(at, PortSlot { ifindex: 0, ..old }, 0);
+            }
+            let _ = m.set(at, PortSlot::default(), 0);
         }
         self.attached.remove(&a.ifindex);
         if let Ok(mut d) = BpfHashMap::<&mut MapData, DropPort, Port>::try_from(

@@ -399,7 +399,8 @@ pub fn run(a: Args) -> Result<()> {
     // mode back to back, so each ratio compares like with like on a machine whose speed
     // drifts over a run (a shared host's neighbours come and go).
     let ratio = |mi: usize, mj: usize, li: usize, f: fn(&Figures) -> f64| -> f64 {
-        median(res[mi][li].iter().zip(&res[mj][li]).map(|(x, y)| f(x) / f(y)).collect())
+        let pairs = res[mi][li].iter().zip(&res[mj][li]);
+        median(pairs.map(|(x, y)| f(x) / f(y)).filter(|r| !r.is_nan()).collect())
     };
     println!(
         "tme-s ─ w0 [tme-w] w1 ─ tme-k; medians of {} rounds of {} s; CPU = whole machine \
@@ -422,6 +423,7 @@ pub fn run(a: Args) -> Result<()> {
         println!("|:---|{}|", ["---:"; 6].join("|"));
         // A program's cost, or a dash where the mode has none.
         let ns = |v: f64| if v.is_nan() { "–".to_string() } else { format!("{v:.0}") };
+        let two = |v: f64| if v.is_nan() { "–".to_string() } else { format!("{v:.2}") };
         for (mi, (_, label)) in modes.iter().enumerate() {
             let g = med(mi, li, |f| f.gbps);
             println!(
@@ -438,17 +440,17 @@ pub fn run(a: Args) -> Result<()> {
         if let Some(r) = of("reference") {
             if let Some(c) = of("ebpf-count") {
                 println!(
-                    "counting points / reference: ingress {:.2}, egress {:.2}",
-                    ratio(c, r, li, |f| f.ns_in),
-                    ratio(c, r, li, |f| f.ns_out)
+                    "counting points / reference: ingress {}, egress {}",
+                    two(ratio(c, r, li, |f| f.ns_in)),
+                    two(ratio(c, r, li, |f| f.ns_out))
                 );
             }
             if let Some(e) = of("ebpf") {
                 println!(
-                    "marker (w0 ingress) / reference {:.2}; exit (w1 egress, unmarking) / \
-                     reference {:.2}",
-                    ratio(e, r, li, |f| f.ns_in),
-                    ratio(e, r, li, |f| f.ns_out)
+                    "marker (w0 ingress) / reference {}; exit (w1 egress, unmarking) / \
+                     reference {}",
+                    two(ratio(e, r, li, |f| f.ns_in)),
+                    two(ratio(e, r, li, |f| f.ns_out))
                 );
             }
         }
