@@ -591,9 +591,11 @@ int tm_ingress(struct __sk_buff *skb)
 			if (bpf_map_update_elem(&original, &k, &one, BPF_ANY) != 0) {
 				bump(TM_STAT_ORIGINAL_FULL);
 			} else {
-				port->restore = TM_RESTORE_SOME;
+				/* The settings' first (the exits read it, and user space copies it
+				 * into every slot it rewrites), then this marker's own. */
 				if (s)
-					s->restore = TM_RESTORE_SOME; /* for the exits */
+					s->restore = TM_RESTORE_SOME;
+				port->restore = TM_RESTORE_SOME;
 			}
 		} else if (port->restore == TM_RESTORE_SOME) {
 			/* It no longer has it (or never had: the same ports reused by a new flow). */

@@ -363,12 +363,11 @@ impl Programs {
         Ok(())
     }
 
-    /// Writes a slot of map "ports". The kernel copies a value in without ordering its
-    /// words, so a hook may read a slot half written: a slot being taken is first written
-    /// whole with no interface (which the hooks ignore), then with it, so that the second copy
-    /// changes only the index.
-    /// The slot's restore flag is map "settings"' (set whenever a slot's is), and the last
-    /// period seen the programs' own; a slot already so is left alone.
+    /// Writes a slot of map "ports", with map "settings"' restore flag (set whenever a slot's
+    /// is) and the programs' own last period seen; a slot that would not change is left
+    /// alone. The kernel copies a value in without ordering its words, so a hook may read a
+    /// slot half written: a slot being taken is first written whole with no interface (which
+    /// the hooks ignore), then with it, so that the second copy changes only the index.
     fn put_slot(&mut self, value: PortSlot) -> Result<(), Error> {
         let mut value = PortSlot { restore: self.restore(), ..value };
         let mut m: Array<&mut MapData, PortSlot> =

@@ -160,6 +160,11 @@ impl Meter {
             Meter::Reference(r) => drop(r),
             Meter::Processes(ps) => {
                 for mut p in ps {
+                    // The whole group (spawn_in_w made the meter its leader).
+                    if let Ok(pgid) = i32::try_from(p.id()) {
+                        // SAFETY: kill(2) on a process group this bench created.
+                        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+                    }
                     let _ = p.kill();
                     let _ = p.wait();
                 }
@@ -183,10 +188,14 @@ fn ebpf_agent(edge: bool) -> Result<Agent> {
     ))
 }
 
+/// Starts a meter in namespace tme-w, in a process group of its own, so that stopping it
+/// stops the processes it forks too (pmacctd's plugins outlive a killed core process).
 fn spawn_in_w(args: &[&str]) -> Result<Child> {
+    use std::os::unix::process::CommandExt;
     Command::new("ip")
         .args(["netns", "exec", "tme-w"])
         .args(args)
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
