@@ -356,11 +356,8 @@ impl Programs {
         if self.restore() == 0 {
             return Ok(());
         }
-        let ports: Vec<(u32, Port)> = self.attached.iter().map(|(i, (_, p))| (*i, *p)).collect();
-        for (ifindex, port) in ports {
-            self.put_slot(slot(ifindex, port, self.settings, self.clocks))?;
-        }
-        Ok(())
+        // put_slot gives each slot the flag and leaves alone those that have it.
+        self.write_settings(self.settings, self.clocks, false)
     }
 
     /// Writes a slot of map "ports", with map "settings"' restore flag (set whenever a slot's

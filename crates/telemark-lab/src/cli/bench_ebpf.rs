@@ -430,9 +430,11 @@ pub fn run(a: Args) -> Result<()> {
             "path", "Gbit/s", "kpkt/s", "vs none", "CPU ns/pkt", "in ns", "out ns"
         );
         println!("|:---|{}|", ["---:"; 6].join("|"));
-        // A program's cost, or a dash where the mode has none.
-        let ns = |v: f64| if v.is_nan() { "–".to_string() } else { format!("{v:.0}") };
-        let two = |v: f64| if v.is_nan() { "–".to_string() } else { format!("{v:.2}") };
+        // A figure to `d` decimals, or a dash where the mode has none (no programs).
+        let shown =
+            |v: f64, d: usize| if v.is_nan() { "–".to_string() } else { format!("{v:.d$}") };
+        let ns = |v: f64| shown(v, 0);
+        let two = |v: f64| shown(v, 2);
         for (mi, (_, label)) in modes.iter().enumerate() {
             let g = med(mi, li, |f| f.gbps);
             println!(
