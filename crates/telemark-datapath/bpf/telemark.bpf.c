@@ -54,8 +54,8 @@ struct tm_port {
  * 40 ns a packet here; user space refuses an interface whose slot another one holds.
  *
  * A slot also holds a copy of every setting a hook reads for each packet (user space writes
- * them into every slot; the programs keep period_seen), so that a packet's run touches one
- * line of it. Under TCP load each line a run touches is cold (the kernel copying 64 KB skbs
+ * them into every slot; the programs keep period_seen and the tick clock's offset), so that a
+ * packet's run touches one line of it. Under TCP load each line a run touches is cold (the kernel copying 64 KB skbs
  * evicts it between runs): the port and the settings in their own maps took three lines, and
  * about 35 ns a packet more than a run touching none. The 56 bytes read per packet come after
  * 8 read only while sampling: array values start 8 bytes before a cache line on Linux 6.18
@@ -70,13 +70,15 @@ struct tm_port_slot {
 	struct tm_port port;
 	__u64 period_ns;
 	__u64 guard_ns;
-	__u64 fine_offset_ns;   /* added to CLOCK_TAI for Unix time: see unix_now() */
-	__u64 coarse_offset_ns; /* added to the coarse clock for Unix time: see count_now() */
-	__u64 period_seen;      /* the period a packet here was last seen in: see period_at() */
-	__u32 sample_rate;      /* sFlow: sample one packet in this many arriving (0: none) */
-	__u8 colour_bit;        /* DSCP bit 0..5 */
-	__u8 clock;             /* enum tm_clock: the counting points' */
-	__u8 restore;           /* enum tm_restore: this marker's own (kept by user space) */
+	__u64 tick_offset_ns; /* the tick clock's: the programs' own, see tick_now() */
+	__u64 period_seen;    /* the period a packet here was last seen in: see period_at() */
+	__u32 sample_rate;    /* sFlow: sample one packet in this many arriving (0: none) */
+	__u32 tick_ns;        /* the kernel's tick (a jiffy), for the tick clock */
+	__u16 tick_seen;      /* the tick tick_offset_ns was set in (its low 16 bits) */
+	__u16 tai_offset_s;   /* CLOCK_TAI minus CLOCK_REALTIME, in seconds: see unix_now() */
+	__u8 colour_bit;      /* DSCP bit 0..5 */
+	__u8 clock;           /* enum tm_clock: the counting points' */
+	__u8 restore;         /* enum tm_restore: this marker's own (kept by user space) */
 	__u8 pad2;
 };
 
@@ -88,10 +90,9 @@ enum tm_restore {
 
 /* The clock a counting point reads (the marker always reads the fine one). */
 enum tm_clock {
-	TM_CLOCK_FINE = 0,   /* bpf_ktime_get_tai_ns: exact, but it reads the TSC, serialised */
-	TM_CLOCK_COARSE = 1, /* bpf_ktime_get_coarse_ns: as of the last tick; chosen by user space
-			      * when a tick is a small part of the guard (about 100 ns a packet
-			      * less under TCP load here) */
+	TM_CLOCK_FINE = 0, /* bpf_ktime_get_tai_ns: exact, but it reads the TSC, serialised */
+	TM_CLOCK_TICK = 1, /* the kernel's jiffies, as of the last tick (see tick_now()); chosen
+			    * by user space when a tick is a small part of the guard */
 };
 
 /* The settings (map "settings"). A copy of those a hook reads for every packet is in each port's
@@ -525,18 +526,37 @@ static __always_inline void sample(struct __sk_buff *skb, __u8 point,
 	}
 }
 
-/* Now, in Unix time (BPF has no CLOCK_REALTIME; TAI moves with it, a fixed offset apart:
- * fine_offset_ns is minus the TAI offset, modulo 2^64). */
+/* Now, in Unix time (BPF has no CLOCK_REALTIME; TAI moves with it, the TAI offset apart). */
 static __always_inline __u64 unix_now(const struct tm_port_slot *p)
 {
-	return bpf_ktime_get_tai_ns() + p->fine_offset_ns;
+	return bpf_ktime_get_tai_ns() - (__u64)p->tai_offset_s * 1000000000ull;
 }
 
-/* Now for a counting point: the coarse clock where it is precise enough (enum tm_clock). */
-static __always_inline __u64 count_now(const struct tm_port_slot *p)
+/* Now on the tick clock: Unix time as of the last tick, from the kernel's jiffies, which the
+ * verifier turns into one load of a variable the network stack reads all the time (under TCP
+ * load, the clock helpers cost 15-30 ns a packet more: their timekeeper's lines are cold).
+ * Jiffies count ticks of tick_ns on the monotonic clock, so jiffies * tick_ns is Unix time
+ * less an offset that moves only when the clock is set: the first packet of each tick here
+ * takes it again from the fine clock (a few hundred times a second). Another CPU may read the
+ * new tick with the offset of an earlier one, which was as good to within a tick; a tick's
+ * error, either way, is what user space allows for when it picks this clock. An offset of 0
+ * (user space's, when it writes the slot) is taken again. */
+static __always_inline __u64 tick_now(struct tm_port_slot *p)
 {
-	if (p->clock == TM_CLOCK_COARSE)
-		return bpf_ktime_get_coarse_ns() + p->coarse_offset_ns;
+	__u64 ticks = bpf_jiffies64();
+	__u64 base = ticks * p->tick_ns;
+	if (tm_unlikely((__u16)ticks != p->tick_seen || p->tick_offset_ns == 0)) {
+		p->tick_offset_ns = unix_now(p) - base;
+		p->tick_seen = (__u16)ticks;
+	}
+	return base + p->tick_offset_ns;
+}
+
+/* Now for a counting point: the tick clock where it is precise enough (enum tm_clock). */
+static __always_inline __u64 count_now(struct tm_port_slot *p)
+{
+	if (p->clock == TM_CLOCK_TICK)
+		return tick_now(p);
 	return unix_now(p);
 }
 
@@ -749,8 +769,8 @@ int tm_drop(__u64 *ctx)
 		__u8 colour = colour_of(&ip, buf + sizeof(buf), tos_mask(s->colour_bit));
 		struct tm_key k = dk.flow;
 		struct tm_periods t = { s->period_ns, s->guard_ns, &s->period_seen };
-		/* The fine clock: tracing programs may not read the coarse one, and the counting
-		 * point's tick of error is well inside the guard period_of() allows. */
+		/* The fine clock (tracing programs have no port slot to keep a tick clock in); the
+		 * counting point's tick of error is well inside the guard period_of() allows. */
 		__u64 now = bpf_ktime_get_tai_ns() - s->tai_offset_ns;
 		int done;
 		if (port->out_action == TM_OUT_UNMARK) {

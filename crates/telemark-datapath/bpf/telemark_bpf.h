@@ -27,7 +27,7 @@ static long (*bpf_l3_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 fr
 				   __u64 size) = (void *)BPF_FUNC_l3_csum_replace;
 static long (*bpf_skb_pull_data)(struct __sk_buff *skb, __u32 len) = (void *)BPF_FUNC_skb_pull_data;
 static __u64 (*bpf_ktime_get_tai_ns)(void) = (void *)BPF_FUNC_ktime_get_tai_ns;
-static __u64 (*bpf_ktime_get_coarse_ns)(void) = (void *)BPF_FUNC_ktime_get_coarse_ns;
+static __u64 (*bpf_jiffies64)(void) = (void *)BPF_FUNC_jiffies64;
 static long (*bpf_probe_read_kernel)(void *dst, __u32 size,
 				     const void *src) = (void *)BPF_FUNC_probe_read_kernel;
 static long (*bpf_perf_event_output)(void *ctx, void *map, __u64 flags, void *data,

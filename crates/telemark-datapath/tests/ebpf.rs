@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::net::UdpSocket;
 use std::process::Command;
 use std::time::Duration;
-use telemark_datapath::ebpf::maps::{EgressAction, IngressAction, Port, Stat, NO_POINT};
+use telemark_datapath::ebpf::maps::{Clock, EgressAction, IngressAction, Port, Stat, NO_POINT};
 use telemark_datapath::ebpf::periods::{PeriodReader, Reading};
 use telemark_datapath::ebpf::{self, btf, in_netns, Programs, Settings, Target};
 
@@ -117,7 +117,10 @@ fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
         "nft 'add table inet tmb; add chain inet tmb fw { type filter hook forward priority 0; }; \
          add rule inet tmb fw udp dport 7777 numgen random mod 10 == 0 counter drop'",
     );
-    const T: u64 = 50_000_000;
+    // Periods of 100 ms: the exit counts on the tick clock (a tick of at most 10 ms, an eighth
+    // of the guard), the marker on the fine one.
+    const T: u64 = 100_000_000;
+    assert_eq!(ebpf::clock_for(T, T / 2), Clock::Tick, "a kernel of 100 Hz or more");
     let settings = Settings { period_ns: T, guard_ns: T / 2, colour_bit: 0, ..Settings::default() };
     let mut p = Programs::load(4096, settings).expect("load the programs (root, BTF)");
     assert_eq!(p.drops_unavailable, None, "kfree_skb program");
@@ -165,6 +168,7 @@ fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
     let (rx_main, rx_own) = (rx(7777), rx(7778));
     std::thread::sleep(Duration::from_millis(200));
     const SENT: u64 = 3000;
+    let sent_from = ebpf::now();
     // DSCP 10 (AF11, colour bit 0 clear) on the measured flow; DSCP 11 (bit 0 set) on another.
     const TOS_MAIN: u8 = 10 << 2;
     const TOS_OWN: u8 = 11 << 2;
@@ -182,7 +186,7 @@ fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
                         own.send_to(&i.to_be_bytes(), "10.77.2.2:7778").unwrap();
                     }
                     if i % 50 == 0 {
-                        std::thread::sleep(Duration::from_millis(2));
+                        std::thread::sleep(Duration::from_millis(5));
                     }
                 }
             })
@@ -202,6 +206,7 @@ fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
         std::thread::sleep(Duration::from_nanos(T / 2));
     }
     sender.join().unwrap();
+    let sent_to = ebpf::now();
     let (tos_main, tos_own) = (rx_main.join().unwrap(), rx_own.join().unwrap());
     assert_eq!(
         tos_main.keys().collect::<Vec<_>>(),
@@ -231,11 +236,13 @@ fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
     assert_eq!(overrun, 0, "a period was overwritten before it was read");
     let mut per_point: HashMap<u8, u64> = HashMap::new();
     let mut periods: HashMap<u8, usize> = HashMap::new();
+    let mut times: HashMap<(u8, u64), (u64, u64)> = HashMap::new();
     for r in &out {
         if let Reading::Closed(c) = r {
             let f = c.key.flow();
             if f.dport == 7777 {
                 assert_eq!(f.src.to_string(), "10.77.1.1");
+                times.insert((c.key.point, c.period), (c.first_ns, c.last_ns));
                 *per_point.entry(c.key.point).or_default() += c.packets;
                 *periods.entry(c.key.point).or_default() += 1;
             }
@@ -244,6 +251,27 @@ fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
     assert_eq!(per_point.get(&0), Some(&SENT), "the marker counted every datagram");
     assert_eq!(per_point.get(&1), Some(&received), "the exit counted what was delivered");
     assert!(periods[&0] >= 3, "the flow spanned several periods: {periods:?}");
+    // The clocks: the marker's batches (the fine clock) within the sending and their periods,
+    // and the exit's (the tick clock) within a tick of the marker's (10 ms at most; the hop
+    // between them takes microseconds).
+    const TICK: u64 = 10_000_000;
+    for (&(point, period), &(first, last)) in &times {
+        if point != 0 {
+            continue;
+        }
+        assert!(
+            sent_from <= first && first <= last && last <= sent_to,
+            "marker: period {period} counted at {first}..{last}, sent {sent_from}..{sent_to}"
+        );
+        assert!(period * T <= first && last < (period + 1) * T, "marker: period {period}");
+        let Some(&(exit_first, exit_last)) = times.get(&(1, period)) else {
+            panic!("period {period}: the exit counted nothing");
+        };
+        assert!(
+            first.abs_diff(exit_first) <= TICK && last.abs_diff(exit_last) <= TICK,
+            "period {period}: marker {first}..{last}, exit {exit_first}..{exit_last}"
+        );
+    }
 
     // Drop reasons: every drop of the flow is the rule's, named by the kernel's BTF.
     let names = btf::drop_reasons();

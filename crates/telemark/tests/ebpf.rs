@@ -511,8 +511,8 @@ fn send_bursts(src: &str, from: &str, dst: &str, to: &str, n: u64) -> u64 {
 /// and the drop program takes them back), named NETFILTER_DROP and QDISC_DROP with the
 /// kernel's counts. nftables in the link's bridge drops on the link: the collector finds it on
 /// the segment from h1's exit to the switch's ingress. The switch's own segment is clean.
-/// Periods of 100 ms: h1's counting points read the kernel's coarse clock (a tick of 4 ms or
-/// less against a guard of 50 ms), its marker the fine one.
+/// Periods of 100 ms: h1's counting points read the tick clock (a tick of 4 ms or less
+/// against a guard of 50 ms), its marker the fine one.
 #[test]
 fn an_ebpf_bridge_host_and_an_afpacket_switch_share_one_path() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());

@@ -201,7 +201,7 @@ fn the_loss_through_an_ovs_userspace_bridge_is_found_and_named() {
 
     let dir = tempfile::tempdir().unwrap();
     let (c, url) = collector_in_process(dir.path());
-    // Periods of 50 ms: every point reads the fine clock (with the coarse one, at 100 ms, the
+    // Periods of 50 ms: every point reads the fine clock (with the tick one, at 100 ms, the
     // two agents' clocks may put `sw`'s batches a few ns before `ha`'s, and the collector then
     // does not find the link between them from the timing).
     let agent = |name: &str, netns: &str, ports: &str| {

@@ -55,14 +55,18 @@ pub struct PortSlot {
     pub port: Port,
     pub period_ns: u64,
     pub guard_ns: u64,
-    /// Added to CLOCK_TAI for Unix time: minus the TAI offset, modulo 2^64.
-    pub fine_offset_ns: u64,
-    /// Added to the coarse clock (CLOCK_MONOTONIC's) for Unix time.
-    pub coarse_offset_ns: u64,
+    /// The tick clock's offset to Unix time: the programs' own (0: to be taken again).
+    pub tick_offset_ns: u64,
     /// The period a packet here was last seen in: the programs' own.
     pub period_seen: u64,
     /// sFlow: one packet in this many sampled at the port's ingress point (0: none).
     pub sample_rate: u32,
+    /// The kernel's tick (a jiffy), in ns.
+    pub tick_ns: u32,
+    /// The tick (its low 16 bits) the tick clock's offset was taken in: the programs' own.
+    pub tick_seen: u16,
+    /// CLOCK_TAI minus CLOCK_REALTIME, in seconds (the kernel's TAI offset).
+    pub tai_offset_s: u16,
     pub colour_bit: u8,
     /// [`Clock`]: the counting points'.
     pub clock: u8,
@@ -95,7 +99,7 @@ pub struct Settings {
     pub pad: [u8; 2],
     /// This kernel's `SKB_CONSUMED` (not a drop), or `u32::MAX`.
     pub consumed_reason: u32,
-    /// CLOCK_TAI minus CLOCK_REALTIME ([`super::tai_offset_ns`]).
+    /// CLOCK_TAI minus CLOCK_REALTIME, in ns.
     pub tai_offset_ns: u64,
     /// The period a packet was last seen in: the drop program's own, kept across writes.
     pub period_seen: u64,
@@ -107,8 +111,8 @@ pub struct Settings {
 pub enum Clock {
     /// The TSC-based clock: exact.
     Fine = 0,
-    /// The clock as of the last tick: for guards of many ticks.
-    Coarse = 1,
+    /// The clock as of the last tick, from the kernel's jiffies: for guards of many ticks.
+    Tick = 1,
 }
 
 /// `struct tm_key`: a flow at a point in one colour.

@@ -182,27 +182,34 @@ fn slot(ifindex: u32, port: Port, s: Settings, c: Clocks) -> PortSlot {
         port,
         period_ns: s.period_ns,
         guard_ns: s.guard_ns,
-        fine_offset_ns: c.tai_offset_ns.wrapping_neg(),
-        coarse_offset_ns: c.coarse_offset_ns,
         sample_rate: s.sample_rate,
+        tick_ns: u32::try_from(tick_ns()).unwrap_or(u32::MAX),
+        tai_offset_s: c.tai_offset_s,
         colour_bit: s.colour_bit,
         clock: clock_for(s.period_ns, s.guard_ns) as u8,
         ..Default::default()
     }
 }
 
-/// The offsets that turn the kernel's clocks into Unix time.
+/// What turns the kernel's clocks into Unix time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Clocks {
-    /// CLOCK_TAI minus CLOCK_REALTIME.
-    tai_offset_ns: u64,
-    /// CLOCK_REALTIME minus CLOCK_MONOTONIC.
-    coarse_offset_ns: u64,
+    /// CLOCK_TAI minus CLOCK_REALTIME, in seconds.
+    tai_offset_s: u16,
+    /// CLOCK_REALTIME minus CLOCK_MONOTONIC (the tick clock's base): moves when the clock is
+    /// set.
+    mono_offset_ns: u64,
 }
 
 impl Clocks {
     fn now() -> Clocks {
-        Clocks { tai_offset_ns: tai_offset_ns(), coarse_offset_ns: coarse_offset_ns() }
+        Clocks { tai_offset_s: tai_offset_s(), mono_offset_ns: mono_offset_ns() }
+    }
+
+    /// Whether the clock was set between `self` and `later`: the two reads behind the
+    /// monotonic offset are microseconds apart, so a millisecond is a step.
+    fn stepped(&self, later: &Clocks) -> bool {
+        self.mono_offset_ns.abs_diff(later.mono_offset_ns) >= 1_000_000
     }
 }
 
@@ -327,15 +334,17 @@ impl Programs {
                 colour_bit: s.colour_bit,
                 restore: old.restore,
                 consumed_reason: btf::consumed_reason(),
-                tai_offset_ns: c.tai_offset_ns,
+                tai_offset_ns: u64::from(c.tai_offset_s) * 1_000_000_000,
                 period_seen: old.period_seen,
                 ..Default::default()
             };
             a.set(0, value, 0).map_err(map_err("settings"))?;
         }
+        // After a step, the programs take their tick clock's offset again at once.
+        let retick = self.clocks.stepped(&c);
         let ports: Vec<(u32, Port)> = self.attached.iter().map(|(i, (_, p))| (*i, *p)).collect();
         for (ifindex, port) in ports {
-            self.put_slot(slot(ifindex, port, s, c))?;
+            self.put_slot(slot(ifindex, port, s, c), retick)?;
         }
         (self.settings, self.clocks) = (s, c);
         Ok(())
@@ -361,11 +370,11 @@ impl Programs {
     }
 
     /// Writes a slot of map "ports", with map "settings"' restore flag (set whenever a slot's
-    /// is) and the programs' own last period seen; a slot that would not change is left
-    /// alone. The kernel copies a value in without ordering its words, so a hook may read a
+    /// is) and the programs' own last period seen and, unless `retick`, tick clock; a slot
+    /// that would not change is left alone. The kernel copies a value in without ordering its words, so a hook may read a
     /// slot half written: a slot being taken is first written whole with no interface (which
     /// the hooks ignore), then with it, so that the second copy changes only the index.
-    fn put_slot(&mut self, value: PortSlot) -> Result<(), Error> {
+    fn put_slot(&mut self, value: PortSlot, retick: bool) -> Result<(), Error> {
         let mut value = PortSlot { restore: self.restore(), ..value };
         let mut m: Array<&mut MapData, PortSlot> =
             Array::try_from(self.ebpf.map_mut("ports").expect("ports map"))
@@ -374,6 +383,10 @@ impl Programs {
         match m.get(&at, 0) {
             Ok(old) if old.ifindex == value.ifindex => {
                 value.period_seen = old.period_seen;
+                if !retick {
+                    value.tick_offset_ns = old.tick_offset_ns;
+                    value.tick_seen = old.tick_seen;
+                }
                 if old == value {
                     return Ok(());
                 }
@@ -387,14 +400,11 @@ impl Programs {
     /// set); true if so.
     pub fn refresh_clocks(&mut self) -> Result<bool, Error> {
         let now = Clocks::now();
-        // The two reads behind the coarse offset are microseconds apart: a millisecond is a step.
-        if now.tai_offset_ns == self.clocks.tai_offset_ns
-            && now.coarse_offset_ns.abs_diff(self.clocks.coarse_offset_ns) < 1_000_000
-        {
+        if now.tai_offset_s == self.clocks.tai_offset_s && !self.clocks.stepped(&now) {
             return Ok(false);
         }
         // Map "settings" holds the TAI offset only.
-        let global = now.tai_offset_ns != self.clocks.tai_offset_ns;
+        let global = now.tai_offset_s != self.clocks.tai_offset_s;
         self.write_settings(self.settings, now, global)?;
         Ok(true)
     }
@@ -448,7 +458,7 @@ impl Programs {
         if let Some((_, p)) = self.attached.get_mut(&a.ifindex) {
             *p = port;
         }
-        self.put_slot(slot(a.ifindex, port, self.settings, self.clocks))?;
+        self.put_slot(slot(a.ifindex, port, self.settings, self.clocks), false)?;
         let mut d: BpfHashMap<&mut MapData, DropPort, Port> =
             BpfHashMap::try_from(self.ebpf.map_mut("drop_ports").expect("drop_ports map"))
                 .map_err(map_err("drop_ports"))?;
@@ -867,36 +877,36 @@ pub fn now() -> u64 {
     clock_ns(libc::CLOCK_REALTIME)
 }
 
-/// CLOCK_REALTIME minus CLOCK_MONOTONIC (the coarse clock's base): the same until the clock
-/// is set.
-fn coarse_offset_ns() -> u64 {
+/// CLOCK_REALTIME minus CLOCK_MONOTONIC (the base of jiffies, the tick clock's): the same
+/// until the clock is set.
+fn mono_offset_ns() -> u64 {
     clock_ns(libc::CLOCK_REALTIME).saturating_sub(clock_ns(libc::CLOCK_MONOTONIC))
 }
 
 /// The clock counting points read with periods of `period_ns` and a guard of `guard_ns`: the
-/// coarse one where a tick is at most an eighth of both the guard and the early window
+/// tick clock where a tick is at most an eighth of both the guard and the early window
 /// (`period - guard`, where a packet the marker coloured for the next period may come), so a
-/// tick's lag moves a packet's time by at most 1/8 of either.
+/// tick's error moves a packet's time by at most 1/8 of either.
 pub fn clock_for(period_ns: u64, guard_ns: u64) -> Clock {
     let window = guard_ns.min(period_ns.saturating_sub(guard_ns));
-    if coarse_tick_ns().saturating_mul(8) <= window {
-        Clock::Coarse
+    if tick_ns().saturating_mul(8) <= window {
+        Clock::Tick
     } else {
         Clock::Fine
     }
 }
 
 /// How long after a period's guard to wait before reading it: 1 ms, and a tick more where
-/// counting points read the coarse clock (a packet's time may lag by up to a tick).
+/// counting points read the tick clock (a packet's time may lag by up to a tick).
 pub fn settle_ns(period_ns: u64, guard_ns: u64) -> u64 {
     match clock_for(period_ns, guard_ns) {
-        Clock::Coarse => periods::SETTLE_NS + coarse_tick_ns(),
+        Clock::Tick => periods::SETTLE_NS + tick_ns(),
         Clock::Fine => periods::SETTLE_NS,
     }
 }
 
-/// How far the coarse clock moves at a time: the kernel's tick.
-fn coarse_tick_ns() -> u64 {
+/// The kernel's tick (a jiffy): how far the coarse clocks, and the tick clock, move at a time.
+fn tick_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: ts is a valid out-pointer.
     if unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } != 0 {
@@ -905,12 +915,13 @@ fn coarse_tick_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// The kernel's TAI offset (CLOCK_TAI minus CLOCK_REALTIME: 37 s since 2017 where chrony,
-/// ntpd or ptp4l set it, else 0), exact, from adjtimex(2).
-pub fn tai_offset_ns() -> u64 {
+/// The kernel's TAI offset in seconds (CLOCK_TAI minus CLOCK_REALTIME: 37 since 2017 where
+/// chrony, ntpd or ptp4l set it, else 0), from adjtimex(2); one beyond 16 bits, which no clock
+/// has had, is taken as 0.
+fn tai_offset_s() -> u16 {
     // SAFETY: an all-zero timex with modes 0 only reads the kernel's clock state.
     let mut tx: libc::timex = unsafe { std::mem::zeroed() };
     // SAFETY: tx is a valid out-pointer.
     unsafe { libc::adjtimex(&mut tx) };
-    u64::try_from(tx.tai).unwrap_or(0) * 1_000_000_000
+    u16::try_from(tx.tai).unwrap_or(0)
 }

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 /// Time after the guard before a period is read: a program that took its timestamp just
 /// before the guard ended may still be adding to the slot on another CPU. Counting points on
-/// the coarse clock add a tick ([`super::settle_ns`]).
+/// the tick clock add a tick ([`super::settle_ns`]).
 pub const SETTLE_NS: u64 = 1_000_000;
 
 /// One final period of one flow at one point, summed over CPUs.
