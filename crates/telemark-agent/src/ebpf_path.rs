@@ -38,6 +38,10 @@ pub(crate) struct EbpfPath {
     /// Events sent since the aggregation's doorbell was last rung.
     unrung: usize,
     reader: PeriodReader,
+    /// The newest final period when the counters were last read: they are read again only
+    /// once a later one is final (a walk of map "counts" visits all its buckets, 16 bytes per
+    /// flow it could hold, however few flows it has).
+    read_upto: u64,
     /// Attached interfaces by target.
     attached: HashMap<Target, Attached>,
     /// The slot each target got, kept so a re-created interface keeps its points.
@@ -127,6 +131,7 @@ pub(crate) fn open(
             eb.guard_ns,
             ebpf::settle_ns(eb.period_ns, eb.guard_ns),
         ),
+        read_upto: 0,
         attached: HashMap::new(),
         slots: HashMap::new(),
         ports: Vec::new(),
@@ -377,13 +382,20 @@ impl EbpfPath {
         }
         let now = ebpf::now();
         let mut out = Vec::new();
-        let reader = &mut self.reader;
-        if let Err(e) = self.programs.for_each_count(|k, cpus| reader.read(now, k, cpus, &mut out))
-        {
-            tracing::warn!("eBPF: {e}");
-            return;
+        let upto = self.reader.final_upto(now);
+        // Late packets of periods already read, and drops, wait for the next final one.
+        let walk = upto != self.read_upto;
+        if walk {
+            let reader = &mut self.reader;
+            if let Err(e) =
+                self.programs.for_each_count(|k, cpus| reader.read(now, k, cpus, &mut out))
+            {
+                tracing::warn!("eBPF: {e}");
+                return;
+            }
+            self.read_upto = upto;
+            let _ = self.programs.set_read_upto(upto);
         }
-        let _ = self.programs.set_read_upto(self.reader.final_upto(now));
         // Ingress points first: a flow's ingress tells which egress point its exit is.
         out.sort_by_key(|r| match r {
             Reading::Closed(c) => (c.key.point % 2, c.period),
@@ -401,8 +413,11 @@ impl EbpfPath {
                 }
             }
         }
-        // Drops before the batches they explain, so that their records can name them.
-        self.drops();
+        // Drops before the batches they explain, so that their records can name them; read
+        // with the counters, so that the reader knows every flow they may be of.
+        if walk {
+            self.drops();
+        }
         for r in out {
             let (key, period) = match &r {
                 Reading::Closed(c) => (c.key, c.period),
