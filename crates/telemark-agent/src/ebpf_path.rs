@@ -385,6 +385,9 @@ impl EbpfPath {
         let upto = self.reader.final_upto(now);
         // Late packets of periods already read, and drops, wait for the next final one.
         let walk = upto != self.read_upto;
+        // The drops as they were before the walk: every flow they are of was counted before
+        // them, so the walk tells which were measured here.
+        let drops = if walk { self.programs.drops().ok() } else { None };
         if walk {
             let reader = &mut self.reader;
             if let Err(e) =
@@ -413,10 +416,9 @@ impl EbpfPath {
                 }
             }
         }
-        // Drops before the batches they explain, so that their records can name them; read
-        // with the counters, so that the reader knows every flow they may be of.
-        if walk {
-            self.drops();
+        // Drops before the batches they explain, so that their records can name them.
+        if let Some(drops) = drops {
+            self.drops(drops);
         }
         for r in out {
             let (key, period) = match &r {
@@ -534,13 +536,13 @@ impl EbpfPath {
         }
     }
 
-    /// Hands the kernel's new drops of measured flows to the aggregation (it names them in the
-    /// flow's next lossy record); forgets those of flows not measured here.
-    fn drops(&mut self) {
-        let Ok(now) = self.programs.drops() else { return };
+    /// Hands the kernel's new drops of measured flows (`now`, as read before the last walk) to
+    /// the aggregation (it names them in the flow's next lossy record); forgets those of flows
+    /// not measured here.
+    fn drops(&mut self, now: Vec<(DropKey, u64)>) {
         let mut unwatched = Vec::new();
         let mut fresh: Vec<(FlowKey, String, u64)> = Vec::new();
-        // Flows counted at some point here (the reader has read every key the kernel holds).
+        // Flows counted at some point here (the walk found every key the drops may be of).
         let measured: std::collections::HashSet<FlowKey> = if now.is_empty() {
             Default::default()
         } else {

@@ -109,6 +109,14 @@ fn recv_tos(sock: &UdpSocket) -> Option<u8> {
     }
 }
 
+/// The kernel's tick (CLOCK_MONOTONIC_COARSE's resolution).
+fn tick_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-pointer.
+    assert_eq!(unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) }, 0);
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 #[test]
 fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
     let l = line("m");
@@ -117,11 +125,12 @@ fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
         "nft 'add table inet tmb; add chain inet tmb fw { type filter hook forward priority 0; }; \
          add rule inet tmb fw udp dport 7777 numgen random mod 10 == 0 counter drop'",
     );
-    // Periods of 100 ms: the exit counts on the tick clock (a tick of at most 10 ms, an eighth
-    // of the guard), the marker on the fine one.
-    const T: u64 = 100_000_000;
-    assert_eq!(ebpf::clock_for(T, T / 2), Clock::Tick, "a kernel of 100 Hz or more");
-    let settings = Settings { period_ns: T, guard_ns: T / 2, colour_bit: 0, ..Settings::default() };
+    // Periods of 100 ms, or 16 ticks on a slower kernel: the exit counts on the tick clock (a
+    // tick at most an eighth of the guard), the marker on the fine one.
+    let tick = tick_ns();
+    let t = (16 * tick).max(100_000_000);
+    assert_eq!(ebpf::clock_for(t, t / 2), Clock::Tick);
+    let settings = Settings { period_ns: t, guard_ns: t / 2, colour_bit: 0, ..Settings::default() };
     let mut p = Programs::load(4096, settings).expect("load the programs (root, BTF)");
     assert_eq!(p.drops_unavailable, None, "kfree_skb program");
     let ns = Some(l.r.0.clone());
@@ -185,7 +194,7 @@ fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
                     if i % 10 == 0 {
                         own.send_to(&i.to_be_bytes(), "10.77.2.2:7778").unwrap();
                     }
-                    if i % 50 == 0 {
+                    if i % 50 == 49 {
                         std::thread::sleep(Duration::from_millis(5));
                     }
                 }
@@ -194,7 +203,7 @@ fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
         }
     });
     // Read as the agent does, twice a period: a slot holds a colour's last two periods.
-    let mut reader = PeriodReader::new(T, T / 2);
+    let mut reader = PeriodReader::with_settle(t, t / 2, ebpf::settle_ns(t, t / 2));
     let mut out = Vec::new();
     let mut read = |p: &mut Programs, out: &mut Vec<Reading>| {
         let now = ebpf::now();
@@ -203,7 +212,7 @@ fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
     };
     while !sender.is_finished() {
         read(&mut p, &mut out);
-        std::thread::sleep(Duration::from_nanos(T / 2));
+        std::thread::sleep(Duration::from_nanos(t / 2));
     }
     sender.join().unwrap();
     let sent_to = ebpf::now();
@@ -230,7 +239,7 @@ fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
     assert!(dropped > 100, "the rule dropped {dropped}");
 
     // The last periods: per point, packets over all periods.
-    std::thread::sleep(Duration::from_nanos(2 * T));
+    std::thread::sleep(Duration::from_nanos(2 * t));
     read(&mut p, &mut out);
     let overrun = p.stats().unwrap().into_iter().find(|(s, _)| *s == Stat::Overrun).unwrap().1;
     assert_eq!(overrun, 0, "a period was overwritten before it was read");
@@ -252,9 +261,9 @@ fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
     assert_eq!(per_point.get(&1), Some(&received), "the exit counted what was delivered");
     assert!(periods[&0] >= 3, "the flow spanned several periods: {periods:?}");
     // The clocks: the marker's batches (the fine clock) within the sending and their periods,
-    // and the exit's (the tick clock) within a tick of the marker's (10 ms at most; the hop
-    // between them takes microseconds).
-    const TICK: u64 = 10_000_000;
+    // and the exit's (the tick clock, up to a tick behind or, read with another CPU's offset,
+    // ahead) within the marker's, give or take a tick: the exit saw some of the same packets
+    // (nftables drops a tenth between them) microseconds later.
     for (&(point, period), &(first, last)) in &times {
         if point != 0 {
             continue;
@@ -263,15 +272,18 @@ fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
             sent_from <= first && first <= last && last <= sent_to,
             "marker: period {period} counted at {first}..{last}, sent {sent_from}..{sent_to}"
         );
-        assert!(period * T <= first && last < (period + 1) * T, "marker: period {period}");
-        let Some(&(exit_first, exit_last)) = times.get(&(1, period)) else {
-            panic!("period {period}: the exit counted nothing");
-        };
-        assert!(
-            first.abs_diff(exit_first) <= TICK && last.abs_diff(exit_last) <= TICK,
-            "period {period}: marker {first}..{last}, exit {exit_first}..{exit_last}"
-        );
+        assert!(period * t <= first && last < (period + 1) * t, "marker: period {period}");
+        if let Some(&(exit_first, exit_last)) = times.get(&(1, period)) {
+            assert!(
+                first <= exit_first + tick && exit_last <= last + tick,
+                "period {period}: marker {first}..{last}, exit {exit_first}..{exit_last}"
+            );
+        }
     }
+    assert!(
+        times.keys().filter(|(point, _)| *point == 1).count() >= 3,
+        "the exit counted in several periods: {times:?}"
+    );
 
     // Drop reasons: every drop of the flow is the rule's, named by the kernel's BTF.
     let names = btf::drop_reasons();

@@ -340,8 +340,9 @@ impl Programs {
             };
             a.set(0, value, 0).map_err(map_err("settings"))?;
         }
-        // After a step, the programs take their tick clock's offset again at once.
-        let retick = self.clocks.stepped(&c);
+        // After a step or a new TAI offset (the tick clock's offset is taken from the fine
+        // clock less it), the programs take their tick clock's offset again at once.
+        let retick = self.clocks.stepped(&c) || self.clocks.tai_offset_s != c.tai_offset_s;
         let ports: Vec<(u32, Port)> = self.attached.iter().map(|(i, (_, p))| (*i, *p)).collect();
         for (ifindex, port) in ports {
             self.put_slot(slot(ifindex, port, s, c), retick)?;
@@ -371,9 +372,10 @@ impl Programs {
 
     /// Writes a slot of map "ports", with map "settings"' restore flag (set whenever a slot's
     /// is) and the programs' own last period seen and, unless `retick`, tick clock; a slot
-    /// that would not change is left alone. The kernel copies a value in without ordering its words, so a hook may read a
-    /// slot half written: a slot being taken is first written whole with no interface (which
-    /// the hooks ignore), then with it, so that the second copy changes only the index.
+    /// that would not change is left alone. The kernel copies a value in without ordering
+    /// its words, so a hook may read a slot half written: a slot being taken is first written
+    /// whole with no interface (which the hooks ignore), then with it, so that the second
+    /// copy changes only the index.
     fn put_slot(&mut self, value: PortSlot, retick: bool) -> Result<(), Error> {
         let mut value = PortSlot { restore: self.restore(), ..value };
         let mut m: Array<&mut MapData, PortSlot> =
