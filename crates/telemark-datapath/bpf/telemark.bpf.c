@@ -56,11 +56,11 @@ struct tm_port {
  * A slot also holds a copy of every setting a hook reads for each packet (user space writes
  * them into every slot; the programs keep period_seen and the tick clock's offset), so that
  * a packet's run touches one line of it. Under TCP load each line a run touches is cold (the
- * kernel copying 64 KB skbs evicts it between runs): the port and the settings in their own maps took three lines, and
- * about 35 ns a packet more than a run touching none. The 56 bytes read per packet come after
- * 8 read only while sampling: array values start 8 bytes before a cache line on Linux 6.18
- * (struct bpf_array is 312 bytes), where they are then one line; where values start on a line,
- * the whole slot is. On other kernels they may be two lines. */
+ * kernel copying 64 KB skbs evicts it between runs): the port and the settings in their own
+ * maps took three lines, and about 35 ns a packet more than a run touching none. The 56
+ * bytes read per packet come after 8 read only while sampling: array values start 8 bytes
+ * before a cache line on Linux 6.18 (struct bpf_array is 312 bytes), where they are then one
+ * line; where values start on a line, the whole slot is. On other kernels, maybe two lines. */
 #define TM_PORT_SLOTS 65536
 struct tm_port_slot {
 	__u32 sample_bytes; /* sFlow: the most bytes of a sampled packet sent (its headers) */
@@ -91,8 +91,8 @@ enum tm_restore {
 /* The clock a counting point reads (the marker always reads the fine one). */
 enum tm_clock {
 	TM_CLOCK_FINE = 0, /* bpf_ktime_get_tai_ns: exact, but it reads the TSC, serialised */
-	TM_CLOCK_TICK = 1, /* the kernel's jiffies, as of the last tick (see tick_now()); chosen
-			    * by user space when a tick is a small part of the guard */
+	TM_CLOCK_TICK = 1, /* the kernel's jiffies: Unix time to within a tick (see tick_now());
+			    * chosen by user space when a tick is a small part of the guard */
 };
 
 /* The settings (map "settings"). A copy of those a hook reads for every packet is in each port's
@@ -537,11 +537,11 @@ static __always_inline __u64 unix_now(const struct tm_port_slot *p)
  * load, the clock helpers cost 15-30 ns a packet more: their timekeeper's lines are cold).
  * Jiffies count ticks of tick_ns on the monotonic clock, so jiffies * tick_ns is Unix time
  * less an offset that moves only when the clock is set: the first packet of each tick here
- * takes it again from the fine clock (a few hundred times a second), so a packet gets the time
- * of its tick's first one at its port, up to a tick behind its own. Another CPU may read the new tick with the offset of an
- * earlier one, which was as good to within a tick; a tick's error, either way, is what user
- * space allows for when it picks this clock. An offset of 0
- * (user space's, when it writes the slot) is taken again. */
+ * takes it again from the fine clock (a few hundred times a second), so a packet gets the
+ * time of its tick's first one at its port, up to a tick behind its own. Another CPU may read
+ * the new tick with the offset of an earlier one, which was as good to within a tick; a
+ * tick's error, either way, is what user space allows for when it picks this clock. An
+ * offset of 0 (user space's, when it writes the slot) is taken again. */
 static __always_inline __u64 tick_now(struct tm_port_slot *p)
 {
 	__u64 ticks = bpf_jiffies64();
