@@ -109,14 +109,6 @@ fn recv_tos(sock: &UdpSocket) -> Option<u8> {
     }
 }
 
-/// The kernel's tick (CLOCK_MONOTONIC_COARSE's resolution).
-fn tick_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: ts is a valid out-pointer.
-    assert_eq!(unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) }, 0);
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 #[test]
 fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
     let l = line("m");
@@ -127,7 +119,7 @@ fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
     );
     // Periods of 100 ms, or 16 ticks on a slower kernel: the exit counts on the tick clock (a
     // tick at most an eighth of the guard), the marker on the fine one.
-    let tick = tick_ns();
+    let tick = ebpf::tick_ns();
     let t = (16 * tick).max(100_000_000);
     assert_eq!(ebpf::clock_for(t, t / 2), Clock::Tick);
     let settings = Settings { period_ns: t, guard_ns: t / 2, colour_bit: 0, ..Settings::default() };

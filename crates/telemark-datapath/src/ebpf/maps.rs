@@ -111,7 +111,7 @@ pub struct Settings {
 pub enum Clock {
     /// The TSC-based clock: exact.
     Fine = 0,
-    /// The clock as of the last tick, from the kernel's jiffies: for guards of many ticks.
+    /// Unix time to within a tick, from the kernel's jiffies: for guards of many ticks.
     Tick = 1,
 }
 

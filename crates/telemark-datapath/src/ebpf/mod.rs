@@ -908,7 +908,7 @@ pub fn settle_ns(period_ns: u64, guard_ns: u64) -> u64 {
 }
 
 /// The kernel's tick (a jiffy): how far the coarse clocks, and the tick clock, move at a time.
-fn tick_ns() -> u64 {
+pub fn tick_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: ts is a valid out-pointer.
     if unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } != 0 {
