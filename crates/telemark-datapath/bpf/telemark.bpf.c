@@ -158,6 +158,7 @@ enum tm_stat {
 	TM_STAT_QUEUE_MISSED,    /* such a drop whose count was no longer there to take back */
 	TM_STAT_SAMPLED,         /* packets sampled for sFlow */
 	TM_STAT_SAMPLE_LOST,     /* of those, not sent: no room in the perf buffer */
+	TM_STAT_NEW_KEY_LOST,    /* a key new in "counts" not announced: no room in "new_keys" */
 	TM_STAT_COUNT,
 };
 
@@ -195,6 +196,16 @@ struct {
 	__type(key, struct tm_key);
 	__type(value, struct tm_slots);
 } counts SEC(".maps");
+
+/* Keys new in "counts", as the programs created them: user space reads the counters of the
+ * keys it knows of, rather than walk the whole map each period (a walk visits every bucket,
+ * 16 bytes for each flow the map can hold, however few it has). A key that finds no room here
+ * is counted (TM_STAT_NEW_KEY_LOST), and user space then walks the map once. No wakeups: user
+ * space reads it on its own schedule. Sized by the agent at load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 16);
+} new_keys SEC(".maps");
 
 /* Flows whose own DSCP had the colour bit set when they were last marked (value unused); LRU,
  * so a full map forgets the longest-quiet flow's bit, never refuses a new one. */
@@ -416,6 +427,8 @@ static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u
 				return;
 			}
 		} else {
+			if (bpf_ringbuf_output(&new_keys, k, sizeof(*k), BPF_RB_NO_WAKEUP) != 0)
+				bump(TM_STAT_NEW_KEY_LOST);
 			v = bpf_map_lookup_elem(&counts, k);
 			if (!v)
 				return;

@@ -33,6 +33,8 @@ static long (*bpf_probe_read_kernel)(void *dst, __u32 size,
 static long (*bpf_perf_event_output)(void *ctx, void *map, __u64 flags, void *data,
 				     __u64 size) = (void *)BPF_FUNC_perf_event_output;
 static __u32 (*bpf_get_prandom_u32)(void) = (void *)BPF_FUNC_get_prandom_u32;
+static long (*bpf_ringbuf_output)(void *ringbuf, void *data, __u64 size,
+				  __u64 flags) = (void *)BPF_FUNC_ringbuf_output;
 
 /* Branch weights: clang lays the likely path out straight and the rest after it, so a
  * packet's run fetches fewer instruction cache lines. */

@@ -295,3 +295,109 @@ fn marks_counts_and_names_the_drops_of_a_flow_through_a_router() {
     assert!(!filters.contains("tm_ingress"), "left behind: {filters}");
     drop(p);
 }
+
+/// User space reads the counters of the keys the programs announced (map "new_keys") instead
+/// of walking the whole map, and walks it when an announcement found no room. Ground truth:
+/// the source ports the sender used, one datagram each, every one counted once at the router's
+/// ingress, whether it was read from an announcement or a walk.
+#[test]
+fn reads_the_keys_the_programs_announce_and_walks_when_they_could_not() {
+    let l = line("k");
+    let settings = Settings {
+        period_ns: 1_000_000_000,
+        guard_ns: 500_000_000,
+        colour_bit: 0,
+        ..Settings::default()
+    };
+    // Room for 1,024 keys; "new_keys" is then 16 KiB, room for 341 announcements.
+    let mut p = Programs::load(1024, settings).expect("load the programs (root, BTF)");
+    let a = p
+        .attach(
+            &Target { netns: Some(l.r.0.clone()), iface: "r-in".into() },
+            Port {
+                in_point: 0,
+                out_point: NO_POINT,
+                in_action: IngressAction::Count as u8,
+                out_action: EgressAction::Count as u8,
+            },
+        )
+        .expect("attach r-in");
+    let send = |ports: std::ops::Range<u16>| {
+        in_netns(Some(&l.s.0), || {
+            for port in ports {
+                let s = UdpSocket::bind(("10.77.1.1", port)).unwrap();
+                s.send_to(b"k", "10.77.2.2:7777").unwrap();
+                if port % 100 == 0 {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        })
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    // Source port -> packets counted, over both colours and every CPU.
+    let counted = |p: &mut Programs| {
+        let mut seen: HashMap<u16, u64> = HashMap::new();
+        p.for_each_count(|k, cpus| {
+            // (The veths' own IPv6 neighbour discovery is counted too.)
+            if (k.dport, k.proto) != (7777, 17) {
+                return;
+            }
+            assert_eq!(k.point, 0);
+            let n: u64 = cpus.iter().map(|s| s.cur.packets + s.prev.packets).sum();
+            *seen.entry(k.sport).or_default() += n;
+        })
+        .unwrap();
+        seen
+    };
+    let lost = |p: &Programs| {
+        p.stats().unwrap().into_iter().find(|(s, _)| *s == Stat::NewKeyLost).unwrap().1
+    };
+    let ones = |r: std::ops::Range<u16>| r.map(|port| (port, 1)).collect::<HashMap<u16, u64>>();
+    let same = |seen: HashMap<u16, u64>, sent: HashMap<u16, u64>| {
+        let wrong: Vec<_> =
+            sent.iter().filter(|(port, n)| seen.get(port) != Some(n)).take(5).collect();
+        let extra: Vec<_> = seen.keys().filter(|port| !sent.contains_key(port)).take(5).collect();
+        assert!(
+            wrong.is_empty() && extra.is_empty(),
+            "{} source ports counted, {} sent; sent and not counted once: {wrong:?}; not \
+             sent: {extra:?}",
+            seen.len(),
+            sent.len()
+        );
+    };
+
+    assert!(counted(&mut p).is_empty());
+    assert_eq!(p.count_walks(), 1, "the first read walks the map");
+    send(20_000..20_020);
+    same(counted(&mut p), ones(20_000..20_020));
+    assert_eq!((lost(&p), p.count_walks()), (0, 1), "20 new keys: announced, no walk");
+
+    // More new keys than "new_keys" has room for: the rest are found by a walk.
+    send(20_020..20_820);
+    same(counted(&mut p), ones(20_000..20_820));
+    assert!(lost(&p) > 0, "800 new keys in a 16 KiB ring");
+    assert_eq!(p.count_walks(), 2, "a lost announcement makes the next read a walk");
+    send(20_820..20_825);
+    same(counted(&mut p), ones(20_000..20_825));
+    assert_eq!(p.count_walks(), 2, "announced again after the walk");
+
+    // Keys user space deletes (idle flows) are no longer read; a flow that comes back is
+    // announced again.
+    let idle: Vec<_> = {
+        let mut v = Vec::new();
+        p.for_each_count(|k, _| {
+            if k.dport == 7777 && k.sport < 20_010 {
+                v.push(*k)
+            }
+        })
+        .unwrap();
+        v
+    };
+    assert_eq!(p.remove_quiet_counts(&idle, |_, _| true).unwrap().len(), 10);
+    same(counted(&mut p), ones(20_010..20_825));
+    send(20_000..20_001);
+    same(counted(&mut p), ones(20_000..20_001).into_iter().chain(ones(20_010..20_825)).collect());
+    assert_eq!(p.count_walks(), 2);
+    p.detach(a);
+}

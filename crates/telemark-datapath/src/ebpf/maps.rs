@@ -149,6 +149,22 @@ impl Key {
             si: None,
         }
     }
+
+    /// A key as the programs wrote it into map "new_keys" (`None`: not 40 bytes).
+    pub fn from_bytes(b: &[u8]) -> Option<Key> {
+        let b: &[u8; 40] = b.try_into().ok()?;
+        let u16_at = |i: usize| u16::from_ne_bytes([b[i], b[i + 1]]);
+        Some(Key {
+            src: b[0..16].try_into().ok()?,
+            dst: b[16..32].try_into().ok()?,
+            sport: u16_at(32),
+            dport: u16_at(34),
+            proto: b[36],
+            point: b[37],
+            colour: b[38],
+            pad: b[39],
+        })
+    }
 }
 
 /// `struct tm_batch`: one period's counts at one point, on one CPU.
@@ -202,6 +218,9 @@ pub enum Stat {
     Sampled,
     /// Of those, not sent (no room in the perf buffer).
     SampleLost,
+    /// Keys new in "counts" the programs could not announce (no room in "new_keys"): user
+    /// space then walks the map.
+    NewKeyLost,
 }
 
 impl Stat {
@@ -224,11 +243,12 @@ impl Stat {
             Stat::QueueMissed => "queue_missed",
             Stat::Sampled => "sampled",
             Stat::SampleLost => "sample_lost",
+            Stat::NewKeyLost => "new_key_lost",
         }
     }
 
     /// Every counter, in map order.
-    pub const ALL: [Stat; 16] = [
+    pub const ALL: [Stat; 17] = [
         Stat::NotIp,
         Stat::Marked,
         Stat::Unmarked,
@@ -245,6 +265,7 @@ impl Stat {
         Stat::QueueMissed,
         Stat::Sampled,
         Stat::SampleLost,
+        Stat::NewKeyLost,
     ];
 }
 

@@ -16,7 +16,8 @@ pub mod maps;
 pub mod periods;
 
 use aya::maps::{
-    Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, PerfEventArray,
+    Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, PerfEventArray,
+    RingBuf,
 };
 use aya::programs::tc::{self, TcAttachOptions};
 use aya::programs::{BtfTracePoint, LinkOrder, SchedClassifier, TcAttachType};
@@ -213,12 +214,33 @@ impl Clocks {
     }
 }
 
+/// Room in map "new_keys" for a quarter of the keys map "counts" holds (48 bytes each), in
+/// 16 KiB to 4 MiB: keys created faster than that between two reads make the next read a walk.
+fn new_keys_bytes(flows: u32) -> u32 {
+    let bytes = (u64::from(flows) * 48 / 4).next_power_of_two().clamp(16 << 10, 4 << 20);
+    u32::try_from(bytes).unwrap_or(4 << 20)
+}
+
+/// What user space knows of map "counts"' keys: every one after a walk of the map, and since
+/// then those the programs announced in map "new_keys" as they created them. A walk visits
+/// every bucket (16 bytes for each key the map can hold: 1 MiB at the default 65,536 flows,
+/// 16 MiB at a million), however few keys it has; reading the known keys costs one lookup
+/// each.
+struct CountedKeys {
+    ring: RingBuf<MapData>,
+    keys: std::collections::HashSet<Key>,
+    /// The programs' `new_key_lost` when the map was last walked; `None`: never walked.
+    lost_at_walk: Option<u64>,
+    walks: u64,
+}
+
 /// The loaded programs and their maps.
 pub struct Programs {
     ebpf: Ebpf,
     hook: Hook,
     settings: Settings,
     clocks: Clocks,
+    counted: CountedKeys,
     /// Attached interfaces by index, with what their hooks do: indexes are per namespace, so
     /// two interfaces in different namespaces may share one, and only the first can be
     /// attached.
@@ -258,15 +280,19 @@ impl Programs {
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
             .map_max_entries("counts", flows.max(16))
+            .map_max_entries("new_keys", new_keys_bytes(flows))
             .load(&OBJECT.0)
             .map_err(|e| load_err(format!("{e:#}")))?;
         load_tc_programs(&mut ebpf, &[INGRESS_PROGRAM, EGRESS_PROGRAM])?;
         let hook = Hook::for_this_kernel();
+        let ring = ebpf.take_map("new_keys").expect("new_keys map");
+        let ring = RingBuf::try_from(ring).map_err(map_err("new_keys"))?;
         let mut p = Programs {
             ebpf,
             hook,
             settings,
             clocks: Clocks::now(),
+            counted: CountedKeys { ring, keys: Default::default(), lost_at_walk: None, walks: 0 },
             attached: Default::default(),
             drops_unavailable: None,
         };
@@ -497,19 +523,53 @@ impl Programs {
         });
     }
 
-    /// Calls `f` with every counter entry and its per-CPU slots.
-    pub fn for_each_count(&self, mut f: impl FnMut(&Key, &[Slots])) -> Result<(), Error> {
+    /// Calls `f` with every counter entry and its per-CPU slots: those of the keys known
+    /// (see [`CountedKeys`]), or, the first time and after the programs could not announce a
+    /// new key, of a walk of the whole map.
+    pub fn for_each_count(&mut self, mut f: impl FnMut(&Key, &[Slots])) -> Result<(), Error> {
+        // Read first: a key the programs fail to announce from now on moves it again, and the
+        // next call walks.
+        let lost = self.stat(Stat::NewKeyLost)?;
+        let counted = &mut self.counted;
+        while let Some(item) = counted.ring.next() {
+            if let Some(k) = Key::from_bytes(&item) {
+                counted.keys.insert(k);
+            }
+        }
         let m: PerCpuHashMap<&MapData, Key, Slots> =
             PerCpuHashMap::try_from(self.ebpf.map("counts").expect("counts map"))
                 .map_err(map_err("counts"))?;
-        for kv in m.iter() {
-            match kv {
-                Ok((k, v)) => f(&k, &v),
-                // An entry deleted while walking: the walk goes on from the next.
-                Err(_) => continue,
+        if counted.lost_at_walk != Some(lost) {
+            // Keys created during the walk that it missed are in the ring for the next call.
+            counted.keys.clear();
+            for kv in m.iter() {
+                match kv {
+                    Ok((k, v)) => {
+                        counted.keys.insert(k);
+                        f(&k, &v);
+                    }
+                    // An entry deleted while walking: the walk goes on from the next.
+                    Err(_) => continue,
+                }
             }
+            counted.lost_at_walk = Some(lost);
+            counted.walks += 1;
+            return Ok(());
         }
+        counted.keys.retain(|k| match m.get(k, 0) {
+            Ok(v) => {
+                f(k, &v);
+                true
+            }
+            Err(MapError::KeyNotFound) => false,
+            Err(_) => true,
+        });
         Ok(())
+    }
+
+    /// How many times [`Programs::for_each_count`] has walked the whole map.
+    pub fn count_walks(&self) -> u64 {
+        self.counted.walks
     }
 
     /// Deletes the counter entries of `keys` that `quiet` says have seen nothing since they
@@ -535,6 +595,9 @@ impl Programs {
                 Err(_) => gone.push(*k),
             }
         }
+        for k in &gone {
+            self.counted.keys.remove(k);
+        }
         Ok(gone)
     }
 
@@ -550,6 +613,14 @@ impl Programs {
         let a: PerCpuArray<&MapData, u64> =
             PerCpuArray::try_from(self.ebpf.map(map).expect("map")).map_err(map_err(map))?;
         (0..n).map(|i| Ok(a.get(&i, 0).map_err(map_err(map))?.iter().sum())).collect()
+    }
+
+    /// One of the programs' counters.
+    fn stat(&self, s: Stat) -> Result<u64, Error> {
+        let a: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(self.ebpf.map("stats").expect("stats map"))
+                .map_err(map_err("stats"))?;
+        Ok(a.get(&(s as u32), 0).map_err(map_err("stats"))?.iter().sum())
     }
 
     /// The programs' counters, by [`Stat`].
