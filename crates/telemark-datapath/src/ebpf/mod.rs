@@ -214,10 +214,14 @@ impl Clocks {
     }
 }
 
-/// Room in map "new_keys" for a quarter of the keys map "counts" holds (48 bytes each), in
-/// 16 KiB to 4 MiB: keys created faster than that between two reads make the next read a walk.
+/// Room in map "new_keys" for a quarter of the keys map "counts" holds (48 bytes each), rounded
+/// up to a power of two, from 16 KiB (or a page, if larger: the kernel wants whole pages) to
+/// 4 MiB: keys created faster than that between two reads make the next read a walk.
 fn new_keys_bytes(flows: u32) -> u32 {
-    let bytes = (u64::from(flows) * 48 / 4).next_power_of_two().clamp(16 << 10, 4 << 20);
+    // SAFETY: sysconf has no preconditions.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let least = page.max(16 << 10).next_power_of_two();
+    let bytes = (u64::from(flows) * 48 / 4).next_power_of_two().clamp(least, least.max(4 << 20));
     u32::try_from(bytes).unwrap_or(4 << 20)
 }
 
@@ -541,19 +545,26 @@ impl Programs {
                 .map_err(map_err("counts"))?;
         if counted.lost_at_walk != Some(lost) {
             // Keys created during the walk that it missed are in the ring for the next call.
-            counted.keys.clear();
+            let mut walked = std::collections::HashSet::new();
+            let mut whole = true;
             for kv in m.iter() {
                 match kv {
                     Ok((k, v)) => {
-                        counted.keys.insert(k);
+                        walked.insert(k);
                         f(&k, &v);
                     }
-                    // An entry deleted while walking: the walk goes on from the next.
-                    Err(_) => continue,
+                    // A failed lookup (the iterator skips entries deleted meanwhile), or a
+                    // failed step, which ends the walk: the next call walks again.
+                    Err(_) => whole = false,
                 }
             }
-            counted.lost_at_walk = Some(lost);
             counted.walks += 1;
+            if whole {
+                counted.keys = walked;
+                counted.lost_at_walk = Some(lost);
+            } else {
+                counted.keys.extend(walked);
+            }
             return Ok(());
         }
         counted.keys.retain(|k| match m.get(k, 0) {
@@ -591,8 +602,9 @@ impl Programs {
                     }
                 }
                 Ok(_) => {}
-                // Already gone.
-                Err(_) => gone.push(*k),
+                Err(MapError::KeyNotFound) => gone.push(*k),
+                // Kept (and read again) rather than forgotten while it may still be there.
+                Err(_) => {}
             }
         }
         for k in &gone {
