@@ -621,29 +621,32 @@ impl Programs {
         a.set(0, period, 0).map_err(map_err("reader"))
     }
 
-    fn per_cpu_sums(&self, map: &'static str, n: u32) -> Result<Vec<u64>, Error> {
+    /// Entries `indexes` of per-CPU array `map`, each summed over the CPUs.
+    fn per_cpu_sums(
+        &self,
+        map: &'static str,
+        indexes: std::ops::Range<u32>,
+    ) -> Result<Vec<u64>, Error> {
         let a: PerCpuArray<&MapData, u64> =
             PerCpuArray::try_from(self.ebpf.map(map).expect("map")).map_err(map_err(map))?;
-        (0..n).map(|i| Ok(a.get(&i, 0).map_err(map_err(map))?.iter().sum())).collect()
+        indexes.map(|i| Ok(a.get(&i, 0).map_err(map_err(map))?.iter().sum())).collect()
     }
 
     /// One of the programs' counters.
     fn stat(&self, s: Stat) -> Result<u64, Error> {
-        let a: PerCpuArray<&MapData, u64> =
-            PerCpuArray::try_from(self.ebpf.map("stats").expect("stats map"))
-                .map_err(map_err("stats"))?;
-        Ok(a.get(&(s as u32), 0).map_err(map_err("stats"))?.iter().sum())
+        let i = s as u32;
+        Ok(self.per_cpu_sums("stats", i..i + 1)?[0])
     }
 
     /// The programs' counters, by [`Stat`].
     pub fn stats(&self) -> Result<Vec<(Stat, u64)>, Error> {
-        let v = self.per_cpu_sums("stats", Stat::ALL.len() as u32)?;
+        let v = self.per_cpu_sums("stats", 0..Stat::ALL.len() as u32)?;
         Ok(Stat::ALL.iter().copied().zip(v).collect())
     }
 
     /// Flows each of the first `points` points refused for lack of room, by point.
     pub fn refused(&self, points: u32) -> Result<Vec<u64>, Error> {
-        self.per_cpu_sums("refused", points.min(256))
+        self.per_cpu_sums("refused", 0..points.min(256))
     }
 
     /// Each ingress point's sFlow sampler summed over CPUs, by point: (pool, lost).
@@ -684,7 +687,7 @@ impl Programs {
 
     /// Drops the kernel reported, by reason number (non-zero ones).
     pub fn reasons(&self) -> Result<Vec<(u32, u64)>, Error> {
-        let v = self.per_cpu_sums("reasons", maps::REASONS)?;
+        let v = self.per_cpu_sums("reasons", 0..maps::REASONS)?;
         Ok(v.into_iter().enumerate().filter(|(_, n)| *n > 0).map(|(r, n)| (r as u32, n)).collect())
     }
 
