@@ -93,32 +93,11 @@ impl Aggregation {
         loop {
             let records_before = records;
             let finished = path_done.load(Ordering::Acquire);
-            let agg = &mut self.agg;
-            let n = self.cons.drain(|ev| {
-                if usize::from(ev.point) >= agg.points().len() {
-                    // Points are published before the events that name them.
-                    for spec in shared
-                        .new_points
-                        .lock()
-                        .map(|mut v| std::mem::take(&mut *v))
-                        .unwrap_or_default()
-                    {
-                        agg.add_point(spec);
-                    }
-                }
-                agg.handle(ev)
-            });
+            let n = self.drain_events(shared);
             if finished && n == 0 {
                 break;
             }
-            while let Some(mut r) = self.agg.poll_record() {
-                records += 1;
-                if let Record::Loss(l) = &mut r {
-                    name_drops(l, shared);
-                }
-                self.offer_ipfix(&r, shared);
-                emit(&mut out, r);
-            }
+            records += self.poll_records(&mut out, shared);
             records += self.drain_int_events(&mut out);
             records += self.drain_heavy_hitters(&mut out, shared);
             let now = now_ns();
@@ -189,13 +168,9 @@ impl Aggregation {
         // The fast path closed every batch: resolve and export the rest.
         records += self.drain_int_events(&mut out);
         records += self.drain_heavy_hitters(&mut out, shared);
-        self.cons.drain(|ev| self.agg.handle(ev));
+        self.drain_events(shared);
         self.agg.flush();
-        while let Some(r) = self.agg.poll_record() {
-            records += 1;
-            self.offer_ipfix(&r, shared);
-            emit(&mut out, r);
-        }
+        records += self.poll_records(&mut out, shared);
         // The flow-export thread ends when it has sent what it holds.
         self.loss_tx = None;
         let now = now_ns();
@@ -223,6 +198,40 @@ impl Aggregation {
             }
         }
         self.publish(shared, &out, records);
+    }
+
+    /// The datapath's batch events into the aggregator; how many.
+    fn drain_events(&mut self, shared: &Shared) -> usize {
+        let agg = &mut self.agg;
+        self.cons.drain(|ev| {
+            if usize::from(ev.point) >= agg.points().len() {
+                // Points are published before the events that name them.
+                for spec in shared
+                    .new_points
+                    .lock()
+                    .map(|mut v| std::mem::take(&mut *v))
+                    .unwrap_or_default()
+                {
+                    agg.add_point(spec);
+                }
+            }
+            agg.handle(ev)
+        })
+    }
+
+    /// The aggregator's records, loss records with the drops they explain, handed on; how
+    /// many.
+    fn poll_records(&mut self, out: &mut Out, shared: &Shared) -> u64 {
+        let mut n = 0;
+        while let Some(mut r) = self.agg.poll_record() {
+            n += 1;
+            if let Record::Loss(l) = &mut r {
+                name_drops(l, shared);
+            }
+            self.offer_ipfix(&r, shared);
+            emit(out, r);
+        }
+        n
     }
 
     /// A loss record to the IPFIX exporter too, when it takes them.

@@ -85,6 +85,9 @@ pub(crate) struct EbpfPath {
     reason_names: HashMap<u64, String>,
     /// When the drops per reason are read next.
     next_reasons: Instant,
+    /// Flows no longer measured here as of the last expiry: their drops not named yet wait
+    /// one more for the tail records sent then, which the aggregation may not have read yet.
+    leaving: std::collections::HashSet<FlowKey>,
 }
 
 /// Loads the programs and attaches them to the interfaces there are now.
@@ -154,6 +157,7 @@ pub(crate) fn open(
         drops_seen: HashMap::new(),
         reason_names: ebpf::btf::drop_reasons(),
         next_reasons: Instant::now(),
+        leaving: Default::default(),
     };
     path.scan();
     if path.attached.is_empty() {
@@ -606,6 +610,15 @@ impl EbpfPath {
     /// Forgets flows idle past the loss monitor's idle timeout (kernel entries included).
     fn expire(&mut self, idle_ns: u64) {
         let now = ebpf::now();
+        // The drops of flows that left at the last expiry and did not come back were named
+        // in their tail records by now, or no record of theirs was lossy.
+        let left = std::mem::take(&mut self.leaving);
+        if !left.is_empty() {
+            let live: std::collections::HashSet<FlowKey> =
+                self.reader.keys().map(|k| k.flow()).collect();
+            let mut pending = self.shared.pending_drops.lock().unwrap_or_else(|p| p.into_inner());
+            pending.retain(|f, _| live.contains(f) || !left.contains(f));
+        }
         let idle = self.reader.idle(now.saturating_sub(idle_ns), now);
         if idle.is_empty() {
             return;
@@ -635,8 +648,7 @@ impl EbpfPath {
                 self.reader.keys().map(|k| k.flow()).collect();
             self.flow_in.retain(|f, _| live.contains(f));
             self.flow_out.retain(|f, _| live.contains(f));
-            let mut pending = self.shared.pending_drops.lock().unwrap_or_else(|p| p.into_inner());
-            pending.retain(|f, _| live.contains(f));
+            self.leaving = keys.iter().map(|k| k.flow()).filter(|f| !live.contains(f)).collect();
         }
     }
 

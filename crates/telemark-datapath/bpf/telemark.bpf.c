@@ -805,7 +805,13 @@ int tm_drop(__u64 *ctx)
 		*c += packets;
 		return 0;
 	}
-	if (bpf_map_update_elem(&drops, &dk, &packets, BPF_NOEXIST) != 0)
+	if (bpf_map_update_elem(&drops, &dk, &packets, BPF_NOEXIST) == 0)
+		return 0;
+	/* Another CPU created the key between the lookup and the update: add to it. */
+	c = bpf_map_lookup_elem(&drops, &dk);
+	if (c)
+		*c += packets;
+	else
 		bump(TM_STAT_DROPS_FULL);
 	return 0;
 }

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{collector_in_process, counter, in_ns, named, our_programs, sh, Proc};
+use common::{collector_in_process, counter, in_ns, named, named_of, our_programs, sh, Proc};
 
 struct Netns(String);
 
@@ -170,7 +170,7 @@ fn the_agent_finds_the_routers_loss_and_leaves_nothing_behind() {
     // had already unmarked them, so counted in a colour the packets no longer carry).
     let named = |reason: &str, count: u64| {
         let n = reasons.get(reason).copied().unwrap_or(0);
-        assert!(n <= count && (count - n) * 100 <= count, "{reason}: {n} of {count}: {reasons:?}");
+        named_of(reason, n, count, format!("{reasons:?}"));
     };
     named("NETFILTER_DROP", nft);
     named("QDISC_DROP", queue);
