@@ -19,7 +19,10 @@
 //!   receive offloads off on every veth, as an AF_PACKET switch needs, next to the bridge with
 //!   the same offloads off). CPU is the whole machine's busy time (/proc/stat), so it
 //!   includes the meters' processes and every softirq, divided by the packets k0 received
-//!   (for TCP, by its bytes over 1,514: full-size frames).
+//!   (for TCP, by its bytes over 1,514: full-size frames). TCP runs with every veth's receive
+//!   steered to CPU 0, where iperf3's sender runs, and its receiver on CPU 1, so that no
+//!   segment is reordered between two CPUs' backlogs (`Bed::steer`); the share of segments
+//!   retransmitted is reported.
 //!
 //! Every mode runs `--rounds` times, interleaved; medians are reported, and a ratio of two
 //! modes is the median of their ratios within each round.
@@ -67,6 +70,9 @@ const LOADS: [&str; 2] = ["tcp", "udp64"];
 
 const NS: [&str; 3] = ["tme-s", "tme-w", "tme-k"];
 const RECEIVER: &str = "10.77.0.2";
+/// The bed's veths and their namespaces.
+const VETHS: [(&str, &str); 4] =
+    [("tme-s", "s0"), ("tme-w", "w0"), ("tme-w", "w1"), ("tme-k", "k0")];
 
 fn sh(cmd: &str) -> Result<String> {
     crate::cli::opts::output(Command::new("sh").args(["-c", cmd]), &format!("`{cmd}`"))
@@ -87,10 +93,30 @@ impl Bed {
         sh("ip link add w1 netns tme-w type veth peer name k0 netns tme-k")?;
         sh("ip -n tme-s addr add 10.77.0.1/24 dev s0")?;
         sh(&format!("ip -n tme-k addr add {RECEIVER}/24 dev k0"))?;
-        for (n, d) in [("tme-s", "s0"), ("tme-w", "w0"), ("tme-w", "w1"), ("tme-k", "k0")] {
+        for (n, d) in VETHS {
             sh(&format!("ip -n {n} link set {d} up"))?;
         }
         Ok(bed)
+    }
+    /// For TCP (`on`), every packet of the bed processed on CPU 0, where TCP's sender runs
+    /// (its receiver runs on CPU 1): receive packet steering on every veth to CPU 0, as a
+    /// NIC's receive-side scaling keeps a flow on one CPU. Without it a veth hands a packet
+    /// to the backlog of whichever CPU sent it, and TCP, which sends from its sender's thread
+    /// and from ACK processing on the receiver's CPU, had about 1 % of its segments reordered
+    /// and spuriously retransmitted through the bare bridge: a rate a hook's timing moved
+    /// more than its cost did. Steering by flow hash to either CPU instead made the rate
+    /// depend on which CPU a connection's hash picked (13 or 8 Gbit/s). The UDP load, sent
+    /// by one thread, is not reordered and runs without steering: handing its frames to
+    /// another CPU's backlog made every program's run time at w0 longer (Telemark's from
+    /// 146 to 267 ns, the reference's from 134 to 154).
+    fn steer(on: bool) -> Result<()> {
+        let mask = if on { "1" } else { "0" };
+        for (n, d) in VETHS {
+            sh(&format!(
+                "ip netns exec {n} sh -c 'echo {mask} > /sys/class/net/{d}/queues/rx-0/rps_cpus'"
+            ))?;
+        }
+        Ok(())
     }
     fn down() {
         for n in NS {
@@ -110,7 +136,7 @@ impl Bed {
     /// off, as an AF_PACKET switch needs (MTU-sized frames with their checksums filled in).
     fn offloads(on: bool) -> Result<()> {
         let v = if on { "on" } else { "off" };
-        for (n, d) in [("tme-s", "s0"), ("tme-w", "w0"), ("tme-w", "w1"), ("tme-k", "k0")] {
+        for (n, d) in VETHS {
             sh(&format!("ip netns exec {n} ethtool -K {d} tx {v} gro {v} gso {v} tso {v}"))?;
         }
         Ok(())
@@ -121,6 +147,22 @@ impl Drop for Bed {
     fn drop(&mut self) {
         Bed::down();
     }
+}
+
+/// The sender's TCP segments sent and retransmitted so far (/proc/net/snmp in tme-s).
+fn tcp_segments() -> Result<(u64, u64)> {
+    let snmp = sh("ip netns exec tme-s cat /proc/net/snmp")?;
+    let mut rows = snmp.lines().filter(|l| l.starts_with("Tcp:"));
+    let (Some(names), Some(values)) = (rows.next(), rows.next()) else {
+        bail!("no Tcp rows in tme-s's /proc/net/snmp");
+    };
+    let field = |name: &str| -> Result<u64> {
+        let i = names.split_whitespace().position(|n| n == name);
+        i.and_then(|i| values.split_whitespace().nth(i))
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("no {name} in tme-s's /proc/net/snmp"))
+    };
+    Ok((field("OutSegs")?, field("RetransSegs")?))
 }
 
 /// k0's received (packets, bytes), the kernel's count.
@@ -280,6 +322,8 @@ struct Figures {
     /// egress; NaN where none are.
     ns_in: f64,
     ns_out: f64,
+    /// Of the sender's TCP segments, the share retransmitted (NaN for UDP).
+    retrans: f64,
 }
 
 /// 64-byte UDP frames of one flow sent from s0 by the lab's packet sender (iperf3's UDP
@@ -296,16 +340,19 @@ fn udp64(a: &Args) -> Result<()> {
     Ok(())
 }
 
+/// TCP's receiver's CPU: the one the bed's packets are not steered to (Bed::steer).
+const RECEIVER_CPU: &str = "1";
+
 fn iperf3(seconds: u64) -> Result<()> {
     let mut server = Command::new("ip")
-        .args(["netns", "exec", "tme-k", "iperf3", "-s", "-1"])
+        .args(["netns", "exec", "tme-k", "iperf3", "-s", "-1", "-A", RECEIVER_CPU])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .context("starting iperf3 -s (apt-get install iperf3)")?;
     std::thread::sleep(Duration::from_millis(300));
     let t = seconds.to_string();
-    let args = ["netns", "exec", "tme-s", "iperf3", "-c", RECEIVER, "-t", &t];
+    let args = ["netns", "exec", "tme-s", "iperf3", "-c", RECEIVER, "-t", &t, "-A", "0"];
     let out = Command::new("ip").args(args).output().context("running iperf3 -c")?;
     let _ = server.kill();
     let _ = server.wait();
@@ -329,15 +376,18 @@ fn costs(mode: &str) -> Option<[RunCost; 2]> {
 }
 
 fn round(mode: &str, load: &str, a: &Args) -> Result<Figures> {
+    Bed::steer(load == "tcp")?;
     let meter = start(mode)?;
     let before = costs(mode);
     let (p0, b0) = rx_k0()?;
+    let segs0 = tcp_segments()?;
     let (busy0, _) = cpu_jiffies()?;
     let t0 = std::time::Instant::now();
     let traffic = if load == "tcp" { iperf3(a.seconds) } else { udp64(a) };
     let secs = t0.elapsed().as_secs_f64();
     let (busy1, _) = cpu_jiffies()?;
     let (p1, b1) = rx_k0()?;
+    let segs1 = tcp_segments()?;
     let after = costs(mode);
     meter.stop();
     traffic?;
@@ -355,6 +405,11 @@ fn round(mode: &str, load: &str, a: &Args) -> Result<Figures> {
         cpu_ns_per_pkt: (busy1 - busy0) as f64 * tick_ns / wire.max(1.0),
         ns_in: per_run(0),
         ns_out: per_run(1),
+        retrans: if load == "tcp" {
+            (segs1.1 - segs0.1) as f64 / (segs1.0 - segs0.0).max(1) as f64
+        } else {
+            f64::NAN
+        },
     })
 }
 
@@ -395,8 +450,13 @@ pub fn run(a: Args) -> Result<()> {
                 let f = round(m, load, &a).with_context(|| format!("mode {m}, {load}"))?;
                 eprintln!(
                     "round {r}: {load:<5} {m:<15} {:>6.2} Gbit/s {:>9.0} pkt/s {:>7.0} cpu ns/pkt \
-                     | ns/run in {:>5.0} out {:>5.0}",
-                    f.gbps, f.pps, f.cpu_ns_per_pkt, f.ns_in, f.ns_out
+                     | ns/run in {:>5.0} out {:>5.0} | retransmitted {:.3} %",
+                    f.gbps,
+                    f.pps,
+                    f.cpu_ns_per_pkt,
+                    f.ns_in,
+                    f.ns_out,
+                    f.retrans * 100.0
                 );
                 res[mi][li].push(f);
             }
@@ -427,10 +487,10 @@ pub fn run(a: Args) -> Result<()> {
         };
         println!("\n{what}");
         println!(
-            "| {:<54} | {:>7} | {:>9} | {:>7} | {:>10} | {:>6} | {:>6} |",
-            "path", "Gbit/s", "kpkt/s", "vs none", "CPU ns/pkt", "in ns", "out ns"
+            "| {:<54} | {:>7} | {:>9} | {:>7} | {:>10} | {:>6} | {:>6} | {:>9} |",
+            "path", "Gbit/s", "kpkt/s", "vs none", "CPU ns/pkt", "in ns", "out ns", "retrans %"
         );
-        println!("|:---|{}|", ["---:"; 6].join("|"));
+        println!("|:---|{}|", ["---:"; 7].join("|"));
         // A figure to `d` decimals, or a dash where the mode has none (no programs).
         let shown =
             |v: f64, d: usize| if v.is_nan() { "–".to_string() } else { format!("{v:.d$}") };
@@ -439,12 +499,13 @@ pub fn run(a: Args) -> Result<()> {
         for (mi, (_, label)) in modes.iter().enumerate() {
             let g = med(mi, li, |f| f.gbps);
             println!(
-                "| {label:<54} | {g:>7.2} | {:>9.1} | {:>7.3} | {:>10.0} | {:>6} | {:>6} |",
+                "| {label:<54} | {g:>7.2} | {:>9.1} | {:>7.3} | {:>10.0} | {:>6} | {:>6} | {:>9} |",
                 med(mi, li, |f| f.pps) / 1e3,
                 ratio(mi, 0, li, |f| f.gbps),
                 med(mi, li, |f| f.cpu_ns_per_pkt),
                 ns(med(mi, li, |f| f.ns_in)),
                 ns(med(mi, li, |f| f.ns_out)),
+                shown(med(mi, li, |f| f.retrans * 100.0), 3),
             );
         }
         // Telemark's programs against the reference at the same hooks.
