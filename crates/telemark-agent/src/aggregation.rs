@@ -90,6 +90,7 @@ impl Aggregation {
         // Per-flow state of flows silent this long is forgotten (it was reported already).
         let forget_ns = self.cfg.loss.idle_ns.saturating_mul(4).max(30_000_000_000);
         let mut idle = Backoff::new();
+        let mut handled = 0u64;
         loop {
             let records_before = records;
             let finished = path_done.load(Ordering::Acquire);
@@ -98,6 +99,8 @@ impl Aggregation {
                 break;
             }
             records += self.poll_records(&mut out, shared);
+            handled += n as u64;
+            shared.events_handled.store(handled, Ordering::Release);
             records += self.drain_int_events(&mut out);
             records += self.drain_heavy_hitters(&mut out, shared);
             let now = now_ns();
@@ -168,7 +171,6 @@ impl Aggregation {
         // The fast path closed every batch: resolve and export the rest.
         records += self.drain_int_events(&mut out);
         records += self.drain_heavy_hitters(&mut out, shared);
-        self.drain_events(shared);
         self.agg.flush();
         records += self.poll_records(&mut out, shared);
         // The flow-export thread ends when it has sent what it holds.

@@ -14,7 +14,7 @@ use crate::ebpf_flows::EbpfFlows;
 use crate::error::AgentError;
 use crate::flow_export::PortInfo;
 use crate::shared::Shared;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use telemark_core::loss::{BatchEvent, BatchEventKind, PointSpec};
@@ -85,9 +85,12 @@ pub(crate) struct EbpfPath {
     reason_names: HashMap<u64, String>,
     /// When the drops per reason are read next.
     next_reasons: Instant,
-    /// Flows no longer measured here as of the last expiry: their drops not named yet wait
-    /// one more for the tail records sent then, which the aggregation may not have read yet.
-    leaving: std::collections::HashSet<FlowKey>,
+    /// Events handed to the aggregation so far (gaps included).
+    pushed: u64,
+    /// Flows no longer measured here, each with `pushed` once its tail batches were sent:
+    /// their drops not named yet are forgotten once the aggregation has taken that many
+    /// events (Shared::events_handled), so after the tail records that could name them.
+    leaving: Vec<(FlowKey, u64)>,
 }
 
 /// Loads the programs and attaches them to the interfaces there are now.
@@ -157,7 +160,8 @@ pub(crate) fn open(
         drops_seen: HashMap::new(),
         reason_names: ebpf::btf::drop_reasons(),
         next_reasons: Instant::now(),
-        leaving: Default::default(),
+        pushed: 0,
+        leaving: Vec::new(),
     };
     path.scan();
     if path.attached.is_empty() {
@@ -361,11 +365,18 @@ impl EbpfPath {
         Some(p)
     }
 
+    /// Hands one event to the aggregation; whether there was room.
+    fn push(&mut self, ev: BatchEvent) -> bool {
+        let room = self.events.push(ev).is_ok();
+        self.pushed += u64::from(room);
+        room
+    }
+
     fn send(&mut self, ev: BatchEvent) {
-        if self.events.push(ev).is_err() {
+        if !self.push(ev) {
             self.event_drops += 1;
             // The aggregator learns that events were lost (their batches become uncertain).
-            let _ = self.events.push(BatchEvent::gap());
+            self.push(BatchEvent::gap());
         }
         // A sweep may close a batch of every flow at once: the aggregation, maybe asleep, is
         // woken long before they could fill its ring.
@@ -529,7 +540,7 @@ impl EbpfPath {
         if n > self.overruns {
             tracing::warn!("eBPF: {} periods overwritten before they were read", n - self.overruns);
             self.overruns = n;
-            let _ = self.events.push(BatchEvent::gap());
+            self.push(BatchEvent::gap());
         }
     }
 
@@ -547,11 +558,7 @@ impl EbpfPath {
         let mut unwatched = Vec::new();
         let mut fresh: Vec<(FlowKey, String, u64)> = Vec::new();
         // Flows counted at some point here (the walk found every key the drops may be of).
-        let measured: std::collections::HashSet<FlowKey> = if now.is_empty() {
-            Default::default()
-        } else {
-            self.reader.keys().map(|k| k.flow()).collect()
-        };
+        let measured = if now.is_empty() { HashSet::new() } else { self.live_flows() };
         for (k, n) in now {
             let flow = k.flow.flow();
             if !measured.contains(&flow) {
@@ -610,15 +617,7 @@ impl EbpfPath {
     /// Forgets flows idle past the loss monitor's idle timeout (kernel entries included).
     fn expire(&mut self, idle_ns: u64) {
         let now = ebpf::now();
-        // The drops of flows that left at the last expiry and did not come back were named
-        // in their tail records by now, or no record of theirs was lossy.
-        let left = std::mem::take(&mut self.leaving);
-        if !left.is_empty() {
-            let live: std::collections::HashSet<FlowKey> =
-                self.reader.keys().map(|k| k.flow()).collect();
-            let mut pending = self.shared.pending_drops.lock().unwrap_or_else(|p| p.into_inner());
-            pending.retain(|f, _| live.contains(f) || !left.contains(f));
-        }
+        self.forget_left_drops();
         let idle = self.reader.idle(now.saturating_sub(idle_ns), now);
         if idle.is_empty() {
             return;
@@ -644,11 +643,48 @@ impl EbpfPath {
         }
         if !keys.is_empty() {
             // Flows no longer counted at any point are no longer measured here.
-            let live: std::collections::HashSet<FlowKey> =
-                self.reader.keys().map(|k| k.flow()).collect();
+            let live = self.live_flows();
             self.flow_in.retain(|f, _| live.contains(f));
             self.flow_out.retain(|f, _| live.contains(f));
-            self.leaving = keys.iter().map(|k| k.flow()).filter(|f| !live.contains(f)).collect();
+            let left: HashSet<FlowKey> =
+                keys.iter().map(|k| k.flow()).filter(|f| !live.contains(f)).collect();
+            self.leaving.extend(left.into_iter().map(|f| (f, self.pushed)));
+            // The tail batches go to the aggregation now, not at the next sweep.
+            self.shared.aggregation_bell.ring();
+        }
+    }
+
+    /// Flows counted at some point here now.
+    fn live_flows(&self) -> HashSet<FlowKey> {
+        self.reader.keys().map(|k| k.flow()).collect()
+    }
+
+    /// Forgets the drops not named of flows that left, once the aggregation has taken their
+    /// tail batches and so given every record that could name them (a drop of a flow lost
+    /// nowhere here, dropped before its first point, is never named). A flow measured again
+    /// keeps its drops for its next lossy record.
+    fn forget_left_drops(&mut self) {
+        if self.leaving.is_empty() {
+            return;
+        }
+        let handled = self.shared.events_handled.load(Ordering::Acquire);
+        let live = self.live_flows();
+        let mut gone = Vec::new();
+        self.leaving.retain(|(f, at)| {
+            if live.contains(f) {
+                return false;
+            }
+            if *at <= handled {
+                gone.push(*f);
+                return false;
+            }
+            true
+        });
+        if !gone.is_empty() {
+            let mut pending = self.shared.pending_drops.lock().unwrap_or_else(|p| p.into_inner());
+            for f in gone {
+                pending.remove(&f);
+            }
         }
     }
 

@@ -157,6 +157,10 @@ pub(crate) struct Shared {
     /// The kernel's drops of measured flows per reason (eBPF datapath), not yet named in a
     /// loss record: the aggregation attaches a flow's to its next lossy record.
     pub(crate) pending_drops: Mutex<HashMap<FlowKey, BTreeMap<String, u64>>>,
+    /// Batch events the aggregation has taken from the datapath and turned into the records
+    /// they give so far (the eBPF datapath forgets a departed flow's unnamed drops after its
+    /// tail events).
+    pub(crate) events_handled: std::sync::atomic::AtomicU64,
     /// All drops the kernel reported since start, per reason, watched flows or not (eBPF).
     pub(crate) kernel_drops: Mutex<Vec<(String, u64)>>,
     /// The ports as sFlow and IPFIX name them, when a datapath changed them (the eBPF

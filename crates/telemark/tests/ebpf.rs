@@ -129,6 +129,9 @@ fn the_agent_finds_the_routers_loss_and_leaves_nothing_behind() {
     assert!(queue_all >= queue && queue_all - queue <= 2, "tbf {queue_all}, test's {queue}");
     let dropped = nft + queue;
 
+    // The flow goes quiet past the agent's idle timeout (2 s; the receiver waited 1 s): its
+    // last batches, and the drops they explain, leave at the agent's expiry, not at the stop.
+    std::thread::sleep(Duration::from_secs(3));
     // SIGTERM: the agent reads its last periods, then removes its hooks.
     sh(&format!("kill -TERM {}", agent.id()));
     let stdout = agent.stdout.take().unwrap();
@@ -157,7 +160,10 @@ fn the_agent_finds_the_routers_loss_and_leaves_nothing_behind() {
             lossy_elsewhere += v["lost"].as_u64().unwrap();
         }
     }
-    eprintln!("nft dropped {nft}, tbf {queue}; agent: lost {lost}, uncertain {uncertain}");
+    eprintln!(
+        "nft dropped {nft}, tbf {queue}; agent: lost {lost}, uncertain {uncertain}; named \
+         {reasons:?}"
+    );
     assert!(queue > 20, "the queue dropped only {queue}");
     assert_eq!(
         lost + uncertain,
@@ -168,12 +174,12 @@ fn the_agent_finds_the_routers_loss_and_leaves_nothing_behind() {
     assert_eq!(lossy_elsewhere, 0, "loss reported at another point");
     // The kernel's reasons: the nftables rule's, and the queue's (taken back at an exit that
     // had already unmarked them, so counted in a colour the packets no longer carry).
-    let named = |reason: &str, count: u64| {
+    let reason_named = |reason: &str, count: u64| {
         let n = reasons.get(reason).copied().unwrap_or(0);
         named_of(reason, n, count, format!("{reasons:?}"));
     };
-    named("NETFILTER_DROP", nft);
-    named("QDISC_DROP", queue);
+    reason_named("NETFILTER_DROP", nft);
+    reason_named("QDISC_DROP", queue);
     assert_eq!(reasons.len(), 2, "{reasons:?}");
 
     // Nothing left behind: no program, no filter.

@@ -20,8 +20,8 @@
 //!   the same offloads off). CPU is the whole machine's busy time (/proc/stat), so it
 //!   includes the meters' processes and every softirq, divided by the packets k0 received
 //!   (for TCP, by its bytes over 1,514: full-size frames). TCP runs with every veth's receive
-//!   steered to CPU 0, where iperf3's sender runs, and its receiver on CPU 1, so that no
-//!   segment is reordered between two CPUs' backlogs (`Bed::steer`); the share of segments
+//!   steered to the CPU iperf3's sender runs on, its receiver on another, so that no segment
+//!   is reordered between two CPUs' backlogs (`Bed::steer`); the share of segments
 //!   retransmitted is reported.
 //!
 //! Every mode runs `--rounds` times, interleaved; medians are reported, and a ratio of two
@@ -78,12 +78,17 @@ fn sh(cmd: &str) -> Result<String> {
     crate::cli::opts::output(Command::new("sh").args(["-c", cmd]), &format!("`{cmd}`"))
 }
 
-struct Bed;
+/// The bed, with the two CPUs TCP's sender (and every packet, steered) and receiver run on.
+struct Bed {
+    sender_cpu: usize,
+    receiver_cpu: usize,
+}
 
 impl Bed {
     fn up() -> Result<Bed> {
         Bed::down();
-        let bed = Bed;
+        let [sender_cpu, receiver_cpu] = two_cpus()?;
+        let bed = Bed { sender_cpu, receiver_cpu };
         for n in NS {
             sh(&format!("ip netns add {n}"))?;
             sh(&format!("ip netns exec {n} sysctl -qw net.ipv6.conf.all.disable_ipv6=1"))?;
@@ -98,23 +103,27 @@ impl Bed {
         }
         Ok(bed)
     }
-    /// For TCP (`on`), every packet of the bed processed on CPU 0, where TCP's sender runs
-    /// (its receiver runs on CPU 1): receive packet steering on every veth to CPU 0, as a
-    /// NIC's receive-side scaling keeps a flow on one CPU. Without it a veth hands a packet
-    /// to the backlog of whichever CPU sent it, and TCP, which sends from its sender's thread
-    /// and from ACK processing on the receiver's CPU, had about 1 % of its segments reordered
-    /// and spuriously retransmitted through the bare bridge: a rate a hook's timing moved
-    /// more than its cost did. Steering by flow hash to either CPU instead made the rate
-    /// depend on which CPU a connection's hash picked (13 or 8 Gbit/s). The UDP load, sent
-    /// by one thread, is not reordered and runs without steering: handing its frames to
-    /// another CPU's backlog made every program's run time at w0 longer (Telemark's from
-    /// 146 to 267 ns, the reference's from 134 to 154).
-    fn steer(on: bool) -> Result<()> {
-        let mask = if on { "1" } else { "0" };
+    /// For TCP (`on`), every packet of the bed processed on the sender's CPU (TCP's receiver
+    /// runs on another): receive packet steering on every veth, as a NIC's receive-side
+    /// scaling keeps a flow on one CPU. Without it a veth hands a packet to the backlog of
+    /// whichever CPU sent it, and TCP, which sends from its sender's thread and from ACK
+    /// processing on the receiver's CPU, has segments reordered and spuriously retransmitted
+    /// through the bare bridge, at a rate a hook's timing moves more than its cost does.
+    /// Steering by flow hash to any CPU would make a round's rate depend on the CPU the
+    /// connection's hash picks. The UDP load, sent by one thread, is not reordered and runs
+    /// unsteered: handing its frames to another CPU's backlog lengthens every program's run
+    /// at w0 by the hand-off, not by what the program does (docs/ebpf.md, "Cost").
+    fn steer(&self, on: bool) -> Result<()> {
+        let mask = if on { format!("{:x}", 1u128 << self.sender_cpu) } else { "0".into() };
         for (n, d) in VETHS {
-            sh(&format!(
-                "ip netns exec {n} sh -c 'echo {mask} > /sys/class/net/{d}/queues/rx-0/rps_cpus'"
-            ))?;
+            let file = format!("/sys/class/net/{d}/queues/rx-0/rps_cpus");
+            if sh(&format!("ip netns exec {n} test -e {file}")).is_err() {
+                if on {
+                    bail!("{n}:{d} has no {file}: this kernel has no receive packet steering (CONFIG_RPS)");
+                }
+                continue;
+            }
+            sh(&format!("ip netns exec {n} sh -c 'echo {mask} > {file}'"))?;
         }
         Ok(())
     }
@@ -340,19 +349,37 @@ fn udp64(a: &Args) -> Result<()> {
     Ok(())
 }
 
-/// TCP's receiver's CPU: the one the bed's packets are not steered to (Bed::steer).
-const RECEIVER_CPU: &str = "1";
+/// The first two CPUs this process may run on.
+fn two_cpus() -> Result<[usize; 2]> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set, and sched_getaffinity writes at most
+    // its size into it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
+        bail!("sched_getaffinity: {}", std::io::Error::last_os_error());
+    }
+    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .take(2)
+        .collect();
+    match cpus[..] {
+        [a, b] => Ok([a, b]),
+        _ => bail!("bench-ebpf needs two CPUs (TCP's sender and receiver on their own)"),
+    }
+}
 
-fn iperf3(seconds: u64) -> Result<()> {
+fn iperf3(seconds: u64, bed: &Bed) -> Result<()> {
+    let receiver_cpu = bed.receiver_cpu.to_string();
     let mut server = Command::new("ip")
-        .args(["netns", "exec", "tme-k", "iperf3", "-s", "-1", "-A", RECEIVER_CPU])
+        .args(["netns", "exec", "tme-k", "iperf3", "-s", "-1", "-A", &receiver_cpu])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .context("starting iperf3 -s (apt-get install iperf3)")?;
     std::thread::sleep(Duration::from_millis(300));
     let t = seconds.to_string();
-    let args = ["netns", "exec", "tme-s", "iperf3", "-c", RECEIVER, "-t", &t, "-A", "0"];
+    let sender_cpu = bed.sender_cpu.to_string();
+    let args = ["netns", "exec", "tme-s", "iperf3", "-c", RECEIVER, "-t", &t, "-A", &sender_cpu];
     let out = Command::new("ip").args(args).output().context("running iperf3 -c")?;
     let _ = server.kill();
     let _ = server.wait();
@@ -375,26 +402,27 @@ fn costs(mode: &str) -> Option<[RunCost; 2]> {
     programs(mode).map(|p| p.map(ebpf::loaded_cost))
 }
 
-fn round(mode: &str, load: &str, a: &Args) -> Result<Figures> {
-    Bed::steer(load == "tcp")?;
+fn round(mode: &str, load: &str, a: &Args, bed: &Bed) -> Result<Figures> {
+    let tcp = load == "tcp";
+    bed.steer(tcp)?;
     let meter = start(mode)?;
     let before = costs(mode);
     let (p0, b0) = rx_k0()?;
-    let segs0 = tcp_segments()?;
+    let segs0 = if tcp { tcp_segments()? } else { (0, 0) };
     let (busy0, _) = cpu_jiffies()?;
     let t0 = std::time::Instant::now();
-    let traffic = if load == "tcp" { iperf3(a.seconds) } else { udp64(a) };
+    let traffic = if tcp { iperf3(a.seconds, bed) } else { udp64(a) };
     let secs = t0.elapsed().as_secs_f64();
     let (busy1, _) = cpu_jiffies()?;
     let (p1, b1) = rx_k0()?;
-    let segs1 = tcp_segments()?;
+    let segs1 = if tcp { tcp_segments()? } else { (0, 0) };
     let after = costs(mode);
     meter.stop();
     traffic?;
     // SAFETY: sysconf has no preconditions.
     let tick_ns = 1e9 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let (packets, bytes) = ((p1 - p0) as f64, (b1 - b0) as f64);
-    let wire = if load == "tcp" { bytes / 1514.0 } else { packets };
+    let wire = if tcp { bytes / 1514.0 } else { packets };
     let per_run = |i: usize| match (&before, &after) {
         (Some(b), Some(a)) => a[i].ns_per_run_since(&b[i]),
         _ => f64::NAN,
@@ -405,7 +433,7 @@ fn round(mode: &str, load: &str, a: &Args) -> Result<Figures> {
         cpu_ns_per_pkt: (busy1 - busy0) as f64 * tick_ns / wire.max(1.0),
         ns_in: per_run(0),
         ns_out: per_run(1),
-        retrans: if load == "tcp" {
+        retrans: if tcp {
             (segs1.1 - segs0.1) as f64 / (segs1.0 - segs0.0).max(1) as f64
         } else {
             f64::NAN
@@ -442,21 +470,21 @@ pub fn run(a: Args) -> Result<()> {
             .collect::<Result<_>>()?
     };
     let _stats = ebpf::enable_run_stats()?;
-    let _bed = Bed::up()?;
+    let bed = Bed::up()?;
     let mut res: Vec<Vec<Vec<Figures>>> = vec![vec![Vec::new(); LOADS.len()]; modes.len()];
     for r in 0..a.rounds {
         for (li, load) in LOADS.iter().enumerate() {
             for (mi, (m, _)) in modes.iter().enumerate() {
-                let f = round(m, load, &a).with_context(|| format!("mode {m}, {load}"))?;
+                let f = round(m, load, &a, &bed).with_context(|| format!("mode {m}, {load}"))?;
+                let retrans = if f.retrans.is_nan() {
+                    String::new()
+                } else {
+                    format!(" | retransmitted {:.3} %", f.retrans * 100.0)
+                };
                 eprintln!(
                     "round {r}: {load:<5} {m:<15} {:>6.2} Gbit/s {:>9.0} pkt/s {:>7.0} cpu ns/pkt \
-                     | ns/run in {:>5.0} out {:>5.0} | retransmitted {:.3} %",
-                    f.gbps,
-                    f.pps,
-                    f.cpu_ns_per_pkt,
-                    f.ns_in,
-                    f.ns_out,
-                    f.retrans * 100.0
+                     | ns/run in {:>5.0} out {:>5.0}{retrans}",
+                    f.gbps, f.pps, f.cpu_ns_per_pkt, f.ns_in, f.ns_out
                 );
                 res[mi][li].push(f);
             }

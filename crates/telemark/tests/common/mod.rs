@@ -188,9 +188,9 @@ pub fn named(segment: &serde_json::Value, reason: &str, count: u64) {
 }
 
 /// `n` drops named for `reason` against the `count` the rule that dropped counted: never
-/// more, and within 3 %. The agent names every drop its program was handed; on Linux 6.18
-/// the kernel hands tracing programs up to a few in 300 `kfree_skb` events fewer than its
-/// own trace buffer records (docs/ebpf.md, "Limits").
+/// more, and within 3 %. The agent names every drop of a measured flow its program was
+/// handed; on Linux 6.18 the kernel handed tracing programs up to 4 in 160 fewer
+/// `kfree_skb` events than its own trace buffer recorded (docs/ebpf.md, "Limits").
 pub fn named_of(reason: &str, n: u64, count: u64, context: impl std::fmt::Display) {
     assert!(
         n <= count && (count - n) * 100 <= count * 3,
