@@ -198,6 +198,18 @@ pub fn named_of(reason: &str, n: u64, count: u64, context: impl std::fmt::Displa
     );
 }
 
+/// Of the `queue_all` packets a router's queue (tbf) dropped, the test's: those of the `sent`
+/// that the receiver's count and the other droppers' (`accounted`) leave. tbf also drops the
+/// router's own packets now and then (an ARP request, an IPv6 neighbour solicitation); at
+/// most 2 are allowed for.
+pub fn test_queue_drops(queue_all: u64, sent: u64, accounted: u64) -> u64 {
+    let queue = sent
+        .checked_sub(accounted)
+        .unwrap_or_else(|| panic!("received and dropped elsewhere {accounted} > sent {sent}"));
+    assert!(queue_all >= queue && queue_all - queue <= 2, "tbf {queue_all}, the test's {queue}");
+    queue
+}
+
 /// Counter `what` ("packets " of nftables, "dropped " of tc) of a listing.
 pub fn counter(listing: &str, what: &str) -> u64 {
     listing
