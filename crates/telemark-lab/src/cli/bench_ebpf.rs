@@ -114,7 +114,7 @@ impl Bed {
     /// unsteered: handing its frames to another CPU's backlog lengthens every program's run
     /// at w0 by the hand-off, not by what the program does (docs/ebpf.md, "Cost").
     fn steer(&self, on: bool) -> Result<()> {
-        let mask = if on { format!("{:x}", 1u128 << self.sender_cpu) } else { "0".into() };
+        let mask = if on { cpu_mask(self.sender_cpu) } else { "0".into() };
         for (n, d) in VETHS {
             let file = format!("/sys/class/net/{d}/queues/rx-0/rps_cpus");
             if sh(&format!("ip netns exec {n} test -e {file}")).is_err() {
@@ -351,21 +351,18 @@ fn udp64(a: &Args) -> Result<()> {
 
 /// The first two CPUs this process may run on.
 fn two_cpus() -> Result<[usize; 2]> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set, and sched_getaffinity writes at most
-    // its size into it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    let size = std::mem::size_of::<libc::cpu_set_t>();
-    if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
-        bail!("sched_getaffinity: {}", std::io::Error::last_os_error());
-    }
-    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .take(2)
-        .collect();
-    match cpus[..] {
-        [a, b] => Ok([a, b]),
+    match crate::cli::opts::allowed_cpus()?[..] {
+        [a, b, ..] => Ok([a, b]),
         _ => bail!("bench-ebpf needs two CPUs (TCP's sender and receiver on their own)"),
     }
+}
+
+/// The mask sysfs' `rps_cpus` takes for one CPU: hex words of 32 CPUs, highest first, joined
+/// by commas (a single word of more than 32 bits is refused).
+fn cpu_mask(cpu: usize) -> String {
+    let mut words = vec![0u32; cpu / 32 + 1];
+    words[cpu / 32] = 1 << (cpu % 32);
+    words.iter().rev().map(|w| format!("{w:x}")).collect::<Vec<_>>().join(",")
 }
 
 fn iperf3(seconds: u64, bed: &Bed) -> Result<()> {
@@ -562,4 +559,19 @@ pub fn run(a: Args) -> Result<()> {
          with statistics on, which add about 20 ns a run to every program)"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu_mask;
+
+    /// The kernel's bitmap format (lib/bitmap-str.c: 32-bit hex words, comma-separated).
+    #[test]
+    fn a_cpu_mask_is_in_32_bit_words() {
+        assert_eq!(cpu_mask(0), "1");
+        assert_eq!(cpu_mask(5), "20");
+        assert_eq!(cpu_mask(31), "80000000");
+        assert_eq!(cpu_mask(32), "1,0");
+        assert_eq!(cpu_mask(65), "2,0,0");
+    }
 }

@@ -285,16 +285,7 @@ fn collector_consume(cfg: &KafkaConfig, dir: &std::path::Path, n: u64) -> Result
 
 /// The one core this thread may run on.
 fn cpu_of_this_thread() -> Result<usize> {
-    // SAFETY: the call fills a zeroed cpu_set_t.
-    let set = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            bail!("sched_getaffinity: {}", std::io::Error::last_os_error());
-        }
-        set
-    };
-    // SAFETY: CPU_ISSET reads the set.
-    (0..libc::CPU_SETSIZE as usize).find(|&c| unsafe { libc::CPU_ISSET(c, &set) }).context("no cpu")
+    crate::cli::opts::allowed_cpus()?.first().copied().context("no cpu")
 }
 
 /// Bytes and encoding nanoseconds per record, JSON and protobuf.

@@ -80,6 +80,20 @@ pub fn parse_drop(s: &str) -> Result<(crate::dropper::Placement, crate::dropper:
     Ok((placement, model))
 }
 
+/// The CPUs this thread may run on, in order.
+pub fn allowed_cpus() -> Result<Vec<usize>> {
+    // SAFETY: the call fills a zeroed cpu_set_t.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            bail!("sched_getaffinity: {}", std::io::Error::last_os_error());
+        }
+        set
+    };
+    // SAFETY: CPU_ISSET reads the set.
+    Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
+}
+
 /// Runs `cmd` (stdin closed) and returns its standard output; an error naming `what` and
 /// quoting its standard error when it fails.
 pub fn output(cmd: &mut std::process::Command, what: &str) -> Result<String> {
