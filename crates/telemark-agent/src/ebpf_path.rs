@@ -535,8 +535,7 @@ impl EbpfPath {
     /// Periods overwritten before they were read make what the batches around them say
     /// uncertain (a gap in the events, as a full event ring is), never loss.
     fn overruns(&mut self) {
-        let Ok(stats) = self.programs.stats() else { return };
-        let n = stats.iter().find(|(s, _)| *s == Stat::Overrun).map_or(0, |(_, v)| *v);
+        let Ok(n) = self.programs.stat(Stat::Overrun) else { return };
         if n > self.overruns {
             tracing::warn!("eBPF: {} periods overwritten before they were read", n - self.overruns);
             self.overruns = n;

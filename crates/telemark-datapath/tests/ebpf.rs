@@ -406,3 +406,53 @@ fn reads_the_keys_the_programs_announce_and_walks_when_they_could_not() {
     assert_eq!(p.count_walks(), 2);
     p.detach(a);
 }
+
+/// The kernel's own account of one of this process's BPF maps (its fdinfo): (map_type,
+/// max_entries, memlock), for each map fd open.
+fn open_maps() -> Vec<(u32, u64, u64)> {
+    let mut maps = Vec::new();
+    for fd in std::fs::read_dir("/proc/self/fdinfo").expect("fdinfo") {
+        let Ok(text) = std::fs::read_to_string(fd.expect("fd").path()) else { continue };
+        let field = |name: &str| {
+            text.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+        };
+        if let (Some(t), Some(n), Some(m)) =
+            (field("map_type:"), field("max_entries:"), field("memlock:"))
+        {
+            maps.push((t as u32, n, m));
+        }
+    }
+    maps
+}
+
+/// The memory the agent checks `[ebpf] flows` against before it loads is at least what the
+/// kernel then charges for the counters (its fdinfo `memlock` of map "counts" and the ring
+/// "new_keys"), and not far above it. Ground truth: the kernel's accounting.
+#[test]
+fn the_counters_memory_checked_at_load_is_what_the_kernel_takes() {
+    // A size no other test here loads, so its maps are told apart by their max_entries.
+    const FLOWS: u32 = 100_003;
+    let settings =
+        Settings { period_ns: 1_000_000_000, guard_ns: 500_000_000, ..Settings::default() };
+    let p = Programs::load(FLOWS, settings).expect("load the programs (root, BTF)");
+    const PERCPU_HASH: u32 = 5;
+    const RINGBUF: u32 = 27;
+    let maps = open_maps();
+    let counts: Vec<u64> = maps
+        .iter()
+        .filter(|(t, n, _)| *t == PERCPU_HASH && *n == u64::from(FLOWS))
+        .map(|m| m.2)
+        .collect();
+    assert_eq!(counts.len(), 1, "one map \"counts\" of {FLOWS} entries: {maps:?}");
+    // The ring of 1.2 MB of announcements rounded up to a power of two.
+    let ring: Vec<u64> =
+        maps.iter().filter(|(t, n, _)| *t == RINGBUF && *n == 2 << 20).map(|m| m.2).collect();
+    assert_eq!(ring.len(), 1, "one ring \"new_keys\" of 2 MiB: {maps:?}");
+    let kernel = counts[0] + ring[0];
+    let checked = ebpf::counters_bytes(FLOWS);
+    assert!(
+        checked >= kernel && checked <= kernel + kernel / 2,
+        "checked {checked} bytes at load, the kernel charges {kernel}"
+    );
+    drop(p);
+}

@@ -225,6 +225,23 @@ fn new_keys_bytes(flows: u32) -> u32 {
     u32::try_from(bytes).unwrap_or(4 << 20)
 }
 
+/// CPUs the kernel could bring online: per-CPU maps hold a value for each, not only for those
+/// this process may run on.
+fn possible_cpus() -> u64 {
+    aya::util::nr_cpus().map_or(1, |n| n.max(1)) as u64
+}
+
+/// The kernel memory the counters of `flows` keys take (checked against [`MAX_MAP_BYTES`] at
+/// load): map "counts", a per-CPU hash allocated whole at load (for each key 96 bytes of slots
+/// per possible CPU and the element with its key, about 100 bytes; a 16-byte bucket for each
+/// key rounded up to a power of two), and the ring "new_keys".
+pub fn counters_bytes(flows: u32) -> u64 {
+    let flows = u64::from(flows);
+    flows * (96 * possible_cpus() + 128)
+        + 16 * flows.next_power_of_two()
+        + u64::from(new_keys_bytes(flows as u32))
+}
+
 /// What user space knows of map "counts"' keys: every one after a walk of the map, and since
 /// then those the programs announced in map "new_keys" as they created them. A walk visits
 /// every bucket (16 bytes for each key the map can hold: 1 MiB at the default 65,536 flows,
@@ -270,9 +287,7 @@ impl Programs {
             return Err(Error::NoBtf);
         }
         let btf = Btf::from_sys_fs().map_err(|_| Error::NoBtf)?;
-        // A per-CPU hash is allocated whole at load: 96 bytes of slots per CPU per entry.
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-        let bytes = u64::from(flows) * (96 * cpus + 128);
+        let (bytes, cpus) = (counters_bytes(flows), possible_cpus());
         if bytes > MAX_MAP_BYTES {
             return Err(load_err(format!(
                 "ebpf.flows = {flows} would take {} MiB of kernel memory on {cpus} CPUs (at most \
@@ -633,7 +648,7 @@ impl Programs {
     }
 
     /// One of the programs' counters.
-    fn stat(&self, s: Stat) -> Result<u64, Error> {
+    pub fn stat(&self, s: Stat) -> Result<u64, Error> {
         let i = s as u32;
         Ok(self.per_cpu_sums("stats", i..i + 1)?[0])
     }
