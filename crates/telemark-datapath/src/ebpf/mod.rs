@@ -225,10 +225,11 @@ fn new_keys_bytes(flows: u32) -> u32 {
     u32::try_from(bytes).unwrap_or(4 << 20)
 }
 
-/// CPUs the kernel could bring online: per-CPU maps hold a value for each, not only for those
-/// this process may run on.
+/// CPUs the kernel could bring online (per-CPU maps hold a value for each, not only for those
+/// this process may run on); where /sys does not say, the CPUs there are now.
 fn possible_cpus() -> u64 {
-    aya::util::nr_cpus().map_or(1, |n| n.max(1)) as u64
+    let now = || std::thread::available_parallelism().map_or(1, |n| n.get());
+    aya::util::nr_cpus().unwrap_or_else(|_| now()).max(1) as u64
 }
 
 /// The kernel memory the counters of `flows` keys take (checked against [`MAX_MAP_BYTES`] at
@@ -236,10 +237,8 @@ fn possible_cpus() -> u64 {
 /// per possible CPU and the element with its key, about 100 bytes; a 16-byte bucket for each
 /// key rounded up to a power of two), and the ring "new_keys".
 pub fn counters_bytes(flows: u32) -> u64 {
-    let flows = u64::from(flows);
-    flows * (96 * possible_cpus() + 128)
-        + 16 * flows.next_power_of_two()
-        + u64::from(new_keys_bytes(flows as u32))
+    let n = u64::from(flows);
+    n * (96 * possible_cpus() + 128) + 16 * n.next_power_of_two() + u64::from(new_keys_bytes(flows))
 }
 
 /// What user space knows of map "counts"' keys: every one after a walk of the map, and since
