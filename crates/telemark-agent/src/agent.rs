@@ -123,7 +123,11 @@ impl Agent {
         // single packet is an instant, later downstream by the path's delay, so two points'
         // views of it may lie up to the guard apart (a switch dates both ends alike).
         let tol_ns = cfg.ebpf.as_ref().map_or(0, |e| e.guard_ns / 2);
-        let agg = Aggregator::new(points, batch, tol_ns).report_all(cfg.report_all);
+        // The eBPF datapath's batches are the marking periods themselves, numbered by the
+        // kernel: records carry the numbers, for the collector to line up across hosts.
+        let agg = Aggregator::new(points, batch, tol_ns)
+            .periods(cfg.ebpf.as_ref().map(|e| e.period_ns))
+            .report_all(cfg.report_all);
         let running = Mutex::new(cfg.clone());
         let aggregation = Aggregation {
             cfg,

@@ -547,6 +547,10 @@ pub struct EbpfSettings {
     pub guard_ns: u64,
     pub flows: u32,
     pub rescan_ns: u64,
+    /// The points at the ends of segments that cross to other agents (ingress points that do
+    /// not mark, egress points that do not unmark) report every batch, lossy or not, so that
+    /// the collector can line them up: `[export] report_all` unset or true.
+    pub report_crossings: bool,
 }
 
 impl EbpfSettings {
@@ -943,6 +947,7 @@ impl FileConfig {
         };
         loss.validate().map_err(|e| invalid(format!("[loss]: {e}")))?;
         let e = self.export.unwrap_or_default();
+        let report_all = e.report_all;
         if let Some(c) = &e.collector {
             if !(c.starts_with("http://") || c.starts_with("https://")) {
                 return Err(invalid(format!(
@@ -1072,7 +1077,11 @@ impl FileConfig {
             None
         } else {
             let section = self.ebpf.unwrap_or_default();
-            Some(section.validate(self.port, &self.netns, loss.period_ns)?)
+            let mut e = section.validate(self.port, &self.netns, loss.period_ns)?;
+            // Cross-host segments need both their ends' every batch: the default in host mode;
+            // `report_all = false` keeps to lossy batches (and so to segments inside hosts).
+            e.report_crossings = report_all != Some(false);
+            Some(e)
         };
         let ipfix = self.ipfix.map(IpfixSection::validate).transpose()?;
         if let (Some(e), Some(x)) = (&ebpf, &ipfix) {
@@ -1163,7 +1172,7 @@ impl EbpfSection {
             return Err(invalid("ebpf.flows: 16 to 16777216"));
         }
         let rescan_ns = duration("ebpf.rescan", &self.rescan, 1_000_000_000)?;
-        Ok(EbpfSettings { ports, period_ns, guard_ns, flows, rescan_ns })
+        Ok(EbpfSettings { ports, period_ns, guard_ns, flows, rescan_ns, report_crossings: true })
     }
 }
 

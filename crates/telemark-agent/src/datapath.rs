@@ -64,6 +64,7 @@ pub(crate) fn layout(cfg: &AgentConfig) -> (Vec<PointSpec>, Vec<PortPoints>) {
             marker,
             skew_ns: 0,
             upstream_label: label,
+            every_batch: false,
         });
         (pts.len() - 1) as u8
     };

@@ -48,6 +48,10 @@ pub(crate) struct EbpfPath {
     slots: HashMap<Target, usize>,
     /// Per slot: its target, the aggregator's ingress point, and the `[[port]]` it matched.
     ports: Vec<(Target, u8, EbpfPortConfig)>,
+    /// Per slot: when its interface was last attached (Unix time). A period that began before
+    /// (less the guard, in which a period's early packets come) was counted only in part there:
+    /// it is no measurement and is not reported ([`EbpfPath::whole_since`]).
+    attached_ns: Vec<u64>,
     /// Egress points by (slot out, ingress point it is measured against, if any).
     out_points: HashMap<(usize, Option<u8>), u8>,
     /// The aggregator's points so far (it adds the ones published in `shared.new_points`),
@@ -141,6 +145,7 @@ pub(crate) fn open(
         attached: HashMap::new(),
         slots: HashMap::new(),
         ports: Vec::new(),
+        attached_ns: Vec::new(),
         out_points: HashMap::new(),
         point_labels: Vec::new(),
         out_of_points: false,
@@ -316,6 +321,8 @@ impl EbpfPath {
                         marker: pc.mark,
                         skew_ns: 0,
                         upstream_label: pc.upstream.clone(),
+                        // Traffic arriving here unmarked comes from another agent's point.
+                        every_batch: self.settings.report_crossings && !pc.mark,
                     })
                     .ok_or("255 points taken")?;
                 self.ports.push((t.clone(), ingress, pc.clone()));
@@ -331,6 +338,10 @@ impl EbpfPath {
             out_action: if pc.unmark { EgressAction::Unmark } else { EgressAction::Count } as u8,
         };
         let attached = self.programs.attach(t, port).map_err(|e| e.to_string())?;
+        if self.attached_ns.len() <= slot {
+            self.attached_ns.resize(slot + 1, 0);
+        }
+        self.attached_ns[slot] = ebpf::now();
         tracing::info!("eBPF: attached to {} ({:?})", t.label(), attached.hook);
         // sFlow and IPFIX name the port by its interface index (a re-created one has another).
         if self.port_infos.len() <= slot {
@@ -344,6 +355,15 @@ impl EbpfPath {
         self.failed.remove(t);
         self.attached.insert(t.clone(), attached);
         Ok(())
+    }
+
+    /// Whether period `period` was counted whole at `slot`'s interface: it began a guard or
+    /// more after the interface was attached (packets of a period are counted from a guard
+    /// before it begins, as early ones from a host whose clock is ahead).
+    fn whole_since(&self, slot: usize, period: u64) -> bool {
+        let begins = period.saturating_mul(self.settings.period_ns);
+        let attached = self.attached_ns.get(slot).copied().unwrap_or(u64::MAX);
+        begins >= attached.saturating_add(self.settings.guard_ns)
     }
 
     /// The aggregator's egress point for flows leaving by `slot` that came in at `ingress`.
@@ -360,6 +380,8 @@ impl EbpfPath {
             marker: false,
             skew_ns: 0,
             upstream_label: None,
+            // Traffic leaving here marked goes on to another agent's point.
+            every_batch: self.settings.report_crossings && !self.ports[slot].2.unmark,
         })?;
         self.out_points.insert((slot, ingress), p);
         Some(p)
@@ -459,6 +481,20 @@ impl EbpfPath {
                 } else {
                     self.flows.egress(slot, c);
                 }
+            }
+            // A period one of the flow's points here was attached during is no measurement
+            // (docs/ebpf.md, "Clocks and periods"): the batches around it make it unmeasured
+            // here, and at the collector.
+            let from_slot = match key.point % 2 {
+                0 => None,
+                _ => {
+                    self.flow_in.get(&flow).and_then(|p| self.ports.iter().position(|q| q.1 == *p))
+                }
+            };
+            if !self.whole_since(slot, period)
+                || from_slot.is_some_and(|s| !self.whole_since(s, period))
+            {
+                continue;
             }
             let ordinal = (period as u32).max(1);
             let ev = match r {

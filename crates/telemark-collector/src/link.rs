@@ -13,7 +13,7 @@
 use serde::Serialize;
 
 /// One batch at one point, as stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Batch {
     pub color: u8,
     pub first_ns: u64,
@@ -22,6 +22,18 @@ pub struct Batch {
     pub observed: u64,
     /// Packets of the batch that came after it closed.
     pub late: u64,
+    /// The run (boot) of the agent that counted it.
+    pub boot: u64,
+    /// Its marking period, where batches are periods of time (the eBPF datapath).
+    pub period: Option<Period>,
+}
+
+/// A marking period (RFC 9341 §3.2): number k of length T covers `[kT, (k+1)T)` of Unix time
+/// at the marker, and names the same packets at every point, whatever the points' clocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Period {
+    pub length_ns: u64,
+    pub number: u64,
 }
 
 /// One batch's loss between the two points.
@@ -140,6 +152,86 @@ pub fn match_batches(up: &[Batch], down: &[Batch], skew_ns: u64, ended: bool) ->
     out
 }
 
+/// Lines `down` up with `up` by marking period, where both points' batches are periods of one
+/// length (records' `period_ns`): a period's number names the same packets at both points, so
+/// no clock enters the match (this is what makes hosts whose clocks differ by up to a guard,
+/// and counting points dated by the kernel's tick, line up exactly).
+///
+/// - A period both points counted: `expected` what upstream counted of it, `got` what
+///   downstream did.
+/// - A period upstream counted and downstream did not: lost whole on the link only where
+///   downstream was plainly counting the flow then: in one run of its agent, it counted the
+///   periods of its colour just before and just after it (k − 2 and k + 2: a point keeps a
+///   flow's counters per colour, and keeps them while the flow sends within the idle timeout,
+///   so k's packets would have been counted). Otherwise downstream may not have been counting
+///   it (its agent down or restarting, its interface not attached yet, the flow or that colour
+///   refused for want of room): unmeasured, not charged. So a flow cut off for three periods
+///   or more is not charged either.
+/// - A period downstream counted and upstream did not: nothing to compare with (upstream's
+///   agent was down, or its interface attached during it), not charged.
+///
+/// A downstream period is judged once upstream has reported past it (or ended); the last ones
+/// wait, as in [`match_batches`].
+pub fn match_periods(up: &[Batch], down: &[Batch], ended: bool) -> Vec<LinkBatch> {
+    use std::collections::BTreeMap;
+    let number = |b: &Batch| b.period.map(|p| p.number);
+    // Per period: what each end counted (a point may report a period in two records, when
+    // part of it came late), and the run of downstream's agent that counted it.
+    let mut ups: BTreeMap<u64, (u64, u64, u8)> = BTreeMap::new();
+    for u in up {
+        let Some(k) = number(u) else { continue };
+        let e = ups.entry(k).or_insert((0, u.first_ns, u.color));
+        e.0 = e.0.saturating_add(u.observed.saturating_add(u.late));
+        e.1 = e.1.min(u.first_ns);
+    }
+    let mut downs: BTreeMap<u64, (u64, u64, u64)> = BTreeMap::new();
+    for d in down {
+        let Some(k) = number(d) else { continue };
+        let e = downs.entry(k).or_insert((0, d.first_ns, d.boot));
+        e.0 = e.0.saturating_add(d.observed.saturating_add(d.late));
+        e.1 = e.1.min(d.first_ns);
+    }
+    let Some(&up_last) = ups.keys().next_back() else { return Vec::new() };
+    let mut out = Vec::new();
+    for (&k, &(expected, sent_ns, color)) in &ups {
+        if k == up_last && !ended {
+            break; // upstream may still report late packets of it
+        }
+        match downs.get(&k) {
+            Some(&(got, first_ns, _)) => out.push(LinkBatch {
+                color,
+                first_ns,
+                sent_ns,
+                expected,
+                got,
+                lost: expected.saturating_sub(got),
+                upstream_batches: 1,
+                whole: false,
+            }),
+            None => {
+                // Counted at downstream, in one run of its agent, either side of it: periods
+                // k ± 2, of k's colour (its counters were in the map before and after).
+                let around = [k.checked_sub(2), Some(k + 2)];
+                let boots: Vec<Option<u64>> =
+                    around.iter().map(|n| n.and_then(|n| downs.get(&n)).map(|d| d.2)).collect();
+                if boots.iter().all(|b| b.is_some() && *b == boots[0]) {
+                    out.push(LinkBatch {
+                        color,
+                        first_ns: sent_ns,
+                        sent_ns,
+                        expected,
+                        got: 0,
+                        lost: expected,
+                        upstream_batches: 1,
+                        whole: true,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The latest upstream batch each downstream batch in `begun` can have come from: the last of
 /// its color begun by the time its first packet arrived (`begun`), and no later than the
 /// source of the downstream batch after it (a flow's packets keep their order, but for
@@ -233,7 +325,7 @@ mod tests {
                 x.observed += 1;
                 x.last_ns = t;
             }
-            _ => v.push(Batch { color, first_ns: t, last_ns: t, observed: 1, late: 0 }),
+            _ => v.push(Batch { color, first_ns: t, last_ns: t, observed: 1, ..Batch::default() }),
         }
     }
 
@@ -400,7 +492,7 @@ mod tests {
                     first_ns,
                     last_ns,
                     observed,
-                    late: 0,
+                    ..Batch::default()
                 })
                 .collect()
         };
@@ -468,6 +560,82 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// One point's periods of 100 ms (`n` packets in period k, none where `n` gives 0), its
+    /// first packet `offset_ns` into the period: a counting point on the kernel's tick dates
+    /// it up to a tick early or late, another host's clock by its error.
+    fn periods(
+        ks: std::ops::Range<u64>,
+        boot: impl Fn(u64) -> u64,
+        n: impl Fn(u64) -> u64,
+        offset_ns: i64,
+    ) -> Vec<Batch> {
+        const T: u64 = 100_000_000;
+        ks.filter(|k| n(*k) > 0)
+            .map(|k| {
+                let first = (k * T) as i64 + 1_000_000 + offset_ns;
+                Batch {
+                    color: (k % 2) as u8,
+                    first_ns: first as u64,
+                    last_ns: first as u64 + 90_000_000,
+                    observed: n(k),
+                    late: 0,
+                    boot: boot(k),
+                    period: Some(Period { length_ns: T, number: k }),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn periods_line_up_by_number_whatever_the_clocks_say() {
+        let k0 = 17_000_000_000; // periods of 100 ms since the epoch, in 2023
+        let up = periods(k0..k0 + 60, |_| 1, |_| 100, 0);
+        // Downstream dates its batches 600 µs before upstream (the tick clock), or 40 ms
+        // (a host's clock that far behind); 1 in 10 periods loses 3.
+        for skew in [-600_000, -40_000_000, 40_000_000] {
+            let lose = |k: u64| if k % 10 == 3 { 3 } else { 0 };
+            let down = periods(k0..k0 + 60, |_| 7, |k| 100 - lose(k), skew);
+            let m = match_periods(&up, &down, true);
+            assert_eq!(m.len(), 60, "skew {skew}");
+            assert_eq!(m.iter().map(|x| x.lost).sum::<u64>(), 18, "skew {skew}");
+            assert!(m.iter().all(|x| !x.whole && x.expected == 100));
+        }
+        // Upstream's last period waits until it ended.
+        let down = periods(k0..k0 + 60, |_| 7, |_| 100, 0);
+        assert_eq!(match_periods(&up, &down, false).len(), 59);
+    }
+
+    #[test]
+    fn a_period_lost_whole_is_loss_and_an_outage_of_the_downstream_agent_is_not() {
+        let k0 = 17_000_000_000;
+        let up = periods(k0..k0 + 80, |_| 1, |_| 100, 0);
+        // Periods 10 and 11 lost whole on the link (the two either side counted, one run);
+        // downstream's agent down from 30 to 44 and back as another run; its first period
+        // after the restart left out (attached during it).
+        let down = periods(
+            k0..k0 + 80,
+            |k| if k < k0 + 30 { 1 } else { 2 },
+            |k| match k - k0 {
+                10 | 11 => 0,
+                30..=45 => 0,
+                _ => 100,
+            },
+            -600_000,
+        );
+        let m = match_periods(&up, &down, true);
+        let whole: Vec<u64> =
+            m.iter().filter(|x| x.whole).map(|x| x.first_ns / 100_000_000).collect();
+        assert_eq!(whole, vec![k0 + 10, k0 + 11]);
+        assert_eq!(m.iter().map(|x| x.lost).sum::<u64>(), 200);
+        // The same gaps with one colour's counters refused downstream (only even periods
+        // counted from 50 on): unmeasured, not lost.
+        let down =
+            periods(k0..k0 + 80, |_| 1, |k| if k >= k0 + 50 && k % 2 == 1 { 0 } else { 100 }, 0);
+        let m = match_periods(&up, &down, true);
+        assert_eq!(m.iter().map(|x| x.lost).sum::<u64>(), 0);
+        assert_eq!(m.len(), 65);
     }
 
     #[test]

@@ -21,7 +21,7 @@
 //!
 //! A point with no upstream found keeps its path figures, named as the path from the marking.
 
-use crate::link::{match_batches, Batch};
+use crate::link::{match_batches, match_periods, Batch};
 use serde::Serialize;
 use telemark_core::records::Scope;
 
@@ -131,7 +131,14 @@ pub fn segments(points: &[PointRecords]) -> Vec<Segment> {
                 return seg(p.upstream.clone(), Method::FromMarking, l, x, e, b);
             };
             let up = &points[u];
-            if up.every_batch && p.every_batch {
+            if period_of(p).is_some_and(|t| period_of(up) == Some(t)) {
+                // Both ends count the marking periods: lined up by number, no clock involved.
+                let m = match_periods(&up.batches, &p.batches, up.ended);
+                let lost = m.iter().fold(0u64, |a, b| a.saturating_add(b.lost));
+                let expected = m.iter().fold(0u64, |a, b| a.saturating_add(b.expected));
+                let lossy = m.iter().filter(|b| b.lost > 0).count() as u64;
+                seg(Some(up.name()), Method::LinedUp, lost, 0, expected, lossy)
+            } else if up.every_batch && p.every_batch {
                 // Every batch `up` reported lost something: that it reported them all is only
                 // seen from the stream being unbroken (`unbroken`), which says nothing of the
                 // time before its first batch or after its last. Line up only the downstream
@@ -156,7 +163,7 @@ pub fn segments(points: &[PointRecords]) -> Vec<Segment> {
                         .collect(),
                     _ => p.batches.clone(),
                 };
-                let m = match_batches(&up.batches, &down, 0, up.ended);
+                let m = match_batches(&up.batches, &down, skew_ns(up, p), up.ended);
                 // Saturating: stored counts are at most 2^53 - 1 each, not their sums.
                 let lost = m.iter().fold(0u64, |t, b| t.saturating_add(b.lost));
                 let expected = m.iter().fold(0u64, |t, b| t.saturating_add(b.expected));
@@ -206,6 +213,23 @@ fn reach(points: &[PointRecords], mut i: usize) -> (u64, u64) {
     (lost, uncertain)
 }
 
+/// The marking period of a point's batches, where they are periods of time (the eBPF
+/// datapath's records carry it).
+fn period_of(p: &PointRecords) -> Option<u64> {
+    let t = p.batches.first()?.period?.length_ns;
+    p.batches.iter().all(|b| b.period.map(|x| x.length_ns) == Some(t)).then_some(t)
+}
+
+/// How far behind the upstream end's clock the downstream end's may date the same packet,
+/// when their batches are lined up by time: none between two exact clocks on one path (the
+/// AF_PACKET switch's kernel timestamps); a quarter of a period where one end counts periods
+/// of time (a counting point dated by the kernel's tick, a host whose clock differs from the
+/// other's by up to its guard; docs/ebpf.md, "Clocks and periods"). Within a quarter
+/// period, the batch of the same colour a period on is never mistaken for the source.
+fn skew_ns(up: &PointRecords, down: &PointRecords) -> u64 {
+    period_of(up).or(period_of(down)).map_or(0, |t| t / 4)
+}
+
 /// The point upstream of path point `i`: the configured one, or the other agent's point the
 /// flow reached last before it.
 fn upstream_of(points: &[PointRecords], i: usize) -> Option<usize> {
@@ -216,6 +240,12 @@ fn upstream_of(points: &[PointRecords], i: usize) -> Option<usize> {
             .iter()
             .position(|q| q.agent == agent && q.point == point)
             .or_else(|| last_of(points, agent));
+    }
+    if let Some(t) = period_of(p) {
+        if let Some(order) = period_chain(points, t) {
+            let at = order.iter().position(|a| *a == p.agent)?;
+            return last_of(points, order.get(at.checked_sub(1)?)?);
+        }
     }
     let mut agents: Vec<&str> =
         points.iter().map(|q| q.agent.as_str()).filter(|a| *a != p.agent).collect();
@@ -232,6 +262,58 @@ fn upstream_of(points: &[PointRecords], i: usize) -> Option<usize> {
         .filter(|(t, _)| *t > 0)
         .min()
         .map(|(_, q)| q)
+}
+
+/// The agents of a flow whose points count marking periods of `t`, in the order the flow
+/// crosses them, found without their clocks: first the agent that marks it (whose points all
+/// measure segments inside it), then the others by how much of what it sent they counted, most
+/// first (a flow only loses packets on its way, so a host further down counts no more of the
+/// same periods than one before it), then by how long after it their batches begin, then by
+/// name. Where two agents counted alike, nothing was lost between them, and their order changes
+/// no segment's figures. `None`: no one agent marks the flow, or an agent shares no period
+/// with it.
+fn period_chain(points: &[PointRecords], t: u64) -> Option<Vec<&str>> {
+    let mut agents: Vec<&str> =
+        points.iter().filter(|q| period_of(q) == Some(t)).map(|q| q.agent.as_str()).collect();
+    agents.sort_unstable();
+    agents.dedup();
+    let marks = |a: &str| points.iter().filter(|q| q.agent == a).all(|q| q.scope == Scope::Segment);
+    let mut roots = agents.iter().copied().filter(|a| marks(a));
+    let (root, None) = (roots.next()?, roots.next()) else { return None };
+    let sent = &points[last_of(points, root)?];
+    let mut rest: Vec<(f64, i64, &str)> = Vec::new();
+    for a in agents.iter().copied().filter(|a| *a != root) {
+        // The agent's first point: the one no point of its own names as upstream.
+        let head = points
+            .iter()
+            .rposition(|q| q.agent == a && q.scope == Scope::Path && period_of(q) == Some(t))?;
+        let (got, of) = shared_counts(&points[head].batches, &sent.batches);
+        if of == 0 {
+            return None;
+        }
+        let trail = trail_ns(&sent.batches, &points[head].batches).unwrap_or(0);
+        rest.push((got as f64 / of as f64, trail, a));
+    }
+    rest.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(y.2)));
+    Some(std::iter::once(root).chain(rest.into_iter().map(|(_, _, a)| a)).collect())
+}
+
+/// What `down` counted of the periods both `down` and `up` counted, and what `up` counted of
+/// them.
+fn shared_counts(down: &[Batch], up: &[Batch]) -> (u64, u64) {
+    let numbers = |v: &[Batch]| -> std::collections::BTreeMap<u64, u64> {
+        let mut m = std::collections::BTreeMap::new();
+        for b in v {
+            if let Some(p) = b.period {
+                *m.entry(p.number).or_insert(0u64) += b.observed + b.late;
+            }
+        }
+        m
+    };
+    let (d, u) = (numbers(down), numbers(up));
+    d.iter()
+        .filter_map(|(k, n)| u.get(k).map(|m| (*n, *m)))
+        .fold((0, 0), |(a, b), (n, m)| (a + n, b + m))
 }
 
 /// The point of `agent` furthest down the flow's path: the one no other point of the agent
@@ -310,6 +392,7 @@ pub fn trail_ns(up: &[Batch], down: &[Batch]) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::link::Period;
 
     /// Periods of 50 ms with packets every 8 ms: all of them are unbroken; leaving one out, or
     /// two in a row, is seen.
@@ -320,7 +403,7 @@ mod tests {
             first_ns: k * 50_000_000 + 1_000_000,
             last_ns: k * 50_000_000 + 49_000_000,
             observed: 6,
-            late: 0,
+            ..Batch::default()
         };
         let all: Vec<Batch> = (0..10).map(period).collect();
         assert!(unbroken(&all));
@@ -367,7 +450,7 @@ mod tests {
                             first_ns: t,
                             last_ns: t,
                             observed: 1,
-                            late: 0,
+                            ..Batch::default()
                         }),
                     }
                 }
@@ -463,6 +546,118 @@ mod tests {
         );
         let s3 = into("s3").unwrap();
         assert_eq!((s3.method, s3.lost), (Method::LinedUp, 0));
+    }
+
+    /// Host mode: a flow marked at `hosts[0]`'s tap crosses the hosts in order, each with an
+    /// ingress point (`in:eth0`, but `mark:tap` at the first, not reported) and an egress
+    /// point (`out:eth0`, or `out:tap` at the last), counting periods of 100 ms. `lose(h, k)`
+    /// packets of period k are lost on the wire into host h. Each point dates its batches by
+    /// `clock(h)` off the marker's clock (the kernel's tick, a host's clock error); the
+    /// wire's delay is 50 µs, far inside either.
+    fn hosts(
+        hosts: &[&str],
+        clock: impl Fn(usize) -> i64,
+        lose: impl Fn(usize, u64) -> u64,
+    ) -> (Vec<PointRecords>, Vec<u64>) {
+        const T: u64 = 100_000_000;
+        let k0 = 17_000_000_000u64;
+        let mut truth = vec![0; hosts.len()];
+        let mut sent: Vec<u64> = vec![100; 50];
+        let mut pts = Vec::new();
+        for (h, name) in hosts.iter().enumerate() {
+            if h > 0 {
+                for (k, n) in sent.iter_mut().enumerate() {
+                    let l = lose(h, k as u64).min(*n);
+                    *n -= l;
+                    truth[h] += l;
+                }
+            }
+            let batches: Vec<Batch> = sent
+                .iter()
+                .enumerate()
+                .map(|(k, n)| {
+                    let k = k0 + k as u64;
+                    let first = (k * T + 1_000_000 + h as u64 * 50_000) as i64 + clock(h);
+                    Batch {
+                        color: (k % 2) as u8,
+                        first_ns: first as u64,
+                        last_ns: first as u64 + 95_000_000,
+                        observed: *n,
+                        boot: 1,
+                        period: Some(Period { length_ns: T, number: k }),
+                        ..Batch::default()
+                    }
+                })
+                .collect();
+            let last = h + 1 == hosts.len();
+            let rec = |point: &str, upstream: Option<&str>, scope| PointRecords {
+                agent: name.to_string(),
+                point: point.into(),
+                port: point.into(),
+                upstream: upstream.map(String::from),
+                scope,
+                batches: batches.clone(),
+                ended: true,
+                every_batch: true,
+                ..PointRecords::default()
+            };
+            let out = if last { "out:tap" } else { "out:eth0" };
+            if h == 0 {
+                pts.push(rec(out, Some("mark:tap"), Scope::Segment));
+            } else {
+                pts.push(rec("in:eth0", None, Scope::Path));
+                pts.push(rec(out, Some("in:eth0"), Scope::Segment));
+            }
+        }
+        (pts, truth)
+    }
+
+    #[test]
+    fn hosts_line_up_by_period_in_either_direction_whatever_their_clocks() {
+        // A→B and B→A; the downstream host's batches dated 600 µs before the upstream's, or
+        // after, or 30 ms off (clocks a guard apart): the wire's loss, exactly, and 0 when it
+        // lost nothing.
+        for pair in [["a", "b"], ["b", "a"]] {
+            for skew in [-600_000i64, 600_000, -30_000_000, 30_000_000] {
+                for lossy in [true, false] {
+                    let lose = |_h: usize, k: u64| u64::from(lossy && k % 7 == 2);
+                    let (pts, truth) = hosts(&pair, |h| if h == 1 { skew } else { 0 }, lose);
+                    let segs = segments(&pts);
+                    let wire = segs.iter().find(|s| s.agent == pair[1] && s.point == "in:eth0");
+                    let wire = wire.expect("a cross-host segment");
+                    let what = format!("{pair:?}, skew {skew}, lossy {lossy}");
+                    assert_eq!(wire.method, Method::LinedUp, "{what}");
+                    assert_eq!(
+                        wire.from.as_deref(),
+                        Some(format!("{}/out:eth0", pair[0]).as_str())
+                    );
+                    assert_eq!(wire.lost, truth[1], "{what}");
+                    assert_eq!(segs.iter().map(|s| s.lost).sum::<u64>(), truth[1], "{what}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn three_hosts_are_ordered_by_what_they_counted_not_by_their_clocks() {
+        // Loss on the second wire only, or on both; c's clock behind a's and b's by more than
+        // the wires' delay, so time alone would order them wrong. (Loss on the first wire
+        // only leaves b and c with the same counts: then nothing tells which of the two the
+        // flow reached first, and the loss is on the wire into whichever the clocks say.)
+        for case in [0, 2] {
+            let lose = |h: usize, k: u64| match case {
+                0 => u64::from(h == 2 && k % 5 == 1),
+                _ => u64::from(k % 5 == h as u64),
+            };
+            let (pts, truth) = hosts(&["a", "b", "c"], |h| -(h as i64) * 2_000_000, lose);
+            let segs = segments(&pts);
+            for (h, name) in ["a", "b", "c"].iter().enumerate().skip(1) {
+                let s = segs.iter().find(|s| s.agent == *name && s.point == "in:eth0").unwrap();
+                assert_eq!(s.lost, truth[h], "case {case}: the wire into {name}");
+                let before = ["a", "b", "c"][h - 1];
+                assert_eq!(s.from.as_deref(), Some(format!("{before}/out:eth0").as_str()));
+            }
+        }
     }
 
     #[test]

@@ -38,7 +38,7 @@ const HOUR_NS: i64 = crate::rollup::HOUR_NS as i64;
 const SCHEMA_LOCK: i64 = 0x7465_6c65_6d61_726b;
 
 /// Migrations, in order; each is applied once, in one transaction.
-const MIGRATIONS: [&str; 3] = [
+const MIGRATIONS: [&str; 4] = [
     // 1: the first schema. Text in byte order (COLLATE "C"), as SQLite compares it: lists
     // sort alike on either store, whatever the database's locale.
     r#"CREATE TABLE agents (
@@ -122,6 +122,8 @@ const MIGRATIONS: [&str; 3] = [
         SELECT hour, agent, point, upstream, scope, proto, SUM(batches), SUM(lossy_batches),
                SUM(expected), SUM(lost), SUM(uncertain)
         FROM flow_hours GROUP BY 1, 2, 3, 4, 5, 6;"#,
+    // 4: the marking period of batches that are periods of time (`batch` is then its number).
+    "ALTER TABLE loss ADD COLUMN period_ns BIGINT",
 ];
 
 /// The tables partitioned by day, in the order a batch writes them (loss, flows, other):
@@ -573,12 +575,13 @@ fn insert(
         tx.execute(
             "INSERT INTO loss (agent, boot, seq, port, point, upstream, src, dst, sport, dport,
                 proto, spi, si, color, batch, first_ns, last_ns, expected, observed, lost, late,
-                uncertain, scope, tail, drops)
+                uncertain, scope, tail, drops, period_ns)
              SELECT * FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[],
                 $5::TEXT[], $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::INTEGER[], $10::INTEGER[],
                 $11::SMALLINT[], $12::BIGINT[], $13::SMALLINT[], $14::SMALLINT[], $15::BIGINT[],
                 $16::BIGINT[], $17::BIGINT[], $18::BIGINT[], $19::BIGINT[], $20::BIGINT[],
-                $21::BIGINT[], $22::BIGINT[], $23::TEXT[], $24::BOOLEAN[], $25::TEXT[])",
+                $21::BIGINT[], $22::BIGINT[], $23::TEXT[], $24::BOOLEAN[], $25::TEXT[],
+                $26::BIGINT[])",
             &[
                 &l.agent,
                 &l.boot,
@@ -605,6 +608,7 @@ fn insert(
                 &l.scope,
                 &l.tail,
                 &l.drops,
+                &l.period_ns,
             ],
         )?;
     }
@@ -694,6 +698,7 @@ struct LossColumns<'a> {
     scope: Vec<&'static str>,
     tail: Vec<bool>,
     drops: Vec<Option<String>>,
+    period_ns: Vec<Option<i64>>,
 }
 
 impl<'a> LossColumns<'a> {
@@ -730,6 +735,7 @@ impl<'a> LossColumns<'a> {
         self.scope.push(l.scope.as_str());
         self.tail.push(l.tail);
         self.drops.push(crate::store::drops_json(&l.drops));
+        self.period_ns.push(l.period_ns.map(i));
     }
 }
 
@@ -1374,33 +1380,38 @@ impl PgStore {
     pub fn points_in(&self, flow: &Flow, w: Window) -> Result<Vec<PointRecords>, StoreError> {
         let sql = format!(
             "SELECT agent, point, port, upstream, scope, color, first_ns, last_ns, observed,
-                    late, COALESCE(expected, 0), lost, uncertain, tail, drops
+                    late, COALESCE(expected, 0), lost, uncertain, tail, drops, boot, batch,
+                    period_ns
              FROM loss WHERE {FLOW_IN} ORDER BY agent, point, first_ns, seq"
         );
         let a = FlowArgs::of(flow, w);
         let rows = self.query(&sql, &a.args())?;
-        let rows = rows
-            .iter()
-            .map(|r| LossRow {
-                agent: r.get(0),
-                point: r.get(1),
-                port: r.get(2),
-                upstream: r.get(3),
-                scope: r.get(4),
-                batch: Batch {
-                    color: u8::try_from(r.get::<_, i16>(5)).unwrap_or(0),
-                    first_ns: u(r.get(6)),
-                    last_ns: u(r.get(7)),
-                    observed: u(r.get(8)),
-                    late: u(r.get(9)),
-                },
-                expected: u(r.get(10)),
-                lost: u(r.get(11)),
-                uncertain: u(r.get(12)),
-                tail: r.get(13),
-                drops: r.get(14),
-            })
-            .collect();
+        let rows =
+            rows.iter()
+                .map(|r| LossRow {
+                    agent: r.get(0),
+                    point: r.get(1),
+                    port: r.get(2),
+                    upstream: r.get(3),
+                    scope: r.get(4),
+                    batch: Batch {
+                        color: u8::try_from(r.get::<_, i16>(5)).unwrap_or(0),
+                        first_ns: u(r.get(6)),
+                        last_ns: u(r.get(7)),
+                        observed: u(r.get(8)),
+                        late: u(r.get(9)),
+                        boot: u(r.get(15)),
+                        period: r.get::<_, Option<i64>>(17).map(u).filter(|t| *t > 0).map(
+                            |length_ns| crate::link::Period { length_ns, number: u(r.get(16)) },
+                        ),
+                    },
+                    expected: u(r.get(10)),
+                    lost: u(r.get(11)),
+                    uncertain: u(r.get(12)),
+                    tail: r.get(13),
+                    drops: r.get(14),
+                })
+                .collect();
         Ok(crate::store::points_of(rows))
     }
 

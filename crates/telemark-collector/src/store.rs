@@ -11,7 +11,7 @@
 //! budget (docs/collector.md, "Queries"). Sums of stored counts never fail: `usum`.
 
 use crate::flows::{DomainKey, Protocol, Remembered};
-use crate::link::Batch;
+use crate::link::{Batch, Period};
 use crate::path::PointRecords;
 use rusqlite::functions::{Aggregate, Context, FunctionFlags};
 use rusqlite::types::ValueRef;
@@ -765,6 +765,7 @@ CREATE TABLE IF NOT EXISTS loss (
     last_ns INTEGER NOT NULL, expected INTEGER, observed INTEGER NOT NULL,
     lost INTEGER NOT NULL, late INTEGER NOT NULL, uncertain INTEGER NOT NULL DEFAULT 0,
     scope TEXT NOT NULL DEFAULT 'segment', tail INTEGER NOT NULL DEFAULT 0, drops TEXT,
+    period_ns INTEGER,
     PRIMARY KEY (agent, boot, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS loss_flow ON loss (src, dst, sport, dport, proto, first_ns);
@@ -982,12 +983,14 @@ pub(crate) fn drops_from_json(s: &str) -> std::collections::BTreeMap<String, u64
     serde_json::from_str(s).unwrap_or_default()
 }
 
-const ADDED_COLUMNS: [(&str, &str); 4] = [
+const ADDED_COLUMNS: [(&str, &str); 5] = [
     ("uncertain", "INTEGER NOT NULL DEFAULT 0"),
     ("scope", "TEXT NOT NULL DEFAULT 'segment'"),
     ("tail", "INTEGER NOT NULL DEFAULT 0"),
     // The kernel's drop reasons, as JSON ({"NETFILTER_DROP": 30}); NULL: none named.
     ("drops", "TEXT"),
+    // The marking period of batches that are periods of time (`batch` is then its number).
+    ("period_ns", "INTEGER"),
 ];
 
 /// A time window: records whose time (a batch's first packet, a summary's end) is in
@@ -1414,9 +1417,9 @@ impl Sqlite {
             let mut loss = tx.prepare_cached(
                 "INSERT OR IGNORE INTO loss (agent, boot, seq, port, point, upstream,
                     src, dst, sport, dport, proto, spi, si, color, batch, first_ns, last_ns,
-                    expected, observed, lost, late, uncertain, scope, tail, drops)
+                    expected, observed, lost, late, uncertain, scope, tail, drops, period_ns)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)",
+                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)",
             )?;
             let mut other = tx.prepare_cached(
                 "INSERT OR IGNORE INTO other (agent, boot, seq, kind, time_ns, json)
@@ -1466,6 +1469,7 @@ impl Sqlite {
                         l.scope.as_str(),
                         l.tail,
                         drops_json(&l.drops),
+                        l.period_ns.map(i),
                     ])?,
                     Record::Summary(x) => as_other("summary", x.interval_end_ns)?,
                     Record::FlowLoss(_) => as_other("flow_loss", now)?,
@@ -1749,11 +1753,14 @@ impl Sqlite {
     pub fn points_in(&self, flow: &Flow, w: Window) -> Result<Vec<PointRecords>, StoreError> {
         let sql = format!(
             "SELECT agent, point, port, upstream, scope, color, first_ns, last_ns, observed,
-                    late, COALESCE(expected, 0), lost, uncertain, tail, drops
+                    late, COALESCE(expected, 0), lost, uncertain, tail, drops, boot, batch,
+                    period_ns
              FROM loss WHERE {FLOW_IN} ORDER BY agent, point, first_ns, seq"
         );
         let range = w.args();
         let rows = self.query(&sql, &flow_args(flow, &range), |r| {
+            let number = u(r.get(16)?);
+            let period = r.get::<_, Option<i64>>(17)?.map(u).filter(|t| *t > 0);
             Ok(LossRow {
                 agent: r.get(0)?,
                 point: r.get(1)?,
@@ -1766,6 +1773,8 @@ impl Sqlite {
                     last_ns: u(r.get(7)?),
                     observed: u(r.get(8)?),
                     late: u(r.get(9)?),
+                    boot: u(r.get(15)?),
+                    period: period.map(|length_ns| Period { length_ns, number }),
                 },
                 expected: u(r.get(10)?),
                 lost: u(r.get(11)?),
@@ -2303,6 +2312,7 @@ mod tests {
             },
             color: (b % 2) as u8,
             batch: b,
+            period_ns: None,
             first_ns,
             last_ns: first_ns + 1,
             expected: Some(100),
@@ -2528,6 +2538,7 @@ mod tests {
                 flow: flow.clone(),
                 color: (b % 2) as u8,
                 batch: b,
+                period_ns: None,
                 first_ns: 1_000_000_000 * b,
                 last_ns: 1_000_000_000 * b + 900_000_000,
                 expected: Some(100),
@@ -2633,6 +2644,7 @@ mod tests {
             },
             color: 0,
             batch: 0,
+            period_ns: None,
             first_ns: 5,
             last_ns: 6,
             expected: Some(100),

@@ -31,6 +31,7 @@ fn loss(agent: &str, point: &str, upstream: Option<&str>, batch: u64, lost: u64)
         flow: flow(40000),
         color: (batch % 2) as u8,
         batch,
+        period_ns: None,
         first_ns: base_ns() + batch * 10_000_000,
         last_ns: base_ns() + batch * 10_000_000 + 9_000_000,
         expected: Some(100),

@@ -29,6 +29,7 @@ fn loss(agent: &str, sport: u16, b: u64, lost: u64) -> Record {
         },
         color: (b % 2) as u8,
         batch: b,
+        period_ns: None,
         // Over three days, so that records land in three partitions.
         first_ns: 1_790_000_000_000_000_000 + b * 60_000_000_000,
         last_ns: 1_790_000_000_000_000_000 + b * 60_000_000_000 + 1,
@@ -196,6 +197,7 @@ fn a_flows_points_at_two_collectors_give_one_answer() {
                 },
                 color: (batch % 2) as u8,
                 batch,
+                period_ns: None,
                 first_ns: base + batch * 10_000_000 + skew,
                 last_ns: base + batch * 10_000_000 + 9_000_000 + skew,
                 expected: Some(100),

@@ -49,6 +49,7 @@ fn loss(agent: &str, batch: u64, lost: u64) -> Record {
         },
         color: (batch % 2) as u8,
         batch,
+        period_ns: None,
         first_ns: t,
         last_ns: t + 9_000_000,
         expected: Some(100),

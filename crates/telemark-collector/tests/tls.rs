@@ -48,6 +48,7 @@ fn record(agent: &str, batch: u64) -> Record {
         },
         color: 0,
         batch,
+        period_ns: None,
         first_ns: t,
         last_ns: t + 1000,
         expected: Some(10),

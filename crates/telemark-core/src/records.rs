@@ -81,7 +81,15 @@ pub struct LossRecord {
     /// Color of the batch.
     pub color: u8,
     /// Batch number, the same at every point (taken from the most upstream point that saw it).
+    /// With [`LossRecord::period_ns`], the marking period's number k: the batch is the packets
+    /// the marker sent in `[kT, (k+1)T)` of Unix time.
     pub batch: u64,
+    /// The marking period T when batches are periods of time numbered from the Unix epoch (the
+    /// eBPF datapath, RFC 9341 §3.2): two points' batches with the same `batch` are the same
+    /// packets, whatever their clocks say of `first_ns`. Absent: `batch` is a point's own
+    /// running number, and batches are lined up across agents by time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period_ns: Option<u64>,
     /// First packet at this point.
     pub first_ns: u64,
     /// Last in-time packet at this point.
@@ -642,6 +650,7 @@ mod tests {
             },
             color: 1,
             batch: 17,
+            period_ns: None,
             first_ns: 1,
             last_ns: 2,
             expected: Some(100),

@@ -35,6 +35,7 @@ pub fn run(b: u32, batches: u32, p: f64, reorder: u64, seed: u64) -> Outcome {
         marker,
         skew_ns: 0,
         upstream_label: None,
+        every_batch: false,
     };
     let mut agg = Aggregator::new(
         vec![

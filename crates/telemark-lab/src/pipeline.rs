@@ -213,6 +213,7 @@ impl Replay {
             marker,
             skew_ns: 0,
             upstream_label: None,
+            every_batch: false,
         };
         let pts = vec![
             spec("marker", None, true),

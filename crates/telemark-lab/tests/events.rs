@@ -19,6 +19,7 @@ fn spec(name: &str, upstream: Option<u8>, marker: bool) -> PointSpec {
         marker,
         skew_ns: 0,
         upstream_label: None,
+        every_batch: false,
     }
 }
 

@@ -444,6 +444,7 @@ fn loss_record(batch: u64) -> telemark_core::records::Record {
         },
         color: (batch % 2) as u8,
         batch,
+        period_ns: None,
         first_ns: t,
         last_ns: t + 9_000_000,
         expected: Some(100),

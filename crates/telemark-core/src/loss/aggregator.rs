@@ -24,6 +24,21 @@ use crate::records::{Flow, FlowLossRecord, LossCounts, LossRecord, Record, Scope
 use std::collections::{HashMap, HashSet, VecDeque};
 use telemark_wire::FlowKey;
 
+/// The whole number of the marking period of `period_ns` whose low 32 bits are `low`, for a
+/// batch whose first packet a point dated `first_ns`: the one nearest the period that time is
+/// in (a point's clock is within a period of the marker's, far inside the 2^32 periods that
+/// tell two numbers with the same low bits apart).
+pub fn period_number(low: u32, first_ns: u64, period_ns: u64) -> u64 {
+    const SPAN: u64 = 1 << 32;
+    let near = first_ns / period_ns.max(1);
+    let k = (near & !(SPAN - 1)) | u64::from(low);
+    // The candidates with those low bits either side of `near`'s block: the nearest.
+    [k.wrapping_sub(SPAN), k, k.wrapping_add(SPAN)]
+        .into_iter()
+        .min_by_key(|c| c.abs_diff(near))
+        .unwrap_or(k)
+}
+
 /// Resolved batches kept per flow and point for downstream matching.
 const DONE_KEEP: usize = 64;
 /// Batches a point may hold waiting for its upstream before they are resolved without it.
@@ -53,6 +68,10 @@ pub struct PointSpec {
     /// records (`sw-b/egress`: another agent's point on the path, so the collector can name
     /// the link between the two).
     pub upstream_label: Option<String>,
+    /// Whether the point reports every batch, lossy or not, whatever
+    /// [`Aggregator::report_all`] says: a point at one end of a segment that leaves this agent
+    /// (a host's uplink), whose other end only the collector sees.
+    pub every_batch: bool,
 }
 
 impl PointSpec {
@@ -149,6 +168,9 @@ pub struct Aggregator {
     /// For each point, the points whose upstream it is.
     downstream: Vec<Vec<u8>>,
     batch: Option<u32>,
+    /// The marking period when batches are periods of time numbered from the Unix epoch
+    /// (each point's batch ordinal is the low 32 bits of its period's number).
+    period_ns: Option<u64>,
     tol_ns: u64,
     report_all: bool,
     flows: HashMap<(FlowKey, u8), PointFlow>,
@@ -182,6 +204,7 @@ impl Aggregator {
             refusing: vec![false; points.len()],
             points,
             batch,
+            period_ns: None,
             tol_ns,
             report_all: false,
             flows: HashMap::new(),
@@ -195,6 +218,15 @@ impl Aggregator {
     /// Emit a `loss` record for every batch, not only lossy ones.
     pub fn report_all(mut self, yes: bool) -> Self {
         self.set_report_all(yes);
+        self
+    }
+
+    /// Batches are the marking periods of `period_ns` on Unix time, and each point's ordinal
+    /// is the low 32 bits of its batch's period number (the eBPF datapath): records carry the
+    /// period's whole number as `batch`, with `period_ns`, so that the collector can line up
+    /// points of different agents by period rather than by their clocks.
+    pub fn periods(mut self, period_ns: Option<u64>) -> Self {
+        self.period_ns = period_ns.filter(|t| *t > 0);
         self
     }
 
@@ -531,9 +563,13 @@ impl Aggregator {
             s.add(&c);
         }
         let spec = &self.points[usize::from(p)];
-        if spec.marker || !(lost > 0 || uncertain > 0 || self.report_all) {
+        if spec.marker || !(lost > 0 || uncertain > 0 || self.report_all || spec.every_batch) {
             return;
         }
+        let (batch, period_ns) = match self.period_ns {
+            Some(t) => (period_number(b.ordinal, b.first_ns, t), Some(t)),
+            None => (v.id, None),
+        };
         self.out.push_back(Record::Loss(LossRecord {
             agent: spec.agent.clone(),
             port: spec.port.clone(),
@@ -547,7 +583,8 @@ impl Aggregator {
             scope: spec.scope(),
             flow: Flow::from(key),
             color: b.color,
-            batch: v.id,
+            batch,
+            period_ns,
             first_ns: b.first_ns,
             last_ns: b.last_ns,
             expected: v.expected,
@@ -743,6 +780,19 @@ mod tests {
             marker,
             skew_ns: 0,
             upstream_label: None,
+            every_batch: false,
+        }
+    }
+
+    #[test]
+    fn a_periods_whole_number_comes_back_from_its_low_bits() {
+        const T: u64 = 100_000_000;
+        // 2026 in periods of 100 ms is past 2^32; the point's clock a period either way.
+        for k in [17_000_000_000u64, (1 << 32) * 4 - 1, (1 << 32) * 4, 5] {
+            for off in [-(T as i64), -1, 0, T as i64 / 2, 2 * T as i64] {
+                let first = (k * T) as i64 + off;
+                assert_eq!(period_number(k as u32, first.max(0) as u64, T), k, "{k} {off}");
+            }
         }
     }
 

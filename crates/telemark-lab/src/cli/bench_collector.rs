@@ -126,6 +126,7 @@ pub(crate) fn record(agent: &str, batch: u64, t: u64) -> Record {
         },
         color: (batch % 2) as u8,
         batch,
+        period_ns: None,
         first_ns: t,
         last_ns: t + 1_000_000,
         expected: Some(100),

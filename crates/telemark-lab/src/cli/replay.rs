@@ -538,6 +538,7 @@ fn two_point(a: &Args, loss: LossConfig) -> Result<()> {
         marker: false,
         skew_ns,
         upstream_label: None,
+        every_batch: false,
     };
     let mut agg = Aggregator::new(
         vec![spec(&up.name, None, 0), spec(&down.name, Some(0), skew)],

@@ -98,6 +98,7 @@ fn points(agent: &str) -> Vec<PointSpec> {
         marker: upstream.is_none(),
         skew_ns: 0,
         upstream_label: None,
+        every_batch: false,
     };
     vec![spec("ingress", "vnet0", None), spec("egress", "eth0", Some(0))]
 }
