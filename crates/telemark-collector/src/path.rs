@@ -8,20 +8,23 @@
 //! it; here each such point gets the segment from the nearest point upstream of it instead:
 //!
 //! - **Which point is upstream.** The one named in the agent's configuration (`upstream_a`,
-//!   a tap's `upstream`), if given. Otherwise the collector finds it from the batches: the
-//!   same batch reaches points further down the path later, so among the other agents' points
-//!   that saw the flow, the upstream one is the one the point's batches trail by the least
-//!   ([`trail_ns`]). This needs the agents' clocks to agree to within half a batch (one host,
-//!   or NTP/PTP across hosts for batches of milliseconds); otherwise name the upstream.
-//! - **Its segment's loss.** When both points report every batch (`report_all`), the
-//!   batches are lined up one by one ([`crate::link::match_batches`], which also counts
-//!   batches lost whole). Otherwise the segment's loss is the difference of the two points'
-//!   path losses ([`reach`]): what was lost from the marking to here, less what was lost from
-//!   the marking to the upstream point.
+//!   a tap's `upstream`), if given. Where the points count marking periods of time (the eBPF
+//!   datapath), from what they counted: the agents in the order of what they counted of the
+//!   marker's periods, most first ([`period_chain`]), whatever their clocks say. Otherwise
+//!   from the batches' times: the same batch reaches points further down the path later, so
+//!   among the other agents' points that saw the flow, the upstream one is the one the point's
+//!   batches trail by the least ([`trail_ns`]); this needs the agents' clocks to agree to
+//!   within half a batch (one host, or NTP/PTP across hosts for batches of milliseconds).
+//! - **Its segment's loss.** When both points report every batch (`report_all`; host mode's
+//!   points at the ends of cross-host segments by default), the batches are lined up one by
+//!   one ([`line_up`]: by period number, else by time; both count batches lost whole).
+//!   Otherwise the segment's loss is the difference of the two points' path losses
+//!   ([`reach`]): what was lost from the marking to here, less what was lost from the marking
+//!   to the upstream point.
 //!
 //! A point with no upstream found keeps its path figures, named as the path from the marking.
 
-use crate::link::{match_batches, match_periods, Batch};
+use crate::link::{match_batches, match_periods, Batch, LinkBatch};
 use serde::Serialize;
 use telemark_core::records::Scope;
 
@@ -132,8 +135,7 @@ pub fn segments(points: &[PointRecords]) -> Vec<Segment> {
             };
             let up = &points[u];
             if period_of(p).is_some_and(|t| period_of(up) == Some(t)) {
-                // Both ends count the marking periods: lined up by number, no clock involved.
-                let m = match_periods(&up.batches, &p.batches, up.ended);
+                let m = line_up(up, p, None);
                 let lost = m.iter().fold(0u64, |a, b| a.saturating_add(b.lost));
                 let expected = m.iter().fold(0u64, |a, b| a.saturating_add(b.expected));
                 let lossy = m.iter().filter(|b| b.lost > 0).count() as u64;
@@ -226,8 +228,19 @@ fn period_of(p: &PointRecords) -> Option<u64> {
 /// of time (a counting point dated by the kernel's tick, a host whose clock differs from the
 /// other's by up to its guard; docs/ebpf.md, "Clocks and periods"). Within a quarter
 /// period, the batch of the same colour a period on is never mistaken for the source.
-fn skew_ns(up: &PointRecords, down: &PointRecords) -> u64 {
+pub fn skew_ns(up: &PointRecords, down: &PointRecords) -> u64 {
     period_of(up).or(period_of(down)).map_or(0, |t| t / 4)
+}
+
+/// `down`'s batches lined up with `up`'s (another agent's point upstream): by period number
+/// where both count marking periods of one length ([`match_periods`]: no clock involved),
+/// else by time ([`match_batches`]) allowing `skew` (default [`skew_ns`]).
+pub fn line_up(up: &PointRecords, down: &PointRecords, skew: Option<u64>) -> Vec<LinkBatch> {
+    if period_of(down).is_some_and(|t| period_of(up) == Some(t)) {
+        return match_periods(&up.batches, &down.batches, up.ended);
+    }
+    let skew = skew.unwrap_or_else(|| skew_ns(up, down));
+    match_batches(&up.batches, &down.batches, skew, up.ended)
 }
 
 /// The point upstream of path point `i`: the configured one, or the other agent's point the
