@@ -112,8 +112,18 @@ fn two_collectors_store_each_record_once() {
         .psql("telemark", "SELECT COUNT(*) FROM pg_inherits WHERE inhparent = 'loss'::regclass");
     assert_eq!(parts, "3", "one partition a day");
     let mut third = PgStore::connect(&server.url(), None).unwrap();
-    // Each migration applied once (three so far), whoever connected first.
-    assert_eq!(server.psql("telemark", "SELECT COUNT(*) FROM telemark_migrations"), "3");
+    // Each migration applied once (four so far), whoever connected first.
+    assert_eq!(server.psql("telemark", "SELECT COUNT(*) FROM telemark_migrations"), "4");
+    // The fourth added the marking period to every day's partition.
+    assert_eq!(
+        server.psql(
+            "telemark",
+            "SELECT COUNT(*) FROM information_schema.columns WHERE column_name = 'period_ns' \
+             AND table_name LIKE 'loss%'"
+        ),
+        "4",
+        "loss and its three partitions"
+    );
 
     // Retention drops whole days: everything before the second day's start goes, nothing
     // after it.
