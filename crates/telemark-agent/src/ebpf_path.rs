@@ -59,8 +59,8 @@ pub(crate) struct EbpfPath {
     point_labels: Vec<(String, String)>,
     /// Whether a point was refused for want of numbers (said once).
     out_of_points: bool,
-    /// Each flow's ingress point, as last seen.
-    flow_in: HashMap<FlowKey, u8>,
+    /// Each flow's ingress point and its slot, as last seen.
+    flow_in: HashMap<FlowKey, (u8, usize)>,
     /// The port (slot) each flow last left by.
     flow_out: HashMap<FlowKey, usize>,
     /// The flow meter and heavy-hitter stages (ebpf_flows.rs), and whether sFlow or IPFIX is on.
@@ -446,7 +446,7 @@ impl EbpfPath {
                 let slot = usize::from(c.key.point / 2);
                 if let Some((_, ingress, _)) = self.ports.get(slot) {
                     if c.key.point % 2 == 0 {
-                        self.flow_in.insert(c.key.flow(), *ingress);
+                        self.flow_in.insert(c.key.flow(), (*ingress, slot));
                     } else if self.meter {
                         self.flow_out.insert(c.key.flow(), slot);
                     }
@@ -469,7 +469,7 @@ impl EbpfPath {
             let point = if key.point % 2 == 0 {
                 ingress
             } else {
-                let from = self.flow_in.get(&flow).copied();
+                let from = self.flow_in.get(&flow).map(|(p, _)| *p);
                 match self.out_point(slot, from) {
                     Some(p) => p,
                     None => continue,
@@ -487,9 +487,7 @@ impl EbpfPath {
             // here, and at the collector.
             let from_slot = match key.point % 2 {
                 0 => None,
-                _ => {
-                    self.flow_in.get(&flow).and_then(|p| self.ports.iter().position(|q| q.1 == *p))
-                }
+                _ => self.flow_in.get(&flow).map(|(_, s)| *s),
             };
             if !self.whole_since(slot, period)
                 || from_slot.is_some_and(|s| !self.whole_since(s, period))

@@ -1078,7 +1078,7 @@ impl Api {
             }
         };
         // No skew asked for: the rule for the two points' clocks (`path::line_up`).
-        let args = (point("up"), point("down"), q.u64_or("skew_ns", u64::MAX));
+        let args = (point("up"), point("down"), q.num::<u64>("skew_ns"));
         let ((ua, up), (da, dp), skew) = match args {
             (Ok(u), Ok(d), Ok(t)) => (u, d, t),
             (Err(e), ..) | (_, Err(e), _) | (.., Err(e)) => return self.bad_query(e),
@@ -1091,7 +1091,6 @@ impl Api {
         let (u, d) = (find(&ua, &up), find(&da, &dp));
         let empty = crate::path::PointRecords::default();
         let (u, d) = (u.unwrap_or(&empty), d.unwrap_or(&empty));
-        let skew = (skew != u64::MAX).then_some(skew);
         let m = crate::path::line_up(u, d, skew);
         let skew = skew.unwrap_or_else(|| crate::path::skew_ns(u, d));
         let lost: u64 = m.iter().map(|b| b.lost).sum();

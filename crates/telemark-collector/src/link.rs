@@ -173,63 +173,68 @@ pub fn match_batches(up: &[Batch], down: &[Batch], skew_ns: u64, ended: bool) ->
 /// A downstream period is judged once upstream has reported past it (or ended); the last ones
 /// wait, as in [`match_batches`].
 pub fn match_periods(up: &[Batch], down: &[Batch], ended: bool) -> Vec<LinkBatch> {
-    use std::collections::BTreeMap;
-    let number = |b: &Batch| b.period.map(|p| p.number);
-    // Per period: what each end counted (a point may report a period in two records, when
-    // part of it came late), and the run of downstream's agent that counted it.
-    let mut ups: BTreeMap<u64, (u64, u64, u8)> = BTreeMap::new();
-    for u in up {
-        let Some(k) = number(u) else { continue };
-        let e = ups.entry(k).or_insert((0, u.first_ns, u.color));
-        e.0 = e.0.saturating_add(u.observed.saturating_add(u.late));
-        e.1 = e.1.min(u.first_ns);
-    }
-    let mut downs: BTreeMap<u64, (u64, u64, u64)> = BTreeMap::new();
-    for d in down {
-        let Some(k) = number(d) else { continue };
-        let e = downs.entry(k).or_insert((0, d.first_ns, d.boot));
-        e.0 = e.0.saturating_add(d.observed.saturating_add(d.late));
-        e.1 = e.1.min(d.first_ns);
-    }
+    let (ups, downs) = (by_period(up), by_period(down));
     let Some(&up_last) = ups.keys().next_back() else { return Vec::new() };
     let mut out = Vec::new();
-    for (&k, &(expected, sent_ns, color)) in &ups {
+    for (&k, u) in &ups {
         if k == up_last && !ended {
             break; // upstream may still report late packets of it
         }
-        match downs.get(&k) {
-            Some(&(got, first_ns, _)) => out.push(LinkBatch {
-                color,
-                first_ns,
-                sent_ns,
-                expected,
-                got,
-                lost: expected.saturating_sub(got),
-                upstream_batches: 1,
-                whole: false,
-            }),
+        let (got, first_ns, whole) = match downs.get(&k) {
+            Some(d) => (d.packets, d.first_ns, false),
             None => {
                 // Counted at downstream, in one run of its agent, either side of it: periods
                 // k ± 2, of k's colour (its counters were in the map before and after).
-                let around = [k.checked_sub(2), Some(k + 2)];
-                let boots: Vec<Option<u64>> =
-                    around.iter().map(|n| n.and_then(|n| downs.get(&n)).map(|d| d.2)).collect();
-                if boots.iter().all(|b| b.is_some() && *b == boots[0]) {
-                    out.push(LinkBatch {
-                        color,
-                        first_ns: sent_ns,
-                        sent_ns,
-                        expected,
-                        got: 0,
-                        lost: expected,
-                        upstream_batches: 1,
-                        whole: true,
-                    });
+                let run = |n: Option<u64>| n.and_then(|n| downs.get(&n)).map(|d| d.boot);
+                let (before, after) = (run(k.checked_sub(2)), run(k.checked_add(2)));
+                if before.is_none() || before != after {
+                    continue; // unmeasured
                 }
+                (0, u.first_ns, true)
             }
-        }
+        };
+        out.push(LinkBatch {
+            color: u.color,
+            first_ns,
+            sent_ns: u.first_ns,
+            expected: u.packets,
+            got,
+            lost: u.packets.saturating_sub(got),
+            upstream_batches: 1,
+            whole,
+        });
     }
     out
+}
+
+/// One marking period of a flow at one point, its records summed (a point may report a period
+/// in two, when part of it came late).
+#[derive(Debug, Clone, Copy)]
+pub struct PeriodCount {
+    pub color: u8,
+    /// Packets counted, in time and late.
+    pub packets: u64,
+    /// Its first packet there.
+    pub first_ns: u64,
+    /// The run of the agent that counted it.
+    pub boot: u64,
+}
+
+/// `batches`' marking periods by number (batches that are not periods are left out).
+pub fn by_period(batches: &[Batch]) -> std::collections::BTreeMap<u64, PeriodCount> {
+    let mut m = std::collections::BTreeMap::new();
+    for b in batches {
+        let Some(p) = b.period else { continue };
+        let e = m.entry(p.number).or_insert(PeriodCount {
+            color: b.color,
+            packets: 0,
+            first_ns: b.first_ns,
+            boot: b.boot,
+        });
+        e.packets = e.packets.saturating_add(b.observed.saturating_add(b.late));
+        e.first_ns = e.first_ns.min(b.first_ns);
+    }
+    m
 }
 
 /// The latest upstream batch each downstream batch in `begun` can have come from: the last of

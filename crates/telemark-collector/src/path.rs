@@ -314,19 +314,10 @@ fn period_chain(points: &[PointRecords], t: u64) -> Option<Vec<&str>> {
 /// What `down` counted of the periods both `down` and `up` counted, and what `up` counted of
 /// them.
 fn shared_counts(down: &[Batch], up: &[Batch]) -> (u64, u64) {
-    let numbers = |v: &[Batch]| -> std::collections::BTreeMap<u64, u64> {
-        let mut m = std::collections::BTreeMap::new();
-        for b in v {
-            if let Some(p) = b.period {
-                *m.entry(p.number).or_insert(0u64) += b.observed + b.late;
-            }
-        }
-        m
-    };
-    let (d, u) = (numbers(down), numbers(up));
+    let (d, u) = (crate::link::by_period(down), crate::link::by_period(up));
     d.iter()
-        .filter_map(|(k, n)| u.get(k).map(|m| (*n, *m)))
-        .fold((0, 0), |(a, b), (n, m)| (a + n, b + m))
+        .filter_map(|(k, n)| u.get(k).map(|m| (n.packets, m.packets)))
+        .fold((0, 0), |(a, b), (n, m)| (a.saturating_add(n), b.saturating_add(m)))
 }
 
 /// The point of `agent` furthest down the flow's path: the one no other point of the agent
