@@ -81,6 +81,9 @@ pub(crate) struct EbpfPath {
     /// ended with it, so the batches upstream of it can be judged).
     held: HashMap<Key, BatchEvent>,
     event_drops: u64,
+    /// Events were lost (a full ring, periods overwritten) and the aggregation has not been
+    /// told yet: a gap goes before the next event.
+    gap_owed: bool,
     shared: std::sync::Arc<Shared>,
     next_scan: Instant,
     /// Drops per flow and reason as last read (the kernel's counts are cumulative).
@@ -160,6 +163,7 @@ pub(crate) fn open(
         overruns: 0,
         held: HashMap::new(),
         event_drops: 0,
+        gap_owed: false,
         shared,
         next_scan: Instant::now(),
         drops_seen: HashMap::new(),
@@ -387,8 +391,17 @@ impl EbpfPath {
         Some(p)
     }
 
-    /// Hands one event to the aggregation; whether there was room.
+    /// Hands one event to the aggregation; whether there was room. A gap owed goes first:
+    /// the aggregation learns of every loss before the events after it, even when the ring
+    /// that had no room for an event had none for the gap either.
     fn push(&mut self, ev: BatchEvent) -> bool {
+        if self.gap_owed {
+            if self.events.push(BatchEvent::gap()).is_err() {
+                return false;
+            }
+            self.pushed += 1;
+            self.gap_owed = false;
+        }
         let room = self.events.push(ev).is_ok();
         self.pushed += u64::from(room);
         room
@@ -398,7 +411,7 @@ impl EbpfPath {
         if !self.push(ev) {
             self.event_drops += 1;
             // The aggregator learns that events were lost (their batches become uncertain).
-            self.push(BatchEvent::gap());
+            self.gap_owed = true;
         }
         // A sweep may close a batch of every flow at once: the aggregation, maybe asleep, is
         // woken long before they could fill its ring.
@@ -573,7 +586,7 @@ impl EbpfPath {
         if n > self.overruns {
             tracing::warn!("eBPF: {} periods overwritten before they were read", n - self.overruns);
             self.overruns = n;
-            self.push(BatchEvent::gap());
+            self.gap_owed = true;
         }
     }
 

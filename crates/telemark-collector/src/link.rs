@@ -26,6 +26,8 @@ pub struct Batch {
     pub boot: u64,
     /// Its marking period, where batches are periods of time (the eBPF datapath).
     pub period: Option<Period>,
+    /// The point may have missed some of it (records' `incomplete`).
+    pub incomplete: bool,
 }
 
 /// A marking period (RFC 9341 §3.2): number k of length T covers `[kT, (k+1)T)` of Unix time
@@ -181,14 +183,21 @@ pub fn match_periods(up: &[Batch], down: &[Batch], ended: bool) -> Vec<LinkBatch
             break; // upstream may still report late packets of it
         }
         let (got, first_ns, whole) = match downs.get(&k) {
+            Some(d) if d.incomplete || u.incomplete => continue, // unmeasured
             Some(d) => (d.packets, d.first_ns, false),
             None => {
                 // Counted at downstream, in one run of its agent, either side of it: periods
-                // k ± 2, of k's colour (its counters were in the map before and after).
+                // k ± 2, of k's colour (its counters were in the map before and after); and
+                // none of k - 2 ..= k + 2 one its agent may have missed part of (the events
+                // its datapath lost may have been this period's).
                 let run = |n: Option<u64>| n.and_then(|n| downs.get(&n)).map(|d| d.boot);
                 let (before, after) = (run(k.checked_sub(2)), run(k.checked_add(2)));
-                if before.is_none() || before != after {
+                let mut around = downs.range(k.saturating_sub(2)..=k.saturating_add(2));
+                if u.incomplete || before.is_none() || before != after {
                     continue; // unmeasured
+                }
+                if around.any(|(_, d)| d.incomplete) {
+                    continue;
                 }
                 (0, u.first_ns, true)
             }
@@ -218,6 +227,8 @@ pub struct PeriodCount {
     pub first_ns: u64,
     /// The run of the agent that counted it.
     pub boot: u64,
+    /// Some record of it is `incomplete`.
+    pub incomplete: bool,
 }
 
 /// `batches`' marking periods by number (batches that are not periods are left out).
@@ -230,7 +241,9 @@ pub fn by_period(batches: &[Batch]) -> std::collections::BTreeMap<u64, PeriodCou
             packets: 0,
             first_ns: b.first_ns,
             boot: b.boot,
+            incomplete: false,
         });
+        e.incomplete |= b.incomplete;
         e.packets = e.packets.saturating_add(b.observed.saturating_add(b.late));
         e.first_ns = e.first_ns.min(b.first_ns);
     }
@@ -588,6 +601,7 @@ mod tests {
                     late: 0,
                     boot: boot(k),
                     period: Some(Period { length_ns: T, number: k }),
+                    incomplete: false,
                 }
             })
             .collect()
@@ -641,6 +655,15 @@ mod tests {
         let m = match_periods(&up, &down, true);
         assert_eq!(m.iter().map(|x| x.lost).sum::<u64>(), 0);
         assert_eq!(m.len(), 65);
+        // Downstream's agent lost events (a full ring, an overrun) around period 20: the
+        // batch after the gap says so; period 19, missing, and 20, short, are unmeasured.
+        let mut down = periods(k0..k0 + 80, |_| 1, |k| if k == k0 + 19 { 0 } else { 100 }, 0);
+        for d in down.iter_mut().filter(|d| d.period.map(|p| p.number) == Some(k0 + 20)) {
+            (d.observed, d.incomplete) = (61, true);
+        }
+        let m = match_periods(&up, &down, true);
+        assert_eq!(m.iter().map(|x| x.lost).sum::<u64>(), 0);
+        assert_eq!(m.len(), 78, "all but 19 and 20");
     }
 
     #[test]

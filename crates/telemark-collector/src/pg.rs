@@ -122,8 +122,10 @@ const MIGRATIONS: [&str; 4] = [
         SELECT hour, agent, point, upstream, scope, proto, SUM(batches), SUM(lossy_batches),
                SUM(expected), SUM(lost), SUM(uncertain)
         FROM flow_hours GROUP BY 1, 2, 3, 4, 5, 6;"#,
-    // 4: the marking period of batches that are periods of time (`batch` is then its number).
-    "ALTER TABLE loss ADD COLUMN period_ns BIGINT",
+    // 4: the marking period of batches that are periods of time (`batch` is then its number),
+    // and whether the point may have missed some of the batch (records' `incomplete`).
+    "ALTER TABLE loss ADD COLUMN period_ns BIGINT,
+        ADD COLUMN incomplete BOOLEAN NOT NULL DEFAULT false",
 ];
 
 /// The tables partitioned by day, in the order a batch writes them (loss, flows, other):
@@ -575,13 +577,13 @@ fn insert(
         tx.execute(
             "INSERT INTO loss (agent, boot, seq, port, point, upstream, src, dst, sport, dport,
                 proto, spi, si, color, batch, first_ns, last_ns, expected, observed, lost, late,
-                uncertain, scope, tail, drops, period_ns)
+                uncertain, scope, tail, drops, period_ns, incomplete)
              SELECT * FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[],
                 $5::TEXT[], $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::INTEGER[], $10::INTEGER[],
                 $11::SMALLINT[], $12::BIGINT[], $13::SMALLINT[], $14::SMALLINT[], $15::BIGINT[],
                 $16::BIGINT[], $17::BIGINT[], $18::BIGINT[], $19::BIGINT[], $20::BIGINT[],
                 $21::BIGINT[], $22::BIGINT[], $23::TEXT[], $24::BOOLEAN[], $25::TEXT[],
-                $26::BIGINT[])",
+                $26::BIGINT[], $27::BOOLEAN[])",
             &[
                 &l.agent,
                 &l.boot,
@@ -609,6 +611,7 @@ fn insert(
                 &l.tail,
                 &l.drops,
                 &l.period_ns,
+                &l.incomplete,
             ],
         )?;
     }
@@ -699,6 +702,7 @@ struct LossColumns<'a> {
     tail: Vec<bool>,
     drops: Vec<Option<String>>,
     period_ns: Vec<Option<i64>>,
+    incomplete: Vec<bool>,
 }
 
 impl<'a> LossColumns<'a> {
@@ -736,6 +740,7 @@ impl<'a> LossColumns<'a> {
         self.tail.push(l.tail);
         self.drops.push(crate::store::drops_json(&l.drops));
         self.period_ns.push(l.period_ns.map(i));
+        self.incomplete.push(l.incomplete);
     }
 }
 
@@ -1381,7 +1386,7 @@ impl PgStore {
         let sql = format!(
             "SELECT agent, point, port, upstream, scope, color, first_ns, last_ns, observed,
                     late, COALESCE(expected, 0), lost, uncertain, tail, drops, boot, batch,
-                    period_ns
+                    period_ns, incomplete
              FROM loss WHERE {FLOW_IN} ORDER BY agent, point, first_ns, seq"
         );
         let a = FlowArgs::of(flow, w);
@@ -1404,6 +1409,7 @@ impl PgStore {
                         period: r.get::<_, Option<i64>>(17).map(u).filter(|t| *t > 0).map(
                             |length_ns| crate::link::Period { length_ns, number: u(r.get(16)) },
                         ),
+                        incomplete: r.get(18),
                     },
                     expected: u(r.get(10)),
                     lost: u(r.get(11)),

@@ -765,7 +765,7 @@ CREATE TABLE IF NOT EXISTS loss (
     last_ns INTEGER NOT NULL, expected INTEGER, observed INTEGER NOT NULL,
     lost INTEGER NOT NULL, late INTEGER NOT NULL, uncertain INTEGER NOT NULL DEFAULT 0,
     scope TEXT NOT NULL DEFAULT 'segment', tail INTEGER NOT NULL DEFAULT 0, drops TEXT,
-    period_ns INTEGER,
+    period_ns INTEGER, incomplete INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (agent, boot, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS loss_flow ON loss (src, dst, sport, dport, proto, first_ns);
@@ -983,7 +983,7 @@ pub(crate) fn drops_from_json(s: &str) -> std::collections::BTreeMap<String, u64
     serde_json::from_str(s).unwrap_or_default()
 }
 
-const ADDED_COLUMNS: [(&str, &str); 5] = [
+const ADDED_COLUMNS: [(&str, &str); 6] = [
     ("uncertain", "INTEGER NOT NULL DEFAULT 0"),
     ("scope", "TEXT NOT NULL DEFAULT 'segment'"),
     ("tail", "INTEGER NOT NULL DEFAULT 0"),
@@ -991,6 +991,8 @@ const ADDED_COLUMNS: [(&str, &str); 5] = [
     ("drops", "TEXT"),
     // The marking period of batches that are periods of time (`batch` is then its number).
     ("period_ns", "INTEGER"),
+    // The point may have missed some of the batch (records' `incomplete`).
+    ("incomplete", "INTEGER NOT NULL DEFAULT 0"),
 ];
 
 /// A time window: records whose time (a batch's first packet, a summary's end) is in
@@ -1417,9 +1419,10 @@ impl Sqlite {
             let mut loss = tx.prepare_cached(
                 "INSERT OR IGNORE INTO loss (agent, boot, seq, port, point, upstream,
                     src, dst, sport, dport, proto, spi, si, color, batch, first_ns, last_ns,
-                    expected, observed, lost, late, uncertain, scope, tail, drops, period_ns)
+                    expected, observed, lost, late, uncertain, scope, tail, drops, period_ns,
+                    incomplete)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)",
+                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)",
             )?;
             let mut other = tx.prepare_cached(
                 "INSERT OR IGNORE INTO other (agent, boot, seq, kind, time_ns, json)
@@ -1470,6 +1473,7 @@ impl Sqlite {
                         l.tail,
                         drops_json(&l.drops),
                         l.period_ns.map(i),
+                        l.incomplete,
                     ])?,
                     Record::Summary(x) => as_other("summary", x.interval_end_ns)?,
                     Record::FlowLoss(_) => as_other("flow_loss", now)?,
@@ -1754,7 +1758,7 @@ impl Sqlite {
         let sql = format!(
             "SELECT agent, point, port, upstream, scope, color, first_ns, last_ns, observed,
                     late, COALESCE(expected, 0), lost, uncertain, tail, drops, boot, batch,
-                    period_ns
+                    period_ns, incomplete
              FROM loss WHERE {FLOW_IN} ORDER BY agent, point, first_ns, seq"
         );
         let range = w.args();
@@ -1775,6 +1779,7 @@ impl Sqlite {
                     late: u(r.get(9)?),
                     boot: u(r.get(15)?),
                     period: period.map(|length_ns| Period { length_ns, number }),
+                    incomplete: r.get(18)?,
                 },
                 expected: u(r.get(10)?),
                 lost: u(r.get(11)?),
@@ -2322,6 +2327,7 @@ mod tests {
             uncertain: 0,
             scope: Scope::Path,
             tail: false,
+            incomplete: false,
             drops: Vec::new(),
         })
     }
@@ -2548,6 +2554,7 @@ mod tests {
                 uncertain: 0,
                 scope: Scope::Segment,
                 tail: false,
+                incomplete: false,
                 drops: Vec::new(),
             })
         };
@@ -2654,6 +2661,7 @@ mod tests {
             uncertain: 0,
             scope: Scope::Segment,
             tail: false,
+            incomplete: false,
             drops: Vec::new(),
         });
         let recs = vec![r.clone(), r.clone(), r.clone()];

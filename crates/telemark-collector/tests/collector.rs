@@ -42,6 +42,7 @@ fn loss(agent: &str, point: &str, upstream: Option<&str>, batch: u64, lost: u64)
         // A point with no upstream in its agent measures against B, from the marking.
         scope: if upstream.is_some() { Scope::Segment } else { Scope::Path },
         tail: false,
+        incomplete: false,
         drops: Vec::new(),
     })
 }

@@ -40,6 +40,7 @@ fn loss(agent: &str, sport: u16, b: u64, lost: u64) -> Record {
         uncertain: 0,
         scope: Scope::Segment,
         tail: false,
+        incomplete: false,
         drops: Vec::new(),
     })
 }
@@ -217,6 +218,7 @@ fn a_flows_points_at_two_collectors_give_one_answer() {
                 uncertain: 0,
                 scope: if upstream.is_some() { Scope::Segment } else { Scope::Path },
                 tail: false,
+                incomplete: false,
                 drops: Vec::new(),
             })
         };

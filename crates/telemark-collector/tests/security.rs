@@ -58,6 +58,7 @@ fn loss(agent: &str, batch: u64, lost: u64) -> Record {
         late: 0,
         uncertain: 0,
         tail: false,
+        incomplete: false,
         drops: Vec::new(),
     })
 }

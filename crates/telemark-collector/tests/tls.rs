@@ -58,6 +58,7 @@ fn record(agent: &str, batch: u64) -> Record {
         uncertain: 0,
         scope: Scope::Path,
         tail: false,
+        incomplete: false,
         drops: Vec::new(),
     })
 }

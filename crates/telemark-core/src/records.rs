@@ -111,6 +111,12 @@ pub struct LossRecord {
     /// ended its watch of the flow with it (nothing of the flow follows until it starts again).
     #[serde(default, skip_serializing_if = "is_false")]
     pub tail: bool,
+    /// The point may have missed some of the batch: events about it were lost between the
+    /// datapath and the aggregation (a full event ring; on the eBPF datapath also a period the
+    /// kernel overwrote before it was read). Its counts are no measurement: its shortfall is
+    /// `uncertain` here, and the collector does not line it up with another agent's.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub incomplete: bool,
     /// Why the kernel said it dropped packets of this flow here, per drop reason
     /// (`skb:kfree_skb`, on the eBPF datapath): the drops the agent saw since the flow's last
     /// lossy record at its points. Empty where the datapath cannot tell.
@@ -660,6 +666,7 @@ mod tests {
             uncertain: 0,
             scope: Scope::Segment,
             tail: false,
+            incomplete: false,
             drops: Vec::new(),
         });
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();

@@ -453,6 +453,7 @@ fn loss_record(batch: u64) -> telemark_core::records::Record {
         late: 0,
         uncertain: 0,
         tail: false,
+        incomplete: false,
         drops: Vec::new(),
     })
 }

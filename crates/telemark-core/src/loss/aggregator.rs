@@ -593,6 +593,7 @@ impl Aggregator {
             late: b.late,
             uncertain,
             tail: b.tail,
+            incomplete: b.uncertain,
             drops: Vec::new(),
         }));
     }

@@ -136,6 +136,7 @@ pub(crate) fn record(agent: &str, batch: u64, t: u64) -> Record {
         uncertain: 0,
         scope: Scope::Path,
         tail: false,
+        incomplete: false,
         drops: Vec::new(),
     })
 }
