@@ -59,7 +59,13 @@ fn two_collectors_store_each_record_once() {
         for b in 0..3000u64 {
             let lost = u64::from(b % 11 == 0) * (b % 5 + 1);
             truth_lost += lost;
-            records.push((agent, b, loss(agent, 4000 + (b % 20) as u16, b, lost)));
+            let mut r = loss(agent, 4000 + (b % 20) as u16, b, lost);
+            // Every seventh a marking period of the eBPF datapath, every 21st incomplete.
+            if let Record::Loss(l) = &mut r {
+                l.period_ns = (b % 7 == 0).then_some(100_000_000);
+                l.incomplete = b % 21 == 0;
+            }
+            records.push((agent, b, r));
         }
     }
     let total = records.len() as u64;
@@ -115,6 +121,16 @@ fn two_collectors_store_each_record_once() {
     let mut third = PgStore::connect(&server.url(), None).unwrap();
     // Each migration applied once (four so far), whoever connected first.
     assert_eq!(server.psql("telemark", "SELECT COUNT(*) FROM telemark_migrations"), "4");
+    // Stored as sent, read back by psql: 429 of 3,000 a period each agent, 143 incomplete.
+    assert_eq!(
+        server.psql(
+            "telemark",
+            "SELECT COUNT(*) FILTER (WHERE period_ns = 100000000 AND batch % 7 = 0), \
+             COUNT(*) FILTER (WHERE period_ns IS NOT NULL), COUNT(*) FILTER (WHERE incomplete) \
+             FROM loss"
+        ),
+        "858|858|286"
+    );
     // The fourth added the marking period to every day's partition.
     assert_eq!(
         server.psql(
