@@ -17,11 +17,13 @@ use crate::shared::Shared;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use telemark_core::loss::EventSink;
 use telemark_core::loss::{BatchEvent, BatchEventKind, PointSpec};
-use telemark_core::spsc::{self, Producer};
+use telemark_core::spsc;
 use telemark_datapath::ebpf::maps::{DropKey, EgressAction, IngressAction, Key, Port, Stat};
 use telemark_datapath::ebpf::periods::{PeriodReader, Reading};
 use telemark_datapath::ebpf::{self, Attached, Programs, Samples, Settings, Target};
+use telemark_datapath::events::RingSink;
 use telemark_wire::FlowKey;
 
 /// Interfaces the kernel programs tell apart: two points each (ingress 2i, egress 2i + 1).
@@ -34,7 +36,7 @@ pub(crate) struct EbpfPath {
     agent: String,
     settings: EbpfSettings,
     programs: Programs,
-    events: Producer<BatchEvent>,
+    events: RingSink,
     /// Events sent since the aggregation's doorbell was last rung.
     unrung: usize,
     reader: PeriodReader,
@@ -80,10 +82,6 @@ pub(crate) struct EbpfPath {
     /// idle or the agent stops (then it is sent as the tail: the point's watch of the flow
     /// ended with it, so the batches upstream of it can be judged).
     held: HashMap<Key, BatchEvent>,
-    event_drops: u64,
-    /// Events were lost (a full ring, periods overwritten) and the aggregation has not been
-    /// told yet: a gap goes before the next event.
-    gap_owed: bool,
     shared: std::sync::Arc<Shared>,
     next_scan: Instant,
     /// Drops per flow and reason as last read (the kernel's counts are cumulative).
@@ -92,9 +90,8 @@ pub(crate) struct EbpfPath {
     reason_names: HashMap<u64, String>,
     /// When the drops per reason are read next.
     next_reasons: Instant,
-    /// Events handed to the aggregation so far (gaps included).
-    pushed: u64,
-    /// Flows no longer measured here, each with `pushed` once its tail batches were sent:
+    /// Flows no longer measured here, each with the events handed to the aggregation so far
+    /// (`RingSink::handed`, gaps included) once its tail batches were sent:
     /// their drops not named yet are forgotten once the aggregation has taken that many
     /// events (Shared::events_handled), so after the tail records that could name them.
     leaving: Vec<(FlowKey, u64)>,
@@ -137,7 +134,7 @@ pub(crate) fn open(
         agent: cfg.agent.clone(),
         settings: eb.clone(),
         programs,
-        events: prod,
+        events: RingSink::new(prod),
         unrung: 0,
         reader: PeriodReader::with_settle(
             eb.period_ns,
@@ -162,14 +159,11 @@ pub(crate) fn open(
         refused_seen: vec![0; 256],
         overruns: 0,
         held: HashMap::new(),
-        event_drops: 0,
-        gap_owed: false,
         shared,
         next_scan: Instant::now(),
         drops_seen: HashMap::new(),
         reason_names: ebpf::btf::drop_reasons(),
         next_reasons: Instant::now(),
-        pushed: 0,
         leaving: Vec::new(),
     };
     path.scan();
@@ -391,28 +385,10 @@ impl EbpfPath {
         Some(p)
     }
 
-    /// Hands one event to the aggregation; whether there was room. A gap owed goes first:
-    /// the aggregation learns of every loss before the events after it, even when the ring
-    /// that had no room for an event had none for the gap either.
-    fn push(&mut self, ev: BatchEvent) -> bool {
-        if self.gap_owed {
-            if self.events.push(BatchEvent::gap()).is_err() {
-                return false;
-            }
-            self.pushed += 1;
-            self.gap_owed = false;
-        }
-        let room = self.events.push(ev).is_ok();
-        self.pushed += u64::from(room);
-        room
-    }
-
+    /// Hands one event to the aggregation (an event that finds no room is counted, and the
+    /// aggregation told of it by a gap before the next one: `RingSink`).
     fn send(&mut self, ev: BatchEvent) {
-        if !self.push(ev) {
-            self.event_drops += 1;
-            // The aggregator learns that events were lost (their batches become uncertain).
-            self.gap_owed = true;
-        }
+        self.events.emit(ev);
         // A sweep may close a batch of every flow at once: the aggregation, maybe asleep, is
         // woken long before they could fill its ring.
         self.unrung += 1;
@@ -586,7 +562,7 @@ impl EbpfPath {
         if n > self.overruns {
             tracing::warn!("eBPF: {} periods overwritten before they were read", n - self.overruns);
             self.overruns = n;
-            self.gap_owed = true;
+            self.events.owe_gap();
         }
     }
 
@@ -694,7 +670,7 @@ impl EbpfPath {
             self.flow_out.retain(|f, _| live.contains(f));
             let left: HashSet<FlowKey> =
                 keys.iter().map(|k| k.flow()).filter(|f| !live.contains(f)).collect();
-            self.leaving.extend(left.into_iter().map(|f| (f, self.pushed)));
+            self.leaving.extend(left.into_iter().map(|f| (f, self.events.handed)));
             // The tail batches go to the aggregation now, not at the next sweep.
             self.shared.aggregation_bell.ring();
         }
@@ -764,7 +740,7 @@ impl EbpfPath {
         p.rx = rx + get(Stat::NotIp);
         p.tx = tx;
         p.skipped = get(Stat::NotIp);
-        p.event_drops = self.event_drops;
+        p.event_drops = self.events.dropped;
         p.learned = self.reader.len() as u64;
         p.meter = self.meter.then(|| self.flows.meter_stats());
         p.hh = self.flows.hh_stats();

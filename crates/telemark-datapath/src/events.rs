@@ -15,12 +15,26 @@ pub struct RingSink {
     pub dropped: u64,
     /// An event was lost since the last gap event went out.
     gap: bool,
+    /// Events handed to the ring, gaps included.
+    pub handed: u64,
 }
 
 impl RingSink {
     /// A sink feeding `prod`.
     pub fn new(prod: Producer<BatchEvent>) -> Self {
-        RingSink { prod, dropped: 0, gap: false }
+        RingSink { prod, dropped: 0, gap: false, handed: 0 }
+    }
+
+    /// Events were lost before they reached the sink (the eBPF datapath: a period the kernel
+    /// overwrote before it was read): a gap goes before the next event.
+    pub fn owe_gap(&mut self) {
+        self.gap = true;
+        self.send_gap();
+    }
+
+    /// The ring's size.
+    pub fn capacity(&self) -> usize {
+        self.prod.capacity()
     }
 
     /// Sends the gap event owed for lost events now, if there is room, rather than with the
@@ -28,6 +42,7 @@ impl RingSink {
     pub fn send_gap(&mut self) {
         if self.gap && self.prod.push(BatchEvent::gap()).is_ok() {
             self.gap = false;
+            self.handed += 1;
         }
     }
 }
@@ -40,6 +55,8 @@ impl EventSink for RingSink {
         if self.gap || self.prod.push(ev).is_err() {
             self.dropped += 1;
             self.gap = true;
+        } else {
+            self.handed += 1;
         }
     }
 
@@ -51,3 +68,39 @@ impl EventSink for RingSink {
 
 /// Ring slots a [`RingSink`] fetches ahead: the events of two steps at both points of a switch.
 pub const EVENTS_AHEAD: usize = 4;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use telemark_core::loss::BatchEventKind;
+
+    fn kinds(cons: &telemark_core::spsc::Consumer<BatchEvent>) -> Vec<BatchEventKind> {
+        let mut v = Vec::new();
+        cons.drain(|e| v.push(e.kind));
+        v
+    }
+
+    /// A full ring: the event that did not fit is counted, and a gap goes before the next
+    /// one, whichever way the loss came (the ring, or `owe_gap` for events lost before it).
+    #[test]
+    fn every_loss_is_told_before_the_events_after_it() {
+        let (prod, cons) = telemark_core::spsc::channel::<BatchEvent>(2);
+        let mut sink = RingSink::new(prod);
+        let ev = BatchEvent { kind: BatchEventKind::Closed, ..BatchEvent::gap() };
+        let cap = sink.capacity();
+        for _ in 0..cap + 1 {
+            sink.emit(ev);
+        }
+        assert_eq!((sink.dropped, sink.handed), (1, cap as u64));
+        // Still full: the gap cannot go, so neither may what follows it.
+        sink.emit(ev);
+        assert_eq!(sink.dropped, 2);
+        assert_eq!(kinds(&cons).len(), cap);
+        sink.emit(ev);
+        assert_eq!(kinds(&cons), vec![BatchEventKind::Gap, BatchEventKind::Closed]);
+        sink.owe_gap();
+        sink.emit(ev);
+        assert_eq!(kinds(&cons), vec![BatchEventKind::Gap, BatchEventKind::Closed]);
+        assert_eq!(sink.handed, cap as u64 + 4);
+    }
+}
