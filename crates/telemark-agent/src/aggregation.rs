@@ -237,9 +237,14 @@ impl Aggregation {
     }
 
     /// A loss record to the IPFIX exporter too, when it takes them.
+    /// Hands a loss record to the IPFIX exporter: a lossy one, or any with `report_all`. The
+    /// every-period records of host mode's uplinks are for the collector to line hosts up
+    /// with; an IPFIX collector gets what `report_all` asks for, as before.
     fn offer_ipfix(&self, r: &Record, shared: &Shared) {
         if let (Some(tx), Record::Loss(l)) = (&self.loss_tx, r) {
-            flow_export::offer_loss(tx, l, shared);
+            if l.lost > 0 || l.uncertain > 0 || self.cfg.report_all {
+                flow_export::offer_loss(tx, l, shared);
+            }
         }
     }
 
