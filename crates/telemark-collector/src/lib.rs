@@ -19,6 +19,7 @@ mod page;
 pub mod path;
 pub mod pg;
 mod rollup;
+pub mod settle;
 pub mod steer;
 pub mod store;
 pub mod validate;
@@ -230,23 +231,41 @@ impl Collector {
         let server = Server::start(server_cfg, api.clone(), api.transport.clone())
             .map_err(|err| StartError::Listen { addr: cfg.listen, err })?;
         let addr = server.addr;
-        if !cfg.retention.is_zero() {
-            let (api, stop, keep) = (api.clone(), stop.clone(), cfg.retention);
-            threads.push(std::thread::spawn(move || {
-                let mut last = std::time::Instant::now() - Duration::from_secs(3600);
-                while !stop.load(Ordering::Relaxed) {
-                    if last.elapsed() >= Duration::from_secs(60) {
-                        last = std::time::Instant::now();
-                        let before = now_ns().saturating_sub(keep.as_nanos() as u64);
-                        let mut st = api.store();
-                        if st.expire(before).is_err() {
-                            api.ingest.metrics.count_error("retention");
+        // Housekeeping: segments between agents settled each second (`settle`), records past
+        // the retention removed each minute.
+        let (api2, stop2, keep) = (api.clone(), stop.clone(), cfg.retention);
+        threads.push(std::thread::spawn(move || {
+            let (api, stop) = (api2, stop2);
+            let long_ago = std::time::Instant::now() - Duration::from_secs(3600);
+            let (mut expired, mut settled) = (long_ago, long_ago);
+            while !stop.load(Ordering::Relaxed) {
+                if settled.elapsed() >= Duration::from_secs(1) {
+                    settled = std::time::Instant::now();
+                    loop {
+                        let pass = api.store().settle(now_ns());
+                        match pass {
+                            Ok(p) if p.behind && !stop.load(Ordering::Relaxed) => continue,
+                            Ok(_) => break,
+                            Err(e) => {
+                                tracing::warn!("settling segments between agents: {e}");
+                                api.ingest.metrics.count_error("settle");
+                                break;
+                            }
                         }
                     }
-                    std::thread::sleep(Duration::from_millis(200));
                 }
-            }));
-        }
+                if !keep.is_zero() && expired.elapsed() >= Duration::from_secs(60) {
+                    expired = std::time::Instant::now();
+                    let before = now_ns().saturating_sub(keep.as_nanos() as u64);
+                    let done = api.store().expire(before);
+                    if let Err(e) = done {
+                        tracing::warn!("retention: {e}");
+                        api.ingest.metrics.count_error("retention");
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }));
         Ok(Collector { addr, api, server: Some(server), stop, threads })
     }
 

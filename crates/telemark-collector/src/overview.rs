@@ -2,14 +2,38 @@
 //! first view (`GET /api/v1/overview`, docs/console.md).
 //!
 //! A segment here is where a loss record is measured: an agent's point, measured from its
-//! `upstream` point or, with scope `path`, from the switch that marked the flow. Both stores
+//! `upstream` point, with scope `path` from the switch that marked the flow, or with scope
+//! `link` from another agent's point (settled by the collector, `crate::settle`). Both stores
 //! sum their loss records per segment and time bucket ([`OverviewRow`]); the rule that turns
 //! those sums into the answer, the `top` segments that lost most and the rest summed as
 //! "other", is written once, here ([`overview_of`]).
 
 use serde::Serialize;
 use std::collections::BTreeMap;
-use telemark_core::records::Scope;
+
+/// What a segment's figures cover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SegmentScope {
+    /// From the point named `upstream`, in the same agent (records' scope `segment`).
+    Segment,
+    /// From the switch that marked the flow (records' scope `path`).
+    Path,
+    /// From another agent's point, `upstream` as `agent/point`: lined up by the collector
+    /// (`crate::settle`).
+    Link,
+}
+
+impl SegmentScope {
+    /// From its name in the store.
+    pub fn of(s: &str) -> SegmentScope {
+        match s {
+            "path" => SegmentScope::Path,
+            crate::rollup::LINK_SCOPE => SegmentScope::Link,
+            _ => SegmentScope::Segment,
+        }
+    }
+}
 
 /// Where the sums come from, by the bucket asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -71,7 +95,7 @@ pub struct OverviewRow {
     /// The point the segment starts at (scope `segment`), if any.
     pub upstream: Option<String>,
     /// What the figures cover.
-    pub scope: Scope,
+    pub scope: SegmentScope,
     /// The bucket's start (ns).
     pub t_ns: u64,
     /// The sums.
@@ -123,7 +147,7 @@ pub struct SegmentSeries {
     /// The point the segment starts at, if any.
     pub upstream: Option<String>,
     /// `path`: measured from the marking switch.
-    pub scope: Scope,
+    pub scope: SegmentScope,
     /// Over the whole window.
     pub total: Sums,
     /// Buckets with records, oldest first.
@@ -165,7 +189,7 @@ pub fn overview_of(
     source: OverviewSource,
     top: usize,
 ) -> Overview {
-    type Key = (String, String, Option<String>, Scope);
+    type Key = (String, String, Option<String>, SegmentScope);
     let mut by_segment: BTreeMap<Key, (Sums, BTreeMap<u64, Sums>)> = BTreeMap::new();
     let mut total = Sums::default();
     for r in rows {
@@ -219,7 +243,7 @@ mod tests {
             agent: agent.into(),
             point: "ingress".into(),
             upstream: None,
-            scope: Scope::Path,
+            scope: SegmentScope::Path,
             t_ns,
             sums: Sums {
                 batches: 1,

@@ -134,8 +134,7 @@ pub fn segments(points: &[PointRecords]) -> Vec<Segment> {
                 return seg(p.upstream.clone(), Method::FromMarking, l, x, e, b);
             };
             let up = &points[u];
-            if period_of(p).is_some_and(|t| period_of(up) == Some(t)) {
-                let m = line_up(up, p, None);
+            if let Some(m) = by_periods(points, i, u) {
                 let lost = m.iter().fold(0u64, |a, b| a.saturating_add(b.lost));
                 let expected = m.iter().fold(0u64, |a, b| a.saturating_add(b.expected));
                 let lossy = m.iter().filter(|b| b.lost > 0).count() as u64;
@@ -236,11 +235,35 @@ pub fn skew_ns(up: &PointRecords, down: &PointRecords) -> u64 {
 /// where both count marking periods of one length ([`match_periods`]: no clock involved),
 /// else by time ([`match_batches`]) allowing `skew` (default [`skew_ns`]).
 pub fn line_up(up: &PointRecords, down: &PointRecords, skew: Option<u64>) -> Vec<LinkBatch> {
-    if period_of(down).is_some_and(|t| period_of(up) == Some(t)) {
+    if same_periods(up, down) {
         return match_periods(&up.batches, &down.batches, up.ended);
     }
     let skew = skew.unwrap_or_else(|| skew_ns(up, down));
     match_batches(&up.batches, &down.batches, skew, up.ended)
+}
+
+/// Where path point `i`'s segment is measured by marking period: the other agent's point
+/// upstream of it, when both count periods of one length, and the periods lined up
+/// ([`match_periods`]). The segments of a flow's path read these figures at query time; the
+/// collector's settling (`crate::settle`) stores them for the sums (overview, flows list).
+pub fn lined_up_by_period(points: &[PointRecords], i: usize) -> Option<(usize, Vec<LinkBatch>)> {
+    if points[i].scope != Scope::Path {
+        return None;
+    }
+    let u = upstream_of(points, i)?;
+    Some((u, by_periods(points, i, u)?))
+}
+
+/// `points[i]`'s periods lined up with those of `points[u]`, if both count periods of one
+/// length.
+fn by_periods(points: &[PointRecords], i: usize, u: usize) -> Option<Vec<LinkBatch>> {
+    let (p, up) = (&points[i], &points[u]);
+    same_periods(up, p).then(|| line_up(up, p, None))
+}
+
+/// Both points count marking periods, of one length.
+fn same_periods(up: &PointRecords, down: &PointRecords) -> bool {
+    period_of(down).is_some_and(|t| period_of(up) == Some(t))
 }
 
 /// The point upstream of path point `i`: the configured one, or the other agent's point the

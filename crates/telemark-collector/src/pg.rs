@@ -38,7 +38,7 @@ const HOUR_NS: i64 = crate::rollup::HOUR_NS as i64;
 const SCHEMA_LOCK: i64 = 0x7465_6c65_6d61_726b;
 
 /// Migrations, in order; each is applied once, in one transaction.
-const MIGRATIONS: [&str; 4] = [
+const MIGRATIONS: [&str; 5] = [
     // 1: the first schema. Text in byte order (COLLATE "C"), as SQLite compares it: lists
     // sort alike on either store, whatever the database's locale.
     r#"CREATE TABLE agents (
@@ -126,6 +126,18 @@ const MIGRATIONS: [&str; 4] = [
     // and whether the point may have missed some of the batch (records' `incomplete`).
     "ALTER TABLE loss ADD COLUMN period_ns BIGINT,
         ADD COLUMN incomplete BOOLEAN NOT NULL DEFAULT false",
+    // 5: segments between agents, settled per flow and second (`crate::settle`), and how far
+    // they are settled.
+    r#"CREATE TABLE link_sums (
+        slot_ns BIGINT NOT NULL,
+        src TEXT COLLATE "C" NOT NULL, dst TEXT COLLATE "C" NOT NULL, sport INTEGER NOT NULL, dport INTEGER NOT NULL,
+        proto SMALLINT NOT NULL, spi BIGINT NOT NULL, si SMALLINT NOT NULL,
+        agent TEXT COLLATE "C" NOT NULL, point TEXT COLLATE "C" NOT NULL, upstream TEXT COLLATE "C" NOT NULL,
+        periods BIGINT NOT NULL, lossy_periods BIGINT NOT NULL, expected BIGINT NOT NULL,
+        lost BIGINT NOT NULL, first_ns BIGINT NOT NULL, last_ns BIGINT NOT NULL,
+        PRIMARY KEY (slot_ns, src, dst, sport, dport, proto, spi, si, agent, point, upstream)
+    );
+    CREATE TABLE settled (name TEXT COLLATE "C" PRIMARY KEY, upto_ns BIGINT NOT NULL);"#,
 ];
 
 /// The tables partitioned by day, in the order a batch writes them (loss, flows, other):
@@ -1207,8 +1219,79 @@ impl PgStore {
         tx.execute("DELETE FROM flow_hours WHERE hour < $1", &[&(cut / HOUR_NS)])?;
         tx.execute("DELETE FROM segment_hours WHERE hour < $1", &[&(cut / HOUR_NS)])?;
         tx.execute("DELETE FROM flow_days WHERE day < $1", &[&(cut / DAY_NS)])?;
+        tx.execute("DELETE FROM link_sums WHERE slot_ns < $1", &[&cut])?;
         tx.commit()?;
         Ok(gone)
+    }
+
+    /// Settles the segments between agents due by `now_ns` ([`crate::settle`]). Collectors sharing the database may settle the same span: a slot already
+    /// stored adds nothing.
+    pub fn settle(&mut self, now_ns: u64) -> Result<crate::settle::Pass, StoreError> {
+        use crate::settle::{crossing_flows, margin_ns, span, Pass};
+        let settled = self.query("SELECT upto_ns FROM settled WHERE name = 'links'", &[])?;
+        let settled = settled.first().map(|r| u(r.get(0)));
+        let Some(((from, to), behind)) = span(settled, now_ns) else {
+            return Ok(Pass::default());
+        };
+        let rows = self.query(&crossing_flows("$1", "$2"), &[&i(from), &i(to)])?;
+        let mut slots = Vec::new();
+        for r in &rows {
+            let flow = Flow {
+                spi: r.get::<_, Option<i64>>(5).and_then(|v| u32::try_from(v).ok()),
+                si: r.get::<_, Option<i16>>(6).and_then(|v| u8::try_from(v).ok()),
+                ..flow_of(r)
+            };
+            let m = margin_ns(u(r.get(7)));
+            let w = Window { from_ns: from.saturating_sub(m), to_ns: to.saturating_add(m) };
+            slots.extend(crate::settle::slots(&flow, &self.points_in(&flow, w)?, from, to));
+        }
+        self.reconnect_if_closed()?;
+        let mut tx = self.client.get_mut().transaction()?;
+        let mut sums = crate::rollup::Rollup::default();
+        let mut stored = 0;
+        let insert = tx.prepare(
+            "INSERT INTO link_sums (slot_ns, src, dst, sport, dport, proto, spi, si, agent, point,
+                upstream, periods, lossy_periods, expected, lost, first_ns, last_ns)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+             ON CONFLICT DO NOTHING",
+        )?;
+        for l in &slots {
+            let f = &l.flow;
+            let added = tx.execute(
+                &insert,
+                &[
+                    &i(l.slot_ns),
+                    &f.src,
+                    &f.dst,
+                    &i32::from(f.sport),
+                    &i32::from(f.dport),
+                    &i16::from(f.proto),
+                    &f.spi.map_or(-1, i64::from),
+                    &f.si.map_or(-1, i16::from),
+                    &l.agent,
+                    &l.point,
+                    &l.upstream,
+                    &i(l.periods),
+                    &i(l.lossy_periods),
+                    &i(l.expected),
+                    &i(l.lost),
+                    &i(l.first_ns),
+                    &i(l.last_ns),
+                ],
+            )?;
+            if added == 1 {
+                sums.add_link(l);
+                stored += 1;
+            }
+        }
+        add_sums(&mut tx, &sums)?;
+        tx.execute(
+            "INSERT INTO settled (name, upto_ns) VALUES ('links', $1)
+             ON CONFLICT (name) DO UPDATE SET upto_ns = GREATEST(settled.upto_ns, excluded.upto_ns)",
+            &[&i(to)],
+        )?;
+        tx.commit()?;
+        Ok(Pass { slots: stored, behind })
     }
 
     /// The registered agents.
@@ -1335,10 +1418,19 @@ impl PgStore {
                 "SELECT agent, point, upstream, scope, (first_ns / $1) * $1 AS t, COUNT(*),
                         COUNT(*) FILTER (WHERE lost > 0), {}, {}, {}
                  FROM loss WHERE first_ns >= $2 AND first_ns < $3 AND {filter}
-                 GROUP BY agent, point, upstream, scope, t",
+                 GROUP BY agent, point, upstream, scope, t
+                 UNION ALL
+                 SELECT agent, point, upstream, 'link', (slot_ns / $1) * $1 AS t, {}, {}, {},
+                        {}, 0
+                 FROM link_sums WHERE slot_ns >= $2 AND slot_ns < $3 AND {filter}
+                 GROUP BY agent, point, upstream, t",
                 usum("COALESCE(expected, 0)"),
                 usum("lost"),
-                usum("uncertain")
+                usum("uncertain"),
+                usum("periods"),
+                usum("lossy_periods"),
+                usum("expected"),
+                usum("lost"),
             ),
             OverviewSource::HourlySums => format!(
                 "SELECT agent, point, NULLIF(upstream, ''), scope,
@@ -1368,7 +1460,7 @@ impl PgStore {
                 agent: r.get(0),
                 point: r.get(1),
                 upstream: r.get(2),
-                scope: crate::store::scope_of(&r.get::<_, String>(3)),
+                scope: crate::overview::SegmentScope::of(&r.get::<_, String>(3)),
                 t_ns: u(r.get(4)),
                 sums: Sums {
                     batches: u(r.get(5)),

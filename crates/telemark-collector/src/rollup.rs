@@ -9,11 +9,15 @@
 //! - `segment_hours`: per segment (agent, point, upstream, scope), IP protocol and hour: the
 //!   overview in buckets of whole hours, whatever the number of flows.
 //!
+//! Segments between two agents' points, settled by the collector (`crate::settle`), are
+//! added to the three with scope [`LINK_SCOPE`] when their slots are stored.
+//!
 //! Absent NSH fields and upstreams are stored as -1 and '' (key columns are not NULL).
 //! Retention removes a period's sums only once the period is wholly before the cut.
 
+use crate::settle::LinkSlot;
 use std::collections::BTreeMap;
-use telemark_core::records::LossRecord;
+use telemark_core::records::{Flow, LossRecord};
 
 /// An hour in nanoseconds.
 pub const HOUR_NS: u64 = 3_600_000_000_000;
@@ -76,17 +80,47 @@ impl Default for Sums {
 }
 
 impl Sums {
-    fn add(&mut self, l: &LossRecord) {
-        self.batches += 1;
-        // A lossy batch is one with a packet lost, as everywhere (not one only uncertain).
-        self.lossy_batches += i64::from(l.lost > 0);
-        self.expected += i128::from(l.expected.unwrap_or(0));
-        self.lost += i128::from(l.lost);
-        self.uncertain += i128::from(l.uncertain);
-        self.first_ns = self.first_ns.min(i(l.first_ns));
-        self.last_ns = self.last_ns.max(i(l.last_ns));
+    /// A loss record's batch.
+    fn of_record(l: &LossRecord) -> Sums {
+        Sums {
+            batches: 1,
+            // A lossy batch is one with a packet lost, as everywhere (not one only uncertain).
+            lossy_batches: i64::from(l.lost > 0),
+            expected: i128::from(l.expected.unwrap_or(0)),
+            lost: i128::from(l.lost),
+            uncertain: i128::from(l.uncertain),
+            first_ns: i(l.first_ns),
+            last_ns: i(l.last_ns),
+        }
+    }
+
+    /// A settled segment's slot: its periods are its batches.
+    fn of_slot(s: &LinkSlot) -> Sums {
+        Sums {
+            batches: i(s.periods),
+            lossy_batches: i(s.lossy_periods),
+            expected: i128::from(s.expected),
+            lost: i128::from(s.lost),
+            uncertain: 0,
+            first_ns: i(s.first_ns),
+            last_ns: i(s.last_ns),
+        }
+    }
+
+    fn add(&mut self, o: &Sums) {
+        self.batches += o.batches;
+        self.lossy_batches += o.lossy_batches;
+        self.expected += o.expected;
+        self.lost += o.lost;
+        self.uncertain += o.uncertain;
+        self.first_ns = self.first_ns.min(o.first_ns);
+        self.last_ns = self.last_ns.max(o.last_ns);
     }
 }
+
+/// The scope of a settled segment's sums (`crate::settle`): between two agents' points, the
+/// upstream one named `agent/point`.
+pub const LINK_SCOPE: &str = "link";
 
 fn i(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
@@ -104,8 +138,26 @@ pub(crate) struct Rollup {
 impl Rollup {
     /// Adds a loss record `agent` sent, stored for the first time.
     pub fn add(&mut self, agent: &str, l: &LossRecord) {
-        let f = &l.flow;
-        let hour = i(l.first_ns / HOUR_NS);
+        let upstream = l.upstream.clone().unwrap_or_default();
+        let at = (agent, l.point.as_str(), upstream, l.scope.as_str());
+        self.add_sums(&l.flow, at, l.first_ns, &Sums::of_record(l));
+    }
+
+    /// Adds a settled segment's slot, stored for the first time.
+    pub fn add_link(&mut self, s: &LinkSlot) {
+        let at = (s.agent.as_str(), s.point.as_str(), s.upstream.clone(), LINK_SCOPE);
+        self.add_sums(&s.flow, at, s.slot_ns, &Sums::of_slot(s));
+    }
+
+    /// Adds `sums` of `f` at `(agent, point, upstream, scope)`, dated `t_ns`, to each table.
+    fn add_sums(
+        &mut self,
+        f: &Flow,
+        (agent, point, upstream, scope): (&str, &str, String, &'static str),
+        t_ns: u64,
+        sums: &Sums,
+    ) {
+        let hour = i(t_ns / HOUR_NS);
         let key = FlowPeriod {
             agent: agent.to_string(),
             period: hour,
@@ -116,9 +168,9 @@ impl Rollup {
             proto: i16::from(f.proto),
             spi: f.spi.map_or(-1, i64::from),
             si: f.si.map_or(-1, i16::from),
-            point: l.point.clone(),
-            upstream: l.upstream.clone().unwrap_or_default(),
-            scope: l.scope.as_str(),
+            point: point.to_string(),
+            upstream,
+            scope,
         };
         let segment = SegmentHour {
             agent: agent.to_string(),
@@ -128,10 +180,10 @@ impl Rollup {
             scope: key.scope,
             proto: key.proto,
         };
-        self.segment_hours.entry(segment).or_default().add(l);
-        let day = FlowPeriod { period: i(l.first_ns / DAY_NS), ..key.clone() };
-        self.flow_days.entry(day).or_default().add(l);
-        self.flow_hours.entry(key).or_default().add(l);
+        self.segment_hours.entry(segment).or_default().add(sums);
+        let day = FlowPeriod { period: i(t_ns / DAY_NS), ..key.clone() };
+        self.flow_days.entry(day).or_default().add(sums);
+        self.flow_hours.entry(key).or_default().add(sums);
     }
 
     pub fn is_empty(&self) -> bool {

@@ -398,6 +398,11 @@ impl Store {
         each!(self, s => s.ingest_flows(exporter, boot, records, now))
     }
 
+    /// Settles the segments between agents due by `now_ns` (`crate::settle`).
+    pub fn settle(&mut self, now_ns: u64) -> Result<crate::settle::Pass, StoreError> {
+        each!(self, s => s.settle(now_ns))
+    }
+
     /// Deletes records whose time is before `before_ns`; returns how many.
     pub fn expire(&mut self, before_ns: u64) -> Result<u64, StoreError> {
         each!(self, s => s.expire(before_ns))
@@ -815,6 +820,16 @@ CREATE TABLE IF NOT EXISTS flow_days (
     first_ns INTEGER NOT NULL, last_ns INTEGER NOT NULL,
     PRIMARY KEY (day, src, dst, sport, dport, proto, spi, si, agent, point, upstream, scope)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS link_sums (
+    slot_ns INTEGER NOT NULL,
+    src TEXT NOT NULL, dst TEXT NOT NULL, sport INTEGER NOT NULL, dport INTEGER NOT NULL,
+    proto INTEGER NOT NULL, spi INTEGER NOT NULL, si INTEGER NOT NULL,
+    agent TEXT NOT NULL, point TEXT NOT NULL, upstream TEXT NOT NULL,
+    periods INTEGER NOT NULL, lossy_periods INTEGER NOT NULL, expected INTEGER NOT NULL,
+    lost INTEGER NOT NULL, first_ns INTEGER NOT NULL, last_ns INTEGER NOT NULL,
+    PRIMARY KEY (slot_ns, src, dst, sport, dport, proto, spi, si, agent, point, upstream)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS settled (name TEXT PRIMARY KEY, upto_ns INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS segment_hours (
     hour INTEGER NOT NULL, agent TEXT NOT NULL, point TEXT NOT NULL, upstream TEXT NOT NULL,
     scope TEXT NOT NULL, proto INTEGER NOT NULL,
@@ -1547,6 +1562,76 @@ impl Sqlite {
         Ok(st)
     }
 
+    /// Settles the segments between agents whose periods ended [`crate::settle::SETTLE_AFTER`]
+    /// before `now_ns` and are not yet settled.
+    pub fn settle(&mut self, now_ns: u64) -> Result<crate::settle::Pass, StoreError> {
+        use crate::settle::{margin_ns, span, Pass};
+        let settled: Option<i64> = self
+            .db
+            .query_row("SELECT upto_ns FROM settled WHERE name = 'links'", [], |r| r.get(0))
+            .optional()?;
+        let Some(((from, to), behind)) = span(settled.map(u), now_ns) else {
+            return Ok(Pass::default());
+        };
+        let candidates = self.query(
+            &crate::settle::crossing_flows(":from", ":to"),
+            &[(":from", &i(from)), (":to", &i(to))],
+            |r| Ok((flow_of(r)?, u(r.get(7)?))),
+        )?;
+        let mut slots = Vec::new();
+        for (flow, period_ns) in candidates {
+            let m = margin_ns(period_ns);
+            let w = Window { from_ns: from.saturating_sub(m), to_ns: to.saturating_add(m) };
+            slots.extend(crate::settle::slots(&flow, &self.points_in(&flow, w)?, from, to));
+        }
+        let tx = self.db.transaction()?;
+        let mut sums = crate::rollup::Rollup::default();
+        let mut stored = 0;
+        {
+            let mut st = tx.prepare_cached(
+                "INSERT OR IGNORE INTO link_sums (slot_ns, src, dst, sport, dport, proto, spi, si,
+                    agent, point, upstream, periods, lossy_periods, expected, lost, first_ns,
+                    last_ns)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                    ?17)",
+            )?;
+            for l in &slots {
+                let f = &l.flow;
+                let added = st.execute(params![
+                    i(l.slot_ns),
+                    f.src,
+                    f.dst,
+                    f.sport,
+                    f.dport,
+                    f.proto,
+                    f.spi.map_or(-1, i64::from),
+                    f.si.map_or(-1, i64::from),
+                    l.agent,
+                    l.point,
+                    l.upstream,
+                    i(l.periods),
+                    i(l.lossy_periods),
+                    i(l.expected),
+                    i(l.lost),
+                    i(l.first_ns),
+                    i(l.last_ns),
+                ])?;
+                if added == 1 {
+                    sums.add_link(l);
+                    stored += 1;
+                }
+            }
+            add_sums(&tx, &sums)?;
+            tx.execute(
+                "INSERT INTO settled (name, upto_ns) VALUES ('links', ?1)
+                 ON CONFLICT DO UPDATE SET upto_ns = MAX(upto_ns, excluded.upto_ns)",
+                [i(to)],
+            )?;
+        }
+        tx.commit()?;
+        Ok(Pass { slots: stored, behind })
+    }
+
     /// Deletes records whose time is before `before_ns`; returns how many.
     pub fn expire(&mut self, before_ns: u64) -> Result<u64, StoreError> {
         let a = self.db.execute("DELETE FROM loss WHERE first_ns < ?1", [i(before_ns)])?;
@@ -1564,6 +1649,7 @@ impl Sqlite {
         )?;
         tx.execute("DELETE FROM flow_hours WHERE hour < ?1", [hour])?;
         tx.execute("DELETE FROM segment_hours WHERE hour < ?1", [hour])?;
+        tx.execute("DELETE FROM link_sums WHERE slot_ns < ?1", [i(before_ns)])?;
         tx.execute(
             "DELETE FROM flow_days WHERE day < ?1 OR (?2 AND day = ?1)",
             params![day, going],
@@ -1667,7 +1753,14 @@ impl Sqlite {
                  FROM loss
                  WHERE first_ns >= :from AND first_ns < :to
                    AND (:agent IS NULL OR agent = :agent) AND (:proto IS NULL OR proto = :proto)
-                 GROUP BY agent, point, upstream, scope, t"
+                 GROUP BY agent, point, upstream, scope, t
+                 UNION ALL
+                 SELECT agent, point, upstream, 'link', (slot_ns / :bucket) * :bucket AS t,
+                        SUM(periods), SUM(lossy_periods), usum(expected), usum(lost), 0
+                 FROM link_sums
+                 WHERE slot_ns >= :from AND slot_ns < :to
+                   AND (:agent IS NULL OR agent = :agent) AND (:proto IS NULL OR proto = :proto)
+                 GROUP BY agent, point, upstream, t"
             }
             OverviewSource::HourlySums => {
                 "SELECT agent, point, NULLIF(upstream, ''), scope,
@@ -1704,7 +1797,7 @@ impl Sqlite {
                 agent: r.get(0)?,
                 point: r.get(1)?,
                 upstream: r.get(2)?,
-                scope: scope_of(&r.get::<_, String>(3)?),
+                scope: crate::overview::SegmentScope::of(&r.get::<_, String>(3)?),
                 t_ns: u(r.get(4)?),
                 sums: Sums {
                     batches: u(r.get(5)?),
@@ -2210,6 +2303,9 @@ pub(crate) fn events_of(rows: Vec<String>) -> Vec<EventRecord> {
 }
 
 /// A stored scope back (anything unknown, as old rows have none, is a segment).
+/// A stored scope as a record's. A settled segment between agents (scope `link` in the sums,
+/// `crate::settle`) reads as a segment whose upstream point is not in its agent: in a flow's
+/// ranking its loss counts as its own.
 pub(crate) fn scope_of(s: &str) -> Scope {
     if s == Scope::Path.as_str() {
         Scope::Path

@@ -119,8 +119,8 @@ fn two_collectors_store_each_record_once() {
         .psql("telemark", "SELECT COUNT(*) FROM pg_inherits WHERE inhparent = 'loss'::regclass");
     assert_eq!(parts, "3", "one partition a day");
     let mut third = PgStore::connect(&server.url(), None).unwrap();
-    // Each migration applied once (four so far), whoever connected first.
-    assert_eq!(server.psql("telemark", "SELECT COUNT(*) FROM telemark_migrations"), "4");
+    // Each migration applied once (five so far), whoever connected first.
+    assert_eq!(server.psql("telemark", "SELECT COUNT(*) FROM telemark_migrations"), "5");
     // Stored as sent, read back by psql: 429 of 3,000 a period each agent, 143 incomplete.
     assert_eq!(
         server.psql(
@@ -292,4 +292,113 @@ fn a_flows_points_at_two_collectors_give_one_answer() {
         }
     }
     assert_eq!(server.psql("telemark", "SELECT COUNT(*) FROM loss"), "44");
+}
+
+/// Host mode's wire between two hosts, settled by two collectors sharing the database: host a
+/// marks a flow and counts 10 packets a period (100 ms) out of its uplink; host b counts them
+/// in at its own, less 3 of period 12 and all of period 25 (the periods either side of it
+/// counted). Each collector settles the segment (`settle`), but psql finds each second stored
+/// once and the sums with the loss once; both collectors' overviews (from the records and the
+/// hourly sums) and lossy flows list give the wire's 13, and the flows list the flow.
+#[test]
+fn two_collectors_settle_the_wire_between_two_hosts_once() {
+    let server = Server::start();
+    let start = || {
+        let cfg = Config {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            db: server.url().into(),
+            workers: 2,
+            ..Config::default()
+        };
+        Collector::start(&cfg).expect("collector starts on PostgreSQL")
+    };
+    let (c1, c2) = (start(), start());
+    const T: u64 = 100_000_000;
+    // Periods 0..40 from two periods after a whole second a minute ago: in 5 seconds.
+    let k0 = base_ns() / T + 2;
+    let period = |agent: &str, point: &str, scope: Scope, k: u64, n: u64, at: u64| {
+        Record::Loss(LossRecord {
+            agent: agent.into(),
+            port: "up".into(),
+            point: point.into(),
+            upstream: None,
+            flow: Flow {
+                src: "10.0.0.1".into(),
+                dst: "10.0.1.1".into(),
+                sport: 7777,
+                dport: 7777,
+                proto: 17,
+                spi: None,
+                si: None,
+            },
+            color: (k % 2) as u8,
+            batch: k,
+            period_ns: Some(T),
+            first_ns: k * T + at,
+            last_ns: k * T + at + T / 2,
+            expected: None,
+            observed: n,
+            lost: 0,
+            late: 0,
+            uncertain: 0,
+            scope,
+            tail: false,
+            incomplete: false,
+            drops: Vec::new(),
+        })
+    };
+    let mut a = Exporter::new(&format!("http://{}", c1.addr), "host-a", 1, 1000);
+    let mut b = Exporter::new(&format!("http://{}", c2.addr), "host-b", 1, 1000);
+    for k in k0..k0 + 40 {
+        a.push(period("host-a", "out:up", Scope::Segment, k, 10, 1_000));
+        let got = match k - k0 {
+            12 => 7,
+            25 => continue,
+            _ => 10,
+        };
+        b.push(period("host-b", "in:up", Scope::Path, k, got, 2_000_000));
+    }
+    a.flush().unwrap();
+    b.flush().unwrap();
+    // Both collectors settle within a few seconds (the records are a minute old).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let settled = || server.psql("telemark", "SELECT COALESCE(SUM(lost), 0) FROM link_sums");
+    while settled() != "13" && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    // Each second once: 39 periods judged (the last one waits for more).
+    assert_eq!(
+        server.psql(
+            "telemark",
+            "SELECT COUNT(*), SUM(periods), SUM(lost), SUM(expected) FROM link_sums"
+        ),
+        "5|39|13|390"
+    );
+    assert_eq!(
+        server.psql(
+            "telemark",
+            "SELECT agent, point, upstream, SUM(lost), SUM(batches) FROM segment_hours \
+             WHERE scope = 'link' GROUP BY 1, 2, 3"
+        ),
+        "host-b|in:up|host-a/out:up|13|39"
+    );
+    let (from, to) = (base_ns() - 3_600_000_000_000, base_ns() + 3_600_000_000_000);
+    for c in [&c1, &c2] {
+        for bucket in ["1000000000", "3600000000000"] {
+            let o =
+                get(c.addr, &format!("/api/v1/overview?from={from}&to={to}&bucket_ns={bucket}"));
+            let link = &o["segments"][0];
+            assert_eq!(
+                (&link["scope"], &link["agent"], &link["upstream"]),
+                (&"link".into(), &"host-b".into(), &"host-a/out:up".into()),
+                "{o}"
+            );
+            assert_eq!(link["total"]["lost"], 13, "{o}");
+            assert_eq!(o["total"]["lost"], 13, "{o}");
+        }
+        let lossy = get(c.addr, &format!("/api/v1/flows?lossy=true&from={from}&to={to}"));
+        assert_eq!(lossy.as_array().map(Vec::len), Some(1), "{lossy}");
+        assert_eq!(lossy[0]["lost"], 13, "{lossy}");
+    }
 }

@@ -940,18 +940,87 @@ impl TwoHosts {
 
     /// The collector's segments of flow `port` (its direction from the port).
     fn segments(&self, port: u16) -> serde_json::Value {
-        use telemark_collector::api::Request;
         let (src, dst) = match port {
             AB_LOSSY | AB_CLEAN => ("10.83.1.1", "10.83.3.2"),
             _ => ("10.83.3.2", "10.83.1.1"),
         };
-        let q = format!("src={src}&dst={dst}&sport={port}&dport={port}&proto=17");
+        self.get(&format!("/localise?src={src}&dst={dst}&sport={port}&dport={port}&proto=17"))
+    }
+
+    /// `GET /api/v1{path}` of the collector, answered 200.
+    fn get(&self, path: &str) -> serde_json::Value {
+        use telemark_collector::api::Request;
         let r = self
             .collector
             .api
-            .handle(&Request::get(&format!("/api/v1/localise?{q}")), telemark_collector::now_ns());
-        assert_eq!(r.status, 200);
+            .handle(&Request::get(&format!("/api/v1{path}")), telemark_collector::now_ns());
+        assert_eq!(r.status, 200, "{path}: {}", String::from_utf8_lossy(&r.body));
         serde_json::from_slice(&r.body).unwrap()
+    }
+
+    /// The sums count the wire between the hosts once the collector settled it (within
+    /// `settle::SETTLE_AFTER` and a few seconds): the overview's two `link` segments, one each
+    /// way, lost what nftables dropped on the link of the flows that way and measured what
+    /// entered it; `/flows?lossy=true` lists the flows that lost packets, each with all it lost
+    /// (`truth`: each flow's port, nftables' drops on the link and inside the first host, and
+    /// what entered the link).
+    fn sums_count_the_wire(&self, truth: &[(u16, u64, u64, u64)]) {
+        let (ha, hb) = (&self.ns[1].0, &self.ns[3].0);
+        let ways = [
+            ("hb", format!("in:{hb}:hb-up"), format!("ha/out:{ha}:ha-up"), [AB_LOSSY, AB_CLEAN]),
+            ("ha", format!("in:{ha}:ha-up"), format!("hb/out:{hb}:hb-up"), [BA_LOSSY, BA_CLEAN]),
+        ];
+        let want: Vec<(u64, u64)> = ways
+            .iter()
+            .map(|w| {
+                let way = truth.iter().filter(|f| w.3.contains(&f.0));
+                way.fold((0, 0), |(l, e), f| (l + f.1, e + f.3))
+            })
+            .collect();
+        let wait = std::time::Instant::now() + telemark_collector::settle::SETTLE_AFTER * 3;
+        let (mut got, mut o);
+        loop {
+            o = self.get("/overview?top=100");
+            got = ways
+                .iter()
+                .map(|w| {
+                    o["segments"]
+                        .as_array()
+                        .and_then(|v| {
+                            v.iter().find(|s| {
+                                s["scope"] == "link"
+                                    && s["agent"] == w.0
+                                    && s["point"] == w.1
+                                    && s["upstream"] == w.2
+                            })
+                        })
+                        .map_or((0, 0), |s| {
+                            (
+                                s["total"]["lost"].as_u64().unwrap(),
+                                s["total"]["expected"].as_u64().unwrap(),
+                            )
+                        })
+                })
+                .collect::<Vec<_>>();
+            if got == want || std::time::Instant::now() > wait {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        eprintln!("overview, the wire each way (lost, measured): {got:?}; nftables {want:?}");
+        assert_eq!(got, want, "the overview's link segments: {o:#}");
+        let listed = self.get("/flows?lossy=true");
+        let mut lossy: Vec<(u64, u64)> = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| (f["flow"]["sport"].as_u64().unwrap(), f["lost"].as_u64().unwrap()))
+            .collect();
+        lossy.sort();
+        let mut dropped: Vec<(u64, u64)> =
+            truth.iter().filter(|f| f.1 + f.2 > 0).map(|f| (u64::from(f.0), f.1 + f.2)).collect();
+        dropped.sort();
+        assert_eq!(lossy, dropped, "/flows?lossy=true: {listed:#}");
     }
 }
 
@@ -982,6 +1051,7 @@ fn two_hosts_exact(tag: &str, period_ms: Option<u64>) {
     }
     std::thread::sleep(Duration::from_millis(800));
     let (ha, hb) = (&t.ns[1].0, &t.ns[3].0);
+    let mut truth = Vec::new();
     for (i, port) in [AB_LOSSY, AB_CLEAN, BA_LOSSY, BA_CLEAN].into_iter().enumerate() {
         let (link, inside) = t.dropped(port);
         let loc = t.segments(port);
@@ -1029,7 +1099,9 @@ fn two_hosts_exact(tag: &str, period_ms: Option<u64>) {
         assert_eq!(wire["expected"], sent[i] - inside, "flow {port}: {loc:#}");
         assert_eq!(received[i], sent[i] - inside - link, "flow {port}: the receiver's count");
         assert!(port == AB_CLEAN || port == BA_CLEAN || link > 20, "flow {port}: only {link}");
+        truth.push((port, link, inside, sent[i] - inside));
     }
+    t.sums_count_the_wire(&truth);
 }
 
 #[test]
