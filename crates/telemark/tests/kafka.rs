@@ -174,9 +174,15 @@ impl Broker {
     /// what the log holds (the partitions' end offsets, GetOffsetShell) and it reads again,
     /// with more patience, while it got fewer. Records missing from the log itself stay
     /// missing: the callers' assertions see them.
+    ///
+    /// Where the log's count is known, the consumer stops once it has read that many (a topic
+    /// whose log is empty is not read at all), rather than wait out `idle` after the last.
     pub fn console_consume(&self, topic: &str, idle: Duration) -> Vec<Message> {
         let held = self.records_in(topic);
-        let mut msgs = self.console_consume_once(topic, idle);
+        if held == Some(0) {
+            return Vec::new();
+        }
+        let mut msgs = self.console_consume_once(topic, idle, held);
         for patience in [2, 4] {
             if held.is_none_or(|n| msgs.len() as u64 >= n) {
                 break;
@@ -185,7 +191,7 @@ impl Broker {
                 "{topic}: the console consumer read {} of the {held:?} in the log; again",
                 msgs.len()
             );
-            msgs = self.console_consume_once(topic, idle * patience);
+            msgs = self.console_consume_once(topic, idle * patience, held);
         }
         msgs
     }
@@ -206,12 +212,16 @@ impl Broker {
         out.status.success().then_some(ends?.iter().sum())
     }
 
-    fn console_consume_once(&self, topic: &str, idle: Duration) -> Vec<Message> {
-        let mut c = java(&self.libs)
-            .args(["org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server"])
+    fn console_consume_once(&self, topic: &str, idle: Duration, most: Option<u64>) -> Vec<Message> {
+        let mut c = java(&self.libs);
+        c.args(["org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server"])
             .arg(self.brokers())
             .args(["--topic", topic, "--from-beginning"])
-            .args(["--timeout-ms", &idle.as_millis().to_string()])
+            .args(["--timeout-ms", &idle.as_millis().to_string()]);
+        if let Some(n) = most {
+            c.args(["--max-messages", &n.to_string()]);
+        }
+        let mut c = c
             .args(["--property", "print.key=true", "--property", "print.headers=true"])
             .args(["--property", "key.separator=\t"])
             .stdout(Stdio::piped())
