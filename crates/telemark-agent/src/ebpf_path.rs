@@ -497,6 +497,11 @@ impl EbpfPath {
                     tail: false,
                     head: false,
                     cut: false,
+                    // The period's colour's key, else the other's: a flow keeps its TTL.
+                    ttl: self
+                        .programs
+                        .ttl(&key)
+                        .or_else(|| self.programs.ttl(&Key { colour: key.colour ^ 1, ..key })),
                 },
                 Reading::Late { count, .. } => BatchEvent {
                     key: flow,

@@ -231,7 +231,7 @@ impl Collector {
         let server = Server::start(server_cfg, api.clone(), api.transport.clone())
             .map_err(|err| StartError::Listen { addr: cfg.listen, err })?;
         let addr = server.addr;
-        // Housekeeping: segments between agents settled each second (`settle`), records past
+        // Housekeeping: segments between agents settled every few seconds (`settle`), records past
         // the retention removed each minute.
         let (api2, stop2, keep) = (api.clone(), stop.clone(), cfg.retention);
         threads.push(std::thread::spawn(move || {
@@ -239,7 +239,7 @@ impl Collector {
             let long_ago = std::time::Instant::now() - Duration::from_secs(3600);
             let (mut expired, mut settled) = (long_ago, long_ago);
             while !stop.load(Ordering::Relaxed) {
-                if settled.elapsed() >= Duration::from_secs(1) {
+                if settled.elapsed() >= settle::SETTLE_EVERY {
                     settled = std::time::Instant::now();
                     loop {
                         let pass = api.store().settle(now_ns());

@@ -50,6 +50,8 @@ pub struct PointRecords {
     pub every_batch: bool,
     /// The kernel's drops of the flow its agent named in these records, per reason.
     pub drops: std::collections::BTreeMap<String, u64>,
+    /// The flow's TTL (hop limit) there, where its records say (records' `ttl`).
+    pub ttl: Option<u8>,
 }
 
 impl PointRecords {
@@ -304,10 +306,15 @@ fn upstream_of(points: &[PointRecords], i: usize) -> Option<usize> {
 /// crosses them, found without their clocks: first the agent that marks it (whose points all
 /// measure segments inside it), then the others by how much of what it sent they counted, most
 /// first (a flow only loses packets on its way, so a host further down counts no more of the
-/// same periods than one before it), then by how long after it their batches begin, then by
-/// name. Where two agents counted alike, nothing was lost between them, and their order changes
-/// no segment's figures. `None`: no one agent marks the flow, or an agent shares no period
-/// with it.
+/// same periods than one before it).
+///
+/// Agents that counted alike (nothing was lost between them) come by the TTL (hop limit) the
+/// flow had at their first point, most first: each routed hop takes one off, so this is their
+/// order along a routed path, and it decides which of them a loss before them is charged to.
+/// Then (no TTL known, or hosts on one link that route nothing) by how long after the marker
+/// their batches begin, which tells hosts apart only where their clocks agree to within the
+/// delay between them; then by name. `None`: no one agent marks the flow, or an agent shares
+/// no period with it.
 fn period_chain(points: &[PointRecords], t: u64) -> Option<Vec<&str>> {
     let mut agents: Vec<&str> =
         points.iter().filter(|q| period_of(q) == Some(t)).map(|q| q.agent.as_str()).collect();
@@ -317,7 +324,7 @@ fn period_chain(points: &[PointRecords], t: u64) -> Option<Vec<&str>> {
     let mut roots = agents.iter().copied().filter(|a| marks(a));
     let (root, None) = (roots.next()?, roots.next()) else { return None };
     let sent = &points[last_of(points, root)?];
-    let mut rest: Vec<(f64, i64, &str)> = Vec::new();
+    let mut rest: Vec<(f64, Option<u8>, i64, &str)> = Vec::new();
     for a in agents.iter().copied().filter(|a| *a != root) {
         // The agent's first point: the one no point of its own names as upstream.
         let head = points
@@ -328,10 +335,13 @@ fn period_chain(points: &[PointRecords], t: u64) -> Option<Vec<&str>> {
             return None;
         }
         let trail = trail_ns(&sent.batches, &points[head].batches).unwrap_or(0);
-        rest.push((got as f64 / of as f64, trail, a));
+        rest.push((got as f64 / of as f64, points[head].ttl, trail, a));
     }
-    rest.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(y.2)));
-    Some(std::iter::once(root).chain(rest.into_iter().map(|(_, _, a)| a)).collect())
+    // An unknown TTL sorts after every known one.
+    rest.sort_by(|x, y| {
+        y.0.total_cmp(&x.0).then(y.1.cmp(&x.1)).then(x.2.cmp(&y.2)).then(x.3.cmp(y.3))
+    });
+    Some(std::iter::once(root).chain(rest.into_iter().map(|(_, _, _, a)| a)).collect())
 }
 
 /// What `down` counted of the periods both `down` and `up` counted, and what `up` counted of
@@ -512,6 +522,7 @@ mod tests {
                     lossy_batches: lossy,
                     every_batch: every,
                     drops: Default::default(),
+                    ttl: None,
                 });
             }
         }
@@ -669,8 +680,7 @@ mod tests {
     fn three_hosts_are_ordered_by_what_they_counted_not_by_their_clocks() {
         // Loss on the second wire only, or on both; c's clock behind a's and b's by more than
         // the wires' delay, so time alone would order them wrong. (Loss on the first wire
-        // only leaves b and c with the same counts: then nothing tells which of the two the
-        // flow reached first, and the loss is on the wire into whichever the clocks say.)
+        // only leaves b and c with the same counts: then their TTLs tell, next test.)
         for case in [0, 2] {
             let lose = |h: usize, k: u64| match case {
                 0 => u64::from(h == 2 && k % 5 == 1),
@@ -685,6 +695,27 @@ mod tests {
                 assert_eq!(s.from.as_deref(), Some(format!("{before}/out:eth0").as_str()));
             }
         }
+    }
+
+    #[test]
+    fn hosts_that_counted_alike_are_ordered_by_their_ttl() {
+        // Loss on the first wire only: b and c count the same, c's clock is behind by more
+        // than the wires' delay (time alone puts c first), and the TTL each saw (one less at
+        // each routed hop) says b comes first: the loss is the wire's into b.
+        let lose = |h: usize, k: u64| u64::from(h == 1 && k % 5 == 1);
+        let (mut pts, truth) = hosts(&["a", "b", "c"], |h| -(h as i64) * 2_000_000, lose);
+        for p in &mut pts {
+            let hop = ["a", "b", "c"].iter().position(|a| *a == p.agent).unwrap() as u8;
+            p.ttl = Some(64 - 2 * hop);
+        }
+        let segs = segments(&pts);
+        for (h, name) in ["a", "b", "c"].iter().enumerate().skip(1) {
+            let s = segs.iter().find(|s| s.agent == *name && s.point == "in:eth0").unwrap();
+            let before = ["a", "b", "c"][h - 1];
+            assert_eq!(s.from.as_deref(), Some(format!("{before}/out:eth0").as_str()));
+            assert_eq!(s.lost, truth[h], "the wire into {name}");
+        }
+        assert!(truth[1] > 0 && truth[2] == 0);
     }
 
     #[test]

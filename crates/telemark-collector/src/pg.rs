@@ -127,7 +127,7 @@ const MIGRATIONS: [&str; 5] = [
     "ALTER TABLE loss ADD COLUMN period_ns BIGINT,
         ADD COLUMN incomplete BOOLEAN NOT NULL DEFAULT false",
     // 5: segments between agents, settled per flow and second (`crate::settle`), and how far
-    // they are settled.
+    // they are settled; the flow's TTL (hop limit) at the point (records' `ttl`).
     r#"CREATE TABLE link_sums (
         slot_ns BIGINT NOT NULL,
         src TEXT COLLATE "C" NOT NULL, dst TEXT COLLATE "C" NOT NULL, sport INTEGER NOT NULL, dport INTEGER NOT NULL,
@@ -137,7 +137,8 @@ const MIGRATIONS: [&str; 5] = [
         lost BIGINT NOT NULL, first_ns BIGINT NOT NULL, last_ns BIGINT NOT NULL,
         PRIMARY KEY (slot_ns, src, dst, sport, dport, proto, spi, si, agent, point, upstream)
     );
-    CREATE TABLE settled (name TEXT COLLATE "C" PRIMARY KEY, upto_ns BIGINT NOT NULL);"#,
+    CREATE TABLE settled (name TEXT COLLATE "C" PRIMARY KEY, upto_ns BIGINT NOT NULL);
+    ALTER TABLE loss ADD COLUMN ttl SMALLINT;"#,
 ];
 
 /// The tables partitioned by day, in the order a batch writes them (loss, flows, other):
@@ -589,13 +590,13 @@ fn insert(
         tx.execute(
             "INSERT INTO loss (agent, boot, seq, port, point, upstream, src, dst, sport, dport,
                 proto, spi, si, color, batch, first_ns, last_ns, expected, observed, lost, late,
-                uncertain, scope, tail, drops, period_ns, incomplete)
+                uncertain, scope, tail, drops, period_ns, incomplete, ttl)
              SELECT * FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[],
                 $5::TEXT[], $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::INTEGER[], $10::INTEGER[],
                 $11::SMALLINT[], $12::BIGINT[], $13::SMALLINT[], $14::SMALLINT[], $15::BIGINT[],
                 $16::BIGINT[], $17::BIGINT[], $18::BIGINT[], $19::BIGINT[], $20::BIGINT[],
                 $21::BIGINT[], $22::BIGINT[], $23::TEXT[], $24::BOOLEAN[], $25::TEXT[],
-                $26::BIGINT[], $27::BOOLEAN[])",
+                $26::BIGINT[], $27::BOOLEAN[], $28::SMALLINT[])",
             &[
                 &l.agent,
                 &l.boot,
@@ -624,6 +625,7 @@ fn insert(
                 &l.drops,
                 &l.period_ns,
                 &l.incomplete,
+                &l.ttl,
             ],
         )?;
     }
@@ -715,6 +717,7 @@ struct LossColumns<'a> {
     drops: Vec<Option<String>>,
     period_ns: Vec<Option<i64>>,
     incomplete: Vec<bool>,
+    ttl: Vec<Option<i16>>,
 }
 
 impl<'a> LossColumns<'a> {
@@ -753,6 +756,7 @@ impl<'a> LossColumns<'a> {
         self.drops.push(crate::store::drops_json(&l.drops));
         self.period_ns.push(l.period_ns.map(i));
         self.incomplete.push(l.incomplete);
+        self.ttl.push(l.ttl.map(i16::from));
     }
 }
 
@@ -1227,7 +1231,7 @@ impl PgStore {
     /// Settles the segments between agents due by `now_ns` ([`crate::settle`]). Collectors sharing the database may settle the same span: a slot already
     /// stored adds nothing.
     pub fn settle(&mut self, now_ns: u64) -> Result<crate::settle::Pass, StoreError> {
-        use crate::settle::{crossing_flows, margin_ns, span, Pass};
+        use crate::settle::{crossing_flows, read_window, span, Pass};
         let settled = self.query("SELECT upto_ns FROM settled WHERE name = 'links'", &[])?;
         let settled = settled.first().map(|r| u(r.get(0)));
         let Some(((from, to), behind)) = span(settled, now_ns) else {
@@ -1241,8 +1245,8 @@ impl PgStore {
                 si: r.get::<_, Option<i16>>(6).and_then(|v| u8::try_from(v).ok()),
                 ..flow_of(r)
             };
-            let m = margin_ns(u(r.get(7)));
-            let w = Window { from_ns: from.saturating_sub(m), to_ns: to.saturating_add(m) };
+            let (from_ns, to_ns) = read_window(from, to, u(r.get(7)));
+            let w = Window { from_ns, to_ns };
             slots.extend(crate::settle::slots(&flow, &self.points_in(&flow, w)?, from, to));
         }
         self.reconnect_if_closed()?;
@@ -1478,7 +1482,7 @@ impl PgStore {
         let sql = format!(
             "SELECT agent, point, port, upstream, scope, color, first_ns, last_ns, observed,
                     late, COALESCE(expected, 0), lost, uncertain, tail, drops, boot, batch,
-                    period_ns, incomplete
+                    period_ns, incomplete, ttl
              FROM loss WHERE {FLOW_IN} ORDER BY agent, point, first_ns, seq"
         );
         let a = FlowArgs::of(flow, w);
@@ -1508,6 +1512,7 @@ impl PgStore {
                     uncertain: u(r.get(12)),
                     tail: r.get(13),
                     drops: r.get(14),
+                    ttl: r.get::<_, Option<i16>>(19).and_then(|t| u8::try_from(t).ok()),
                 })
                 .collect();
         Ok(crate::store::points_of(rows))

@@ -87,15 +87,24 @@ pub(crate) fn crossing_flows(from: &str, to: &str) -> String {
     )
 }
 
-/// How much before and after a span a flow's records are read to settle it, for marking
-/// periods of `period_ns`: a period is judged from the two either side of it, and the two
-/// ends' clocks may date one period up to a slot apart.
-pub fn margin_ns(period_ns: u64) -> u64 {
-    period_ns.saturating_mul(3).saturating_add(SLOT_NS)
+/// What a flow's records are read over to settle `[from_ns, to_ns)`, for marking periods of
+/// `period_ns`: a period is judged from the two either side of it, the two ends' clocks may
+/// date one period up to a slot apart, and which host is upstream of which is told from what
+/// they counted over [`CONTEXT_NS`] more before the span (hosts that counted alike are told
+/// apart by time, `crate::path`, which a few batches tell less surely than many).
+pub fn read_window(from_ns: u64, to_ns: u64, period_ns: u64) -> (u64, u64) {
+    let margin = period_ns.saturating_mul(3).saturating_add(SLOT_NS);
+    (from_ns.saturating_sub(margin + CONTEXT_NS), to_ns.saturating_add(margin))
 }
 
+/// How much more before a span its flows' records are read (see [`read_window`]).
+pub const CONTEXT_NS: u64 = 5 * SLOT_NS;
+
+/// How often the collector settles.
+pub const SETTLE_EVERY: Duration = Duration::from_secs(5);
+
 /// `flow`'s segments between agents whose periods entered them in `[from_ns, to_ns)`, per
-/// slot, from its points' records read over that span and [`margin_ns`] either side.
+/// slot, from its points' records read over [`read_window`].
 pub fn slots(flow: &Flow, points: &[PointRecords], from_ns: u64, to_ns: u64) -> Vec<LinkSlot> {
     let mut out: Vec<LinkSlot> = Vec::new();
     for i in 0..points.len() {

@@ -770,7 +770,7 @@ CREATE TABLE IF NOT EXISTS loss (
     last_ns INTEGER NOT NULL, expected INTEGER, observed INTEGER NOT NULL,
     lost INTEGER NOT NULL, late INTEGER NOT NULL, uncertain INTEGER NOT NULL DEFAULT 0,
     scope TEXT NOT NULL DEFAULT 'segment', tail INTEGER NOT NULL DEFAULT 0, drops TEXT,
-    period_ns INTEGER, incomplete INTEGER NOT NULL DEFAULT 0,
+    period_ns INTEGER, incomplete INTEGER NOT NULL DEFAULT 0, ttl INTEGER,
     PRIMARY KEY (agent, boot, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS loss_flow ON loss (src, dst, sport, dport, proto, first_ns);
@@ -998,7 +998,7 @@ pub(crate) fn drops_from_json(s: &str) -> std::collections::BTreeMap<String, u64
     serde_json::from_str(s).unwrap_or_default()
 }
 
-const ADDED_COLUMNS: [(&str, &str); 6] = [
+const ADDED_COLUMNS: [(&str, &str); 7] = [
     ("uncertain", "INTEGER NOT NULL DEFAULT 0"),
     ("scope", "TEXT NOT NULL DEFAULT 'segment'"),
     ("tail", "INTEGER NOT NULL DEFAULT 0"),
@@ -1008,6 +1008,8 @@ const ADDED_COLUMNS: [(&str, &str); 6] = [
     ("period_ns", "INTEGER"),
     // The point may have missed some of the batch (records' `incomplete`).
     ("incomplete", "INTEGER NOT NULL DEFAULT 0"),
+    // The flow's TTL (hop limit) at the point (records' `ttl`); NULL: not known.
+    ("ttl", "INTEGER"),
 ];
 
 /// A time window: records whose time (a batch's first packet, a summary's end) is in
@@ -1435,9 +1437,9 @@ impl Sqlite {
                 "INSERT OR IGNORE INTO loss (agent, boot, seq, port, point, upstream,
                     src, dst, sport, dport, proto, spi, si, color, batch, first_ns, last_ns,
                     expected, observed, lost, late, uncertain, scope, tail, drops, period_ns,
-                    incomplete)
+                    incomplete, ttl)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)",
+                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28)",
             )?;
             let mut other = tx.prepare_cached(
                 "INSERT OR IGNORE INTO other (agent, boot, seq, kind, time_ns, json)
@@ -1489,6 +1491,7 @@ impl Sqlite {
                         drops_json(&l.drops),
                         l.period_ns.map(i),
                         l.incomplete,
+                        l.ttl,
                     ])?,
                     Record::Summary(x) => as_other("summary", x.interval_end_ns)?,
                     Record::FlowLoss(_) => as_other("flow_loss", now)?,
@@ -1565,7 +1568,7 @@ impl Sqlite {
     /// Settles the segments between agents whose periods ended [`crate::settle::SETTLE_AFTER`]
     /// before `now_ns` and are not yet settled.
     pub fn settle(&mut self, now_ns: u64) -> Result<crate::settle::Pass, StoreError> {
-        use crate::settle::{margin_ns, span, Pass};
+        use crate::settle::{read_window, span, Pass};
         let settled: Option<i64> = self
             .db
             .query_row("SELECT upto_ns FROM settled WHERE name = 'links'", [], |r| r.get(0))
@@ -1580,8 +1583,8 @@ impl Sqlite {
         )?;
         let mut slots = Vec::new();
         for (flow, period_ns) in candidates {
-            let m = margin_ns(period_ns);
-            let w = Window { from_ns: from.saturating_sub(m), to_ns: to.saturating_add(m) };
+            let (from_ns, to_ns) = read_window(from, to, period_ns);
+            let w = Window { from_ns, to_ns };
             slots.extend(crate::settle::slots(&flow, &self.points_in(&flow, w)?, from, to));
         }
         let tx = self.db.transaction()?;
@@ -1851,7 +1854,7 @@ impl Sqlite {
         let sql = format!(
             "SELECT agent, point, port, upstream, scope, color, first_ns, last_ns, observed,
                     late, COALESCE(expected, 0), lost, uncertain, tail, drops, boot, batch,
-                    period_ns, incomplete
+                    period_ns, incomplete, ttl
              FROM loss WHERE {FLOW_IN} ORDER BY agent, point, first_ns, seq"
         );
         let range = w.args();
@@ -1879,6 +1882,7 @@ impl Sqlite {
                 uncertain: u(r.get(12)?),
                 tail: r.get(13)?,
                 drops: r.get(14)?,
+                ttl: r.get(19)?,
             })
         })?;
         Ok(points_of(rows))
@@ -2201,6 +2205,8 @@ pub(crate) struct LossRow {
     pub tail: bool,
     /// The drop reasons as stored ([`drops_json`]).
     pub drops: Option<String>,
+    /// The flow's TTL at the point, if known.
+    pub ttl: Option<u8>,
 }
 
 /// A flow's loss batches, ordered by (agent, point, first_ns, seq), grouped per point: each
@@ -2230,6 +2236,7 @@ pub(crate) fn points_of(rows: Vec<LossRow>) -> Vec<PointRecords> {
         p.uncertain = p.uncertain.saturating_add(row.uncertain);
         p.lossy_batches += u64::from(row.lost > 0);
         p.every_batch |= row.lost == 0 && row.uncertain == 0;
+        p.ttl = p.ttl.or(row.ttl);
         for (reason, n) in row.drops.as_deref().map(drops_from_json).unwrap_or_default() {
             let e = p.drops.entry(reason).or_default();
             *e = e.saturating_add(n);
@@ -2425,6 +2432,7 @@ mod tests {
             tail: false,
             incomplete: false,
             drops: Vec::new(),
+            ttl: None,
         })
     }
 
@@ -2652,6 +2660,7 @@ mod tests {
                 tail: false,
                 incomplete: false,
                 drops: Vec::new(),
+                ttl: None,
             })
         };
         // Two agents on one path, 40 batches each point, loss on a few; flow records too.
@@ -2759,6 +2768,7 @@ mod tests {
             tail: false,
             incomplete: false,
             drops: Vec::new(),
+            ttl: None,
         });
         let recs = vec![r.clone(), r.clone(), r.clone()];
         assert_eq!(

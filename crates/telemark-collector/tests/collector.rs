@@ -44,6 +44,7 @@ fn loss(agent: &str, point: &str, upstream: Option<&str>, batch: u64, lost: u64)
         tail: false,
         incomplete: false,
         drops: Vec::new(),
+        ttl: None,
     })
 }
 

@@ -42,6 +42,7 @@ fn loss(agent: &str, sport: u16, b: u64, lost: u64) -> Record {
         tail: false,
         incomplete: false,
         drops: Vec::new(),
+        ttl: None,
     })
 }
 
@@ -236,6 +237,7 @@ fn a_flows_points_at_two_collectors_give_one_answer() {
                 tail: false,
                 incomplete: false,
                 drops: Vec::new(),
+                ttl: None,
             })
         };
     let mut b = Exporter::new(&format!("http://{}", c1.addr), "sw-b", 1, 1000);
@@ -345,6 +347,7 @@ fn two_collectors_settle_the_wire_between_two_hosts_once() {
             tail: false,
             incomplete: false,
             drops: Vec::new(),
+            ttl: None,
         })
     };
     let mut a = Exporter::new(&format!("http://{}", c1.addr), "host-a", 1, 1000);

@@ -60,6 +60,7 @@ fn loss(agent: &str, batch: u64, lost: u64) -> Record {
         tail: false,
         incomplete: false,
         drops: Vec::new(),
+        ttl: None,
     })
 }
 

@@ -60,6 +60,7 @@ fn record(agent: &str, batch: u64) -> Record {
         tail: false,
         incomplete: false,
         drops: Vec::new(),
+        ttl: None,
     })
 }
 

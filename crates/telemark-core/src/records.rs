@@ -117,6 +117,11 @@ pub struct LossRecord {
     /// `uncertain` here, and the collector does not line it up with another agent's.
     #[serde(default, skip_serializing_if = "is_false")]
     pub incomplete: bool,
+    /// The IPv4 TTL (IPv6 hop limit) the flow's packets had at this point (the eBPF datapath):
+    /// each routed hop takes one off, so the collector tells hosts along a routed path apart
+    /// by it where what they counted is alike.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<u8>,
     /// Why the kernel said it dropped packets of this flow here, per drop reason
     /// (`skb:kfree_skb`, on the eBPF datapath): the drops the agent saw since the flow's last
     /// lossy record at its points. Empty where the datapath cannot tell.
@@ -668,6 +673,7 @@ mod tests {
             tail: false,
             incomplete: false,
             drops: Vec::new(),
+            ttl: None,
         });
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(v["scope"], "segment");

@@ -404,10 +404,34 @@ static __always_inline __u64 period_of(__u64 now, __u8 colour, struct tm_periods
 	return k_now - 1;
 }
 
+/* The IPv4 TTL or IPv6 hop limit: each routed hop takes one off, so points further down a
+ * routed path see fewer (0 if the header is short). */
+static __always_inline __u8 hops_of(struct tm_ip *ip, void *end)
+{
+	if (ip->version == 4) {
+		struct iphdr *h = ip->l3;
+		if ((void *)(h + 1) > end)
+			return 0;
+		return h->ttl;
+	}
+	__u8 *b = ip->l3;
+	if ((void *)(b + 8) > end)
+		return 0;
+	return b[7];
+}
+
+/* A key new in "counts", as announced in "new_keys": with the TTL (hop limit) of the packet
+ * that created it, which tells hosts along a routed path apart where their counts cannot. */
+struct tm_new_key {
+	struct tm_key key;
+	__u8 ttl;
+	__u8 pad[7];
+};
+
 /* Counts `segs` packets of colour `colour` at `point`: in the period they belong to, or as
- * late. */
+ * late. `ttl`: the packet's (hops_of), announced with a key it creates. */
 static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u32 len,
-				  __u32 segs, __u64 now, struct tm_periods t)
+				  __u32 segs, __u64 now, struct tm_periods t, __u8 ttl)
 {
 	int late;
 	__u64 period = period_of(now, colour, t, &late);
@@ -427,7 +451,9 @@ static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u
 				return;
 			}
 		} else {
-			if (bpf_ringbuf_output(&new_keys, k, sizeof(*k), BPF_RB_NO_WAKEUP) != 0)
+			struct tm_new_key announced = { .key = *k, .ttl = ttl };
+			if (bpf_ringbuf_output(&new_keys, &announced, sizeof(announced),
+					       BPF_RB_NO_WAKEUP) != 0)
 				bump(TM_STAT_NEW_KEY_LOST);
 			v = bpf_map_lookup_elem(&counts, k);
 			if (!v)
@@ -612,6 +638,7 @@ int tm_ingress(struct __sk_buff *skb)
 	}
 	void *end = (void *)(long)skb->data_end;
 	__u8 mask = tos_mask(port->colour_bit);
+	__u8 ttl = hops_of(&ip, end);
 	__u64 now;
 	__u8 colour;
 	if (tm_unlikely(port->port.in_action == TM_IN_MARK)) {
@@ -643,7 +670,7 @@ int tm_ingress(struct __sk_buff *skb)
 	}
 	if (port->port.in_point != TM_NO_POINT)
 		count(&k, port->port.in_point, colour, skb->len, wire_packets(skb), now,
-		      slot_periods(port));
+		      slot_periods(port), ttl);
 	return TC_ACT_UNSPEC;
 }
 
@@ -664,6 +691,7 @@ int tm_egress(struct __sk_buff *skb)
 	void *end = (void *)(long)skb->data_end;
 	__u8 mask = tos_mask(port->colour_bit);
 	__u8 colour = colour_of(&ip, end, mask);
+	__u8 ttl = hops_of(&ip, end);
 	if (tm_unlikely(port->port.out_action == TM_OUT_UNMARK)) {
 		struct tm_settings *s = get_settings();
 		if (!s)
@@ -676,7 +704,7 @@ int tm_egress(struct __sk_buff *skb)
 	}
 	if (port->port.out_point != TM_NO_POINT)
 		count(&k, port->port.out_point, colour, skb->len, wire_packets(skb), count_now(port),
-		      slot_periods(port));
+		      slot_periods(port), ttl);
 	return TC_ACT_UNSPEC;
 }
 

@@ -455,6 +455,7 @@ fn loss_record(batch: u64) -> telemark_core::records::Record {
         tail: false,
         incomplete: false,
         drops: Vec::new(),
+        ttl: None,
     })
 }
 

@@ -128,6 +128,8 @@ struct Batch {
     uncertain: bool,
     id: u64,
     matched: bool,
+    /// The flow's TTL (hop limit) at the point, where known.
+    ttl: Option<u8>,
 }
 
 /// A resolved batch, held until the batches after it show whether it was disordered.
@@ -323,6 +325,7 @@ impl Aggregator {
                     uncertain: after_gap,
                     id: u64::from(ev.ordinal),
                     matched: false,
+                    ttl: ev.ttl,
                 };
                 if ev.tail || self.points[usize::from(p)].marker {
                     // Tail batches have no late window; the marker's counts are exact.
@@ -594,6 +597,7 @@ impl Aggregator {
             uncertain,
             tail: b.tail,
             incomplete: b.uncertain,
+            ttl: b.ttl,
             drops: Vec::new(),
         }));
     }
@@ -814,6 +818,7 @@ mod tests {
             tail: true,
             head: false,
             cut: false,
+            ttl: None,
         };
         agg.handle(ev(1, BatchEventKind::Closed, 100));
         agg.handle(ev(2, BatchEventKind::Closed, 1_000));
@@ -920,6 +925,7 @@ mod tests {
                 tail: false,
                 head: false,
                 cut: false,
+                ttl: None,
             }
         };
         // The ingress table is full: it refuses flows (another one's event came through).

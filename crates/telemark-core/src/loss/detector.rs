@@ -326,6 +326,7 @@ impl<C: Counter> Detector<C> {
             tail: false,
             head: false,
             cut: false,
+            ttl: None,
         });
     }
 
@@ -383,6 +384,7 @@ impl<C: Counter> Detector<C> {
             tail: tail != Tail::No,
             head: !next && self.watch == Watch::Head,
             cut: tail == Tail::Cut,
+            ttl: None,
         }
     }
 }

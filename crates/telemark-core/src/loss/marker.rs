@@ -175,6 +175,7 @@ fn emit<S: EventSink>(e: &MarkEntry, key: &FlowKey, point: u8, tail: bool, sink:
         tail,
         head: false,
         cut: false,
+        ttl: None,
     });
 }
 

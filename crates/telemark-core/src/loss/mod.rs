@@ -76,6 +76,9 @@ pub struct BatchEvent {
     /// Closed because the point stopped watching the flow mid-batch (active flow selection):
     /// partial, comparable only with an upstream batch cut at the same moment.
     pub cut: bool,
+    /// The IPv4 TTL (IPv6 hop limit) the flow's packets had at this point, where the datapath
+    /// reads it (the eBPF datapath): fewer at points further down a routed path.
+    pub ttl: Option<u8>,
 }
 
 /// Where a point sends its batch events. Implemented by the ring producer in the pipeline and
@@ -214,6 +217,7 @@ impl BatchEvent {
             tail: false,
             head: false,
             cut: false,
+            ttl: None,
         }
     }
 }

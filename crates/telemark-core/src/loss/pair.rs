@@ -310,6 +310,7 @@ impl<C: Counter> PairTable<C> {
                 tail: false,
                 head: FastState::<C>::head(s),
                 cut: false,
+                ttl: None,
             });
             st.batches += 1;
             c.ordinal = c.ordinal.wrapping_add(1);

@@ -150,7 +150,14 @@ impl Key {
         }
     }
 
-    /// A key as the programs wrote it into map "new_keys" (`None`: not 40 bytes).
+    /// A key as the programs announced it in map "new_keys" (`struct tm_new_key`), with the
+    /// TTL (hop limit) of the packet that created it (`None`: not 48 bytes).
+    pub fn announced(b: &[u8]) -> Option<(Key, u8)> {
+        let b: &[u8; 48] = b.try_into().ok()?;
+        Some((Key::from_bytes(&b[..40])?, b[40]))
+    }
+
+    /// A key as the programs lay it out (`None`: not 40 bytes).
     pub fn from_bytes(b: &[u8]) -> Option<Key> {
         let b: &[u8; 40] = b.try_into().ok()?;
         let u16_at = |i: usize| u16::from_ne_bytes([b[i], b[i + 1]]);

@@ -214,14 +214,14 @@ impl Clocks {
     }
 }
 
-/// Room in map "new_keys" for a quarter of the keys map "counts" holds (48 bytes each), rounded
+/// Room in map "new_keys" for a quarter of the keys map "counts" holds (56 bytes each), rounded
 /// up to a power of two, from 16 KiB (or a page, if larger: the kernel wants whole pages) to
 /// 4 MiB: keys created faster than that between two reads make the next read a walk.
 fn new_keys_bytes(flows: u32) -> u32 {
     // SAFETY: sysconf has no preconditions.
     let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
     let least = page.max(16 << 10).next_power_of_two();
-    let bytes = (u64::from(flows) * 48 / 4).next_power_of_two().clamp(least, least.max(4 << 20));
+    let bytes = (u64::from(flows) * 56 / 4).next_power_of_two().clamp(least, least.max(4 << 20));
     u32::try_from(bytes).unwrap_or(4 << 20)
 }
 
@@ -248,7 +248,8 @@ pub fn counters_bytes(flows: u32) -> u64 {
 /// each.
 struct CountedKeys {
     ring: RingBuf<MapData>,
-    keys: std::collections::HashSet<Key>,
+    /// With the TTL of the packet that created each, where the programs announced it.
+    keys: std::collections::HashMap<Key, Option<u8>>,
     /// The programs' `new_key_lost` when the map was last walked; `None`: never walked.
     lost_at_walk: Option<u64>,
     walks: u64,
@@ -550,8 +551,8 @@ impl Programs {
         let lost = self.stat(Stat::NewKeyLost)?;
         let counted = &mut self.counted;
         while let Some(item) = counted.ring.next() {
-            if let Some(k) = Key::from_bytes(&item) {
-                counted.keys.insert(k);
+            if let Some((k, ttl)) = Key::announced(&item) {
+                counted.keys.insert(k, Some(ttl).filter(|t| *t > 0));
             }
         }
         let m: PerCpuHashMap<&MapData, Key, Slots> =
@@ -559,12 +560,12 @@ impl Programs {
                 .map_err(map_err("counts"))?;
         if counted.lost_at_walk != Some(lost) {
             // Keys created during the walk that it missed are in the ring for the next call.
-            let mut walked = std::collections::HashSet::new();
+            let mut walked = std::collections::HashMap::new();
             let mut whole = true;
             for kv in m.iter() {
                 match kv {
                     Ok((k, v)) => {
-                        walked.insert(k);
+                        walked.insert(k, counted.keys.get(&k).copied().flatten());
                         f(&k, &v);
                     }
                     // A failed lookup (the iterator skips entries deleted meanwhile), or a
@@ -581,7 +582,7 @@ impl Programs {
             }
             return Ok(());
         }
-        counted.keys.retain(|k| match m.get(k, 0) {
+        counted.keys.retain(|k, _| match m.get(k, 0) {
             Ok(v) => {
                 f(k, &v);
                 true
@@ -590,6 +591,12 @@ impl Programs {
             Err(_) => true,
         });
         Ok(())
+    }
+
+    /// The TTL (IPv4) or hop limit (IPv6) of the packet that created counter key `k`, where
+    /// the programs announced it (a key found by a walk has none).
+    pub fn ttl(&self, k: &Key) -> Option<u8> {
+        self.counted.keys.get(k).copied().flatten()
     }
 
     /// How many times [`Programs::for_each_count`] has walked the whole map.

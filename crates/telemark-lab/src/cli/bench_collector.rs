@@ -138,6 +138,7 @@ pub(crate) fn record(agent: &str, batch: u64, t: u64) -> Record {
         tail: false,
         incomplete: false,
         drops: Vec::new(),
+        ttl: None,
     })
 }
 

@@ -159,6 +159,7 @@ impl Host {
                     tail: false,
                     head: false,
                     cut: false,
+                    ttl: None,
                 });
             }
             self.packets += u64::from(sent);
