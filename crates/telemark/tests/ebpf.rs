@@ -1122,12 +1122,7 @@ fn three_hosts_through_routed_hops_find_each_segments_loss_both_ways() {
     let mut agents = [t.agent(0, ""), t.agent(1, ""), t.agent(2, "")];
     std::thread::sleep(Duration::from_millis(150));
     let (sent, received) = t.traffic(6, || {});
-    std::thread::sleep(Duration::from_millis(1500));
-    for a in &mut agents {
-        sh(&format!("kill -TERM {}", a.id()));
-        let _ = a.wait();
-    }
-    std::thread::sleep(Duration::from_millis(800));
+    stop_after_the_flows(agents.iter_mut());
     let ns: Vec<&str> = (0..3).map(|i| t.host(i).0.as_str()).collect();
     let (mut links, mut lossy) = (BTreeMap::new(), Vec::new());
     for (i, port) in [AB_LOSSY, AB_CLEAN, BA_LOSSY, BA_CLEAN].into_iter().enumerate() {
@@ -1202,6 +1197,17 @@ fn three_hosts_through_routed_hops_find_each_segments_loss_both_ways() {
     t.sums_hold(&links, lossy);
 }
 
+/// Once the flows ended: the agents given a second and a half to report their last periods,
+/// stopped (SIGTERM), and their last records given time to reach the collector.
+fn stop_after_the_flows<'a>(agents: impl IntoIterator<Item = &'a mut std::process::Child>) {
+    std::thread::sleep(Duration::from_millis(1500));
+    for a in agents {
+        sh(&format!("kill -TERM {}", a.id()));
+        let _ = a.wait();
+    }
+    std::thread::sleep(Duration::from_millis(800));
+}
+
 /// One segment of `loc`: ending at `agent`'s point `point`.
 fn segment<'a>(loc: &'a serde_json::Value, agent: &str, point: &str) -> &'a serde_json::Value {
     loc["segments"]
@@ -1222,12 +1228,7 @@ fn two_hosts_exact(tag: &str, period_ms: Option<u64>) {
     // attached during is no measurement there).
     std::thread::sleep(Duration::from_millis(period_ms.unwrap_or(100) * 3 / 2));
     let (sent, received) = t.traffic(6, || {});
-    std::thread::sleep(Duration::from_millis(1500));
-    for a in &mut agents {
-        sh(&format!("kill -TERM {}", a.id()));
-        let _ = a.wait();
-    }
-    std::thread::sleep(Duration::from_millis(800));
+    stop_after_the_flows(agents.iter_mut());
     let (ha, hb) = (&t.host(0).0, &t.host(1).0);
     let mut truth = Vec::new();
     for (i, port) in [AB_LOSSY, AB_CLEAN, BA_LOSSY, BA_CLEAN].into_iter().enumerate() {
@@ -1311,13 +1312,8 @@ fn an_agent_started_late_killed_and_restarted_charges_no_loss_for_its_outage() {
         std::thread::sleep(Duration::from_millis(2000));
         hb = Some(t.agent(1, ""));
     });
-    std::thread::sleep(Duration::from_millis(1500));
     let mut hb = hb.unwrap();
-    for a in [&mut ha, &mut hb] {
-        sh(&format!("kill -TERM {}", a.id()));
-        let _ = a.wait();
-    }
-    std::thread::sleep(Duration::from_millis(800));
+    stop_after_the_flows([&mut ha, &mut hb]);
     let (has, hbs) = (&t.host(0).0, &t.host(1).0);
     for (i, port) in [AB_LOSSY, AB_CLEAN, BA_LOSSY, BA_CLEAN].into_iter().enumerate() {
         let (link, inside) = t.dropped(port);
@@ -1381,12 +1377,7 @@ fn two_hosts_with_a_congested_uplink_and_churn_against_a_small_map() {
             }
         });
     });
-    std::thread::sleep(Duration::from_millis(1500));
-    for a in &mut agents {
-        sh(&format!("kill -TERM {}", a.id()));
-        let _ = a.wait();
-    }
-    std::thread::sleep(Duration::from_millis(800));
+    stop_after_the_flows(agents.iter_mut());
     let queue_all = counter(&ha.exec("tc -s qdisc show dev ha-up"), "dropped ");
     let mut queue_test = 0;
     let mut named_queue = 0;
