@@ -92,10 +92,17 @@ pub(crate) fn crossing_flows(from: &str, to: &str) -> String {
 /// date one period up to a slot apart, and which host is upstream of which is told from what
 /// they counted over [`CONTEXT_NS`] more before the span (hosts that counted alike are told
 /// apart by time, `crate::path`, which a few batches tell less surely than many).
+///
+/// The period is a record's word (`period_ns`), so it is held to [`LONGEST_PERIOD_NS`]: a
+/// record claiming more cannot make a pass read a flow's whole history.
 pub fn read_window(from_ns: u64, to_ns: u64, period_ns: u64) -> (u64, u64) {
-    let margin = period_ns.saturating_mul(3).saturating_add(SLOT_NS);
+    let margin = period_ns.min(LONGEST_PERIOD_NS) * 3 + SLOT_NS;
     (from_ns.saturating_sub(margin + CONTEXT_NS), to_ns.saturating_add(margin))
 }
+
+/// The longest marking period [`read_window`] allows for (a minute; the agent's default is
+/// 100 ms).
+pub const LONGEST_PERIOD_NS: u64 = 60 * SLOT_NS;
 
 /// How much more before a span its flows' records are read (see [`read_window`]).
 pub const CONTEXT_NS: u64 = 5 * SLOT_NS;
@@ -221,6 +228,14 @@ mod tests {
         let mut halves = slots(&flow, &all, 0, 1002 * SLOT_NS);
         halves.extend(slots(&flow, &all, 1002 * SLOT_NS, u64::MAX));
         assert_eq!(halves, slots(&flow, &all, 0, u64::MAX));
+    }
+
+    #[test]
+    fn a_record_claiming_a_huge_period_reads_no_more_than_a_minutes_margin() {
+        let (from, to) = (1_000 * SLOT_NS, 1_010 * SLOT_NS);
+        let (a, b) = read_window(from, to, u64::MAX);
+        assert_eq!(b - to, 3 * LONGEST_PERIOD_NS + SLOT_NS);
+        assert_eq!(from - a, 3 * LONGEST_PERIOD_NS + SLOT_NS + CONTEXT_NS);
     }
 
     #[test]
