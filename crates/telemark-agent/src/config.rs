@@ -537,6 +537,23 @@ pub struct EbpfSection {
     pub flows: Option<u32>,
     /// How often interfaces are looked for (default 1s).
     pub rescan: Option<String>,
+    /// What markers and exits do with a packet whose sender set the colour bit (default
+    /// `keep`).
+    pub own_colour: Option<OwnColourMode>,
+}
+
+/// `[ebpf] own_colour`: what the domain does with a packet that arrives at a marker with the
+/// colour bit already set by its sender (docs/ebpf.md, "A sender's own colour bit").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OwnColourMode {
+    /// Leave it as it is and do not measure it (its packets are named in the flow's records
+    /// as `own_colour`); every endpoint sees the DSCP its peer sent.
+    #[default]
+    Keep,
+    /// The domain reserves the bit (RFC 9341 §3.1's marking field): colour every packet; the
+    /// flow's own bit is given back by an exit on its marker's host, cleared by any other.
+    Overwrite,
 }
 
 /// Validated eBPF datapath settings.
@@ -551,6 +568,7 @@ pub struct EbpfSettings {
     /// not mark, egress points that do not unmark) report every batch, lossy or not, so that
     /// the collector can line them up: `[export] report_all` unset or true.
     pub report_crossings: bool,
+    pub own_colour: OwnColourMode,
 }
 
 impl EbpfSettings {
@@ -1172,7 +1190,15 @@ impl EbpfSection {
             return Err(invalid("ebpf.flows: 16 to 16777216"));
         }
         let rescan_ns = duration("ebpf.rescan", &self.rescan, 1_000_000_000)?;
-        Ok(EbpfSettings { ports, period_ns, guard_ns, flows, rescan_ns, report_crossings: true })
+        Ok(EbpfSettings {
+            ports,
+            period_ns,
+            guard_ns,
+            flows,
+            rescan_ns,
+            report_crossings: true,
+            own_colour: self.own_colour.unwrap_or_default(),
+        })
     }
 }
 
@@ -1188,7 +1214,17 @@ mod tests {
         assert_eq!((e.period_ns, e.guard_ns, e.flows), (100_000_000, 50_000_000, 65_536));
         assert_eq!(e.ports.len(), 2);
         assert!(e.ports[0].mark && e.ports[0].unmark && !e.ports[1].mark);
+        assert_eq!(e.own_colour, OwnColourMode::Keep);
         let base = "agent = \"h1\"\n";
+        let own = |v: &str| {
+            FileConfig::parse(&format!("{base}[ebpf]\n{v}[[port]]\ninterface = \"x\"\n"))
+                .and_then(FileConfig::validate)
+                .map(|c| c.ebpf.map(|e| e.own_colour))
+        };
+        assert_eq!(own("").unwrap(), Some(OwnColourMode::Keep), "the default");
+        assert_eq!(own("own_colour = \"overwrite\"\n").unwrap(), Some(OwnColourMode::Overwrite));
+        let err = own("own_colour = \"clear\"\n").unwrap_err().to_string();
+        assert!(err.contains("keep") && err.contains("overwrite"), "{err}");
         for (extra, want) in [
             ("[[port]]\ninterface = \"\"\n", "1-15 bytes"),
             ("[[port]]\ninterface = \"a/b\"\n", "no '/'"),

@@ -8,7 +8,7 @@
 //! an egress point is one per (interface out, interface in) pair, added when a flow first
 //! shows the pair: `out:<if>` measured against the flow's ingress point in this agent.
 
-use crate::config::{AgentConfig, EbpfPortConfig, EbpfSettings};
+use crate::config::{AgentConfig, EbpfPortConfig, EbpfSettings, OwnColourMode};
 use crate::datapath::{Datapath, Started};
 use crate::ebpf_flows::EbpfFlows;
 use crate::error::AgentError;
@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use telemark_core::loss::EventSink;
 use telemark_core::loss::{BatchEvent, BatchEventKind, PointSpec};
 use telemark_core::spsc;
-use telemark_datapath::ebpf::maps::{DropKey, EgressAction, IngressAction, Key, Port, Stat};
+use telemark_datapath::ebpf::maps::{
+    DropKey, EgressAction, IngressAction, Key, OwnColour, Port, Stat,
+};
 use telemark_datapath::ebpf::periods::{PeriodReader, Reading};
 use telemark_datapath::ebpf::{self, Attached, Programs, Samples, Settings, Target};
 use telemark_datapath::events::RingSink;
@@ -95,6 +97,9 @@ pub(crate) struct EbpfPath {
     /// their drops not named yet are forgotten once the aggregation has taken that many
     /// events (Shared::events_handled), so after the tail records that could name them.
     leaving: Vec<(FlowKey, u64)>,
+    /// `[ebpf] own_colour = "keep"`: each flow a marker left as its sender coloured it (by
+    /// its key in map "own"), with its packets so far and when they last grew (Unix time).
+    own_seen: HashMap<Key, (u64, u64)>,
 }
 
 /// Loads the programs and attaches them to the interfaces there are now.
@@ -108,6 +113,10 @@ pub(crate) fn open(
         period_ns: eb.period_ns,
         guard_ns: eb.guard_ns,
         colour_bit: cfg.loss.color_bit,
+        own_colour: match eb.own_colour {
+            OwnColourMode::Keep => OwnColour::Keep,
+            OwnColourMode::Overwrite => OwnColour::Overwrite,
+        },
         sample_rate: sflow.map_or(0, |s| s.rate),
         sample_bytes: sflow.map_or(0, |s| s.header_bytes as u32),
     };
@@ -165,6 +174,7 @@ pub(crate) fn open(
         reason_names: ebpf::btf::drop_reasons(),
         next_reasons: Instant::now(),
         leaving: Vec::new(),
+        own_seen: HashMap::new(),
     };
     path.scan();
     if path.attached.is_empty() {
@@ -446,6 +456,7 @@ impl EbpfPath {
         if let Some(drops) = drops {
             self.drops(drops);
         }
+        let unmeasured = if walk { self.own_colour(now, upto) } else { HashSet::new() };
         for r in out {
             let (key, period) = match &r {
                 Reading::Closed(c) => (c.key, c.period),
@@ -455,6 +466,9 @@ impl EbpfPath {
             let Some((_, ingress, _)) = self.ports.get(slot) else { continue };
             let ingress = *ingress;
             let flow = key.flow();
+            if unmeasured.contains(&flow) {
+                continue;
+            }
             let point = if key.point % 2 == 0 {
                 ingress
             } else {
@@ -537,6 +551,58 @@ impl EbpfPath {
         self.samples();
         self.unrung = 0;
         self.shared.aggregation_bell.ring();
+    }
+
+    /// `[ebpf] own_colour = "keep"`: names the flows markers left as their senders coloured
+    /// them (a record of the marker's point for each period up to `upto` that had some, with
+    /// their packets), and returns the flows not measured here: those, while their packets
+    /// may be in the periods being read, and those an exit left with the bit ("unsure"). Their
+    /// packets carry a colour bit that says nothing of their period, so what the points
+    /// counted of them is no measurement.
+    fn own_colour(&mut self, now: u64, upto: u64) -> HashSet<FlowKey> {
+        let mut unmeasured = HashSet::new();
+        if self.settings.own_colour != OwnColourMode::Keep {
+            return unmeasured;
+        }
+        let t = self.settings.period_ns.max(1);
+        // A period is read a guard and the settling after it ends: packets that grew a count
+        // up to two periods before that may be in it.
+        let reach = 3 * t + self.settings.guard_ns + ebpf::settle_ns(t, self.settings.guard_ns);
+        match self.programs.own_colour() {
+            Ok(counts) => {
+                let mut live = HashSet::new();
+                for (key, total) in counts {
+                    live.insert(key);
+                    let (seen, last) = self.own_seen.get(&key).copied().unwrap_or((0, 0));
+                    if total > seen {
+                        self.own_seen.insert(key, (total, now));
+                        if let Some((_, marker, _)) = self.ports.get(usize::from(key.point / 2)) {
+                            let period = upto.max(1);
+                            self.send(BatchEvent {
+                                key: key.flow(),
+                                point: *marker,
+                                kind: BatchEventKind::OwnColour,
+                                ordinal: period as u32,
+                                count: u32::try_from(total - seen).unwrap_or(u32::MAX),
+                                first_ns: period.saturating_mul(t),
+                                last_ns: now,
+                                ..BatchEvent::gap()
+                            });
+                        }
+                        unmeasured.insert(key.flow());
+                    } else if now.saturating_sub(last) <= reach {
+                        unmeasured.insert(key.flow());
+                    }
+                }
+                self.own_seen.retain(|k, _| live.contains(k));
+            }
+            Err(e) => tracing::warn!("eBPF: {e}"),
+        }
+        match self.programs.unsure() {
+            Ok(keys) => unmeasured.extend(keys.iter().map(Key::flow)),
+            Err(e) => tracing::warn!("eBPF: {e}"),
+        }
+        unmeasured
     }
 
     /// Hands the packets the kernel sampled to the sFlow exporter, each with its port's

@@ -52,6 +52,9 @@ pub struct PointRecords {
     pub drops: std::collections::BTreeMap<String, u64>,
     /// The flow's TTL (hop limit) there, where its records say (records' `ttl`).
     pub ttl: Option<u8>,
+    /// Packets the marker there left as their sender coloured them, unmeasured (records'
+    /// `own_colour`).
+    pub own_colour: u64,
 }
 
 impl PointRecords {
@@ -100,6 +103,14 @@ pub struct Segment {
     /// (the eBPF datapath's `skb:kfree_skb`), as its loss records named them.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub drops: std::collections::BTreeMap<String, u64>,
+    /// Packets the marker at this point left unmeasured, as their sender had set the colour
+    /// bit (records' `own_colour`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub own_colour: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Each point's segment, most lost first.
@@ -119,6 +130,7 @@ pub fn segments(points: &[PointRecords]) -> Vec<Segment> {
                 expected,
                 lossy_batches,
                 drops: p.drops.clone(),
+                own_colour: p.own_colour,
             };
             if p.scope == Scope::Segment {
                 let from = p.upstream.as_ref().map(|u| format!("{}/{u}", p.agent));
@@ -523,6 +535,7 @@ mod tests {
                     every_batch: every,
                     drops: Default::default(),
                     ttl: None,
+                    own_colour: 0,
                 });
             }
         }

@@ -38,7 +38,7 @@ const HOUR_NS: i64 = crate::rollup::HOUR_NS as i64;
 const SCHEMA_LOCK: i64 = 0x7465_6c65_6d61_726b;
 
 /// Migrations, in order; each is applied once, in one transaction.
-const MIGRATIONS: [&str; 5] = [
+const MIGRATIONS: [&str; 6] = [
     // 1: the first schema. Text in byte order (COLLATE "C"), as SQLite compares it: lists
     // sort alike on either store, whatever the database's locale.
     r#"CREATE TABLE agents (
@@ -139,6 +139,9 @@ const MIGRATIONS: [&str; 5] = [
     );
     CREATE TABLE settled (name TEXT COLLATE "C" PRIMARY KEY, upto_ns BIGINT NOT NULL);
     ALTER TABLE loss ADD COLUMN ttl SMALLINT;"#,
+    // 6: packets a marker left as their sender coloured them, unmeasured (records'
+    // `own_colour`).
+    "ALTER TABLE loss ADD COLUMN own_colour BIGINT NOT NULL DEFAULT 0",
 ];
 
 /// The tables partitioned by day, in the order a batch writes them (loss, flows, other):
@@ -590,13 +593,13 @@ fn insert(
         tx.execute(
             "INSERT INTO loss (agent, boot, seq, port, point, upstream, src, dst, sport, dport,
                 proto, spi, si, color, batch, first_ns, last_ns, expected, observed, lost, late,
-                uncertain, scope, tail, drops, period_ns, incomplete, ttl)
+                uncertain, scope, tail, drops, period_ns, incomplete, ttl, own_colour)
              SELECT * FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[],
                 $5::TEXT[], $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::INTEGER[], $10::INTEGER[],
                 $11::SMALLINT[], $12::BIGINT[], $13::SMALLINT[], $14::SMALLINT[], $15::BIGINT[],
                 $16::BIGINT[], $17::BIGINT[], $18::BIGINT[], $19::BIGINT[], $20::BIGINT[],
                 $21::BIGINT[], $22::BIGINT[], $23::TEXT[], $24::BOOLEAN[], $25::TEXT[],
-                $26::BIGINT[], $27::BOOLEAN[], $28::SMALLINT[])",
+                $26::BIGINT[], $27::BOOLEAN[], $28::SMALLINT[], $29::BIGINT[])",
             &[
                 &l.agent,
                 &l.boot,
@@ -626,6 +629,7 @@ fn insert(
                 &l.period_ns,
                 &l.incomplete,
                 &l.ttl,
+                &l.own_colour,
             ],
         )?;
     }
@@ -718,6 +722,7 @@ struct LossColumns<'a> {
     period_ns: Vec<Option<i64>>,
     incomplete: Vec<bool>,
     ttl: Vec<Option<i16>>,
+    own_colour: Vec<i64>,
 }
 
 impl<'a> LossColumns<'a> {
@@ -757,6 +762,7 @@ impl<'a> LossColumns<'a> {
         self.period_ns.push(l.period_ns.map(i));
         self.incomplete.push(l.incomplete);
         self.ttl.push(l.ttl.map(i16::from));
+        self.own_colour.push(i(l.own_colour));
     }
 }
 
@@ -1482,7 +1488,7 @@ impl PgStore {
         let sql = format!(
             "SELECT agent, point, port, upstream, scope, color, first_ns, last_ns, observed,
                     late, COALESCE(expected, 0), lost, uncertain, tail, drops, boot, batch,
-                    period_ns, incomplete, ttl
+                    period_ns, incomplete, ttl, own_colour
              FROM loss WHERE {FLOW_IN} ORDER BY agent, point, first_ns, seq"
         );
         let a = FlowArgs::of(flow, w);
@@ -1513,6 +1519,7 @@ impl PgStore {
                     tail: r.get(13),
                     drops: r.get(14),
                     ttl: r.get::<_, Option<i16>>(19).and_then(|t| u8::try_from(t).ok()),
+                    own_colour: u(r.get(20)),
                 })
                 .collect();
         Ok(crate::store::points_of(rows))

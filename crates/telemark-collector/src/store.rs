@@ -771,6 +771,7 @@ CREATE TABLE IF NOT EXISTS loss (
     lost INTEGER NOT NULL, late INTEGER NOT NULL, uncertain INTEGER NOT NULL DEFAULT 0,
     scope TEXT NOT NULL DEFAULT 'segment', tail INTEGER NOT NULL DEFAULT 0, drops TEXT,
     period_ns INTEGER, incomplete INTEGER NOT NULL DEFAULT 0, ttl INTEGER,
+    own_colour INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (agent, boot, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS loss_flow ON loss (src, dst, sport, dport, proto, first_ns);
@@ -998,7 +999,7 @@ pub(crate) fn drops_from_json(s: &str) -> std::collections::BTreeMap<String, u64
     serde_json::from_str(s).unwrap_or_default()
 }
 
-const ADDED_COLUMNS: [(&str, &str); 7] = [
+const ADDED_COLUMNS: [(&str, &str); 8] = [
     ("uncertain", "INTEGER NOT NULL DEFAULT 0"),
     ("scope", "TEXT NOT NULL DEFAULT 'segment'"),
     ("tail", "INTEGER NOT NULL DEFAULT 0"),
@@ -1010,6 +1011,8 @@ const ADDED_COLUMNS: [(&str, &str); 7] = [
     ("incomplete", "INTEGER NOT NULL DEFAULT 0"),
     // The flow's TTL (hop limit) at the point (records' `ttl`); NULL: not known.
     ("ttl", "INTEGER"),
+    // Packets a marker left as their sender coloured them, unmeasured (records' `own_colour`).
+    ("own_colour", "INTEGER NOT NULL DEFAULT 0"),
 ];
 
 /// A time window: records whose time (a batch's first packet, a summary's end) is in
@@ -1437,9 +1440,9 @@ impl Sqlite {
                 "INSERT OR IGNORE INTO loss (agent, boot, seq, port, point, upstream,
                     src, dst, sport, dport, proto, spi, si, color, batch, first_ns, last_ns,
                     expected, observed, lost, late, uncertain, scope, tail, drops, period_ns,
-                    incomplete, ttl)
+                    incomplete, ttl, own_colour)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28)",
+                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29)",
             )?;
             let mut other = tx.prepare_cached(
                 "INSERT OR IGNORE INTO other (agent, boot, seq, kind, time_ns, json)
@@ -1492,6 +1495,7 @@ impl Sqlite {
                         l.period_ns.map(i),
                         l.incomplete,
                         l.ttl,
+                        i(l.own_colour),
                     ])?,
                     Record::Summary(x) => as_other("summary", x.interval_end_ns)?,
                     Record::FlowLoss(_) => as_other("flow_loss", now)?,
@@ -1854,7 +1858,7 @@ impl Sqlite {
         let sql = format!(
             "SELECT agent, point, port, upstream, scope, color, first_ns, last_ns, observed,
                     late, COALESCE(expected, 0), lost, uncertain, tail, drops, boot, batch,
-                    period_ns, incomplete, ttl
+                    period_ns, incomplete, ttl, own_colour
              FROM loss WHERE {FLOW_IN} ORDER BY agent, point, first_ns, seq"
         );
         let range = w.args();
@@ -1883,6 +1887,7 @@ impl Sqlite {
                 tail: r.get(13)?,
                 drops: r.get(14)?,
                 ttl: r.get(19)?,
+                own_colour: u(r.get(20)?),
             })
         })?;
         Ok(points_of(rows))
@@ -2207,6 +2212,8 @@ pub(crate) struct LossRow {
     pub drops: Option<String>,
     /// The flow's TTL at the point, if known.
     pub ttl: Option<u8>,
+    /// Packets a marker left as their sender coloured them.
+    pub own_colour: u64,
 }
 
 /// A flow's loss batches, ordered by (agent, point, first_ns, seq), grouped per point: each
@@ -2237,6 +2244,7 @@ pub(crate) fn points_of(rows: Vec<LossRow>) -> Vec<PointRecords> {
         p.lossy_batches += u64::from(row.lost > 0);
         p.every_batch |= row.lost == 0 && row.uncertain == 0;
         p.ttl = p.ttl.or(row.ttl);
+        p.own_colour = p.own_colour.saturating_add(row.own_colour);
         for (reason, n) in row.drops.as_deref().map(drops_from_json).unwrap_or_default() {
             let e = p.drops.entry(reason).or_default();
             *e = e.saturating_add(n);
@@ -2433,6 +2441,7 @@ mod tests {
             incomplete: false,
             drops: Vec::new(),
             ttl: None,
+            own_colour: 0,
         })
     }
 
@@ -2661,6 +2670,7 @@ mod tests {
                 incomplete: false,
                 drops: Vec::new(),
                 ttl: None,
+                own_colour: 0,
             })
         };
         // Two agents on one path, 40 batches each point, loss on a few; flow records too.
@@ -2769,6 +2779,7 @@ mod tests {
             incomplete: false,
             drops: Vec::new(),
             ttl: None,
+            own_colour: 0,
         });
         let recs = vec![r.clone(), r.clone(), r.clone()];
         assert_eq!(

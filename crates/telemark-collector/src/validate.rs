@@ -168,6 +168,7 @@ pub fn counts(r: &Record) -> Result<(), String> {
                 ("lost", l.lost),
                 ("late", l.late),
                 ("uncertain", l.uncertain),
+                ("own_colour", l.own_colour),
             ]);
             all.extend(l.drops.iter().map(|d| ("drops", d.packets)));
         }
@@ -306,6 +307,7 @@ mod tests {
             (json!({"first_ns": NOW, "last_ns": NOW - 1}), "before it begins"),
             (json!({"lost": 101, "observed": 0}), "more than the 100 expected"),
             (json!({"lost": u64::MAX}), "more than one record can carry"),
+            (json!({"own_colour": u64::MAX}), "own_colour 18446744073709551615 is more than"),
             (json!({"first_ns": 0, "last_ns": 1}), "400 days"),
             (json!({"first_ns": NOW, "last_ns": 7_258_118_400_000_000_000u64}), "a day ahead"),
             (json!({"color": 2}), "color"),

@@ -45,6 +45,7 @@ fn loss(agent: &str, point: &str, upstream: Option<&str>, batch: u64, lost: u64)
         incomplete: false,
         drops: Vec::new(),
         ttl: None,
+        own_colour: 0,
     })
 }
 

@@ -43,6 +43,7 @@ fn loss(agent: &str, sport: u16, b: u64, lost: u64) -> Record {
         incomplete: false,
         drops: Vec::new(),
         ttl: None,
+        own_colour: 0,
     })
 }
 
@@ -238,6 +239,7 @@ fn a_flows_points_at_two_collectors_give_one_answer() {
                 incomplete: false,
                 drops: Vec::new(),
                 ttl: None,
+                own_colour: 0,
             })
         };
     let mut b = Exporter::new(&format!("http://{}", c1.addr), "sw-b", 1, 1000);
@@ -348,6 +350,7 @@ fn two_collectors_settle_the_wire_between_two_hosts_once() {
             incomplete: false,
             drops: Vec::new(),
             ttl: None,
+            own_colour: 0,
         })
     };
     let mut a = Exporter::new(&format!("http://{}", c1.addr), "host-a", 1, 1000);

@@ -61,6 +61,7 @@ fn record(agent: &str, batch: u64) -> Record {
         incomplete: false,
         drops: Vec::new(),
         ttl: None,
+        own_colour: 0,
     })
 }
 

@@ -122,6 +122,12 @@ pub struct LossRecord {
     /// by it where what they counted is alike.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl: Option<u8>,
+    /// Packets of the flow its sender sent with the colour bit already set, which the marker
+    /// left as they were and did not measure (the eBPF datapath's `[ebpf] own_colour = "keep"`;
+    /// docs/ebpf.md). Only in a record of the marker's point, whose counts are then 0 and
+    /// `incomplete`: the flow is not measured while its sender sets the bit.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub own_colour: u64,
     /// Why the kernel said it dropped packets of this flow here, per drop reason
     /// (`skb:kfree_skb`, on the eBPF datapath): the drops the agent saw since the flow's last
     /// lossy record at its points. Empty where the datapath cannot tell.
@@ -674,6 +680,7 @@ mod tests {
             incomplete: false,
             drops: Vec::new(),
             ttl: None,
+            own_colour: 0,
         });
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(v["scope"], "segment");

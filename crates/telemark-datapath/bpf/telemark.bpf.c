@@ -79,13 +79,26 @@ struct tm_port_slot {
 	__u8 colour_bit;      /* DSCP bit 0..5 */
 	__u8 clock;           /* enum tm_clock: the counting points' */
 	__u8 restore;         /* enum tm_restore: this marker's own (kept by user space) */
-	__u8 pad2;
+	__u8 own_colour;      /* enum tm_own_colour */
 };
 
-/* Whether some flow arrived at a marker with the colour bit already set (map "settings"). */
+/* Whether some flow's own DSCP has the colour bit (map "settings"): an exit looks flows up in
+ * "original" (TM_OWN_OVERWRITE) or "unsure" (TM_OWN_KEEP) only once one has. */
 enum tm_restore {
 	TM_RESTORE_NONE = 0,
-	TM_RESTORE_SOME = 1, /* look flows up in "original" when unmarking */
+	TM_RESTORE_SOME = 1,
+};
+
+/* What the domain does with a packet whose sender set the colour bit ([ebpf] own_colour). */
+enum tm_own_colour {
+	/* Leave it as it is (the default): a marker neither colours nor counts it (it counts it in
+	 * "own"), and holds a new flow's first packet back from colour 1, so that an exit, on any
+	 * host, sees a marked flow without the bit first; an exit clears the bit only of flows it
+	 * has seen without it ("unsure" holds those it has not). */
+	TM_OWN_KEEP = 0,
+	/* The domain reserves the bit: a marker colours every packet, remembering a flow's own bit
+	 * ("original"), which an exit on the same host gives back and any other clears. */
+	TM_OWN_OVERWRITE = 1,
 };
 
 /* The clock a counting point reads (the marker always reads the fine one). */
@@ -159,6 +172,9 @@ enum tm_stat {
 	TM_STAT_SAMPLED,         /* packets sampled for sFlow */
 	TM_STAT_SAMPLE_LOST,     /* of those, not sent: no room in the perf buffer */
 	TM_STAT_NEW_KEY_LOST,    /* a key new in "counts" not announced: no room in "new_keys" */
+	TM_STAT_OWN_COLOUR,      /* left as the sender coloured them, not measured (TM_OWN_KEEP) */
+	TM_STAT_HELD,            /* a new flow's first packet held back from colour 1 */
+	TM_STAT_UNSURE,          /* a flow an exit first saw with the colour bit: left as it is */
 	TM_STAT_COUNT,
 };
 
@@ -215,6 +231,28 @@ struct {
 	__type(key, struct tm_key);
 	__type(value, __u8);
 } original SEC(".maps");
+
+/* TM_OWN_KEEP: packets each flow's sender sent with the colour bit set, at the marker (key: the
+ * flow at the marker's point, colour 0); read by user space, which names the flows in their
+ * records. LRU, so a full map forgets the longest-quiet flow, never refuses a new one. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct tm_key);
+	__type(value, __u64);
+} own SEC(".maps");
+
+/* TM_OWN_KEEP: flows whose first packet at an exit had the colour bit (key: the flow at the
+ * exit's point, colour 0; value unused). A marker never sends a new flow's first packet with
+ * the bit, so such a flow's bit is its sender's: the exit leaves it, until it sees a packet of
+ * the flow without it (then the flow was marked after all: its first packets were lost or
+ * passed before this exit was attached). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct tm_key);
+	__type(value, __u8);
+} unsure SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
@@ -428,17 +466,48 @@ struct tm_new_key {
 	__u8 pad[7];
 };
 
-/* Counts `segs` packets of colour `colour` at `point`: in the period they belong to, or as
- * late. `ttl`: the packet's (hops_of), announced with a key it creates. */
-static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u32 len,
-				  __u32 segs, __u64 now, struct tm_periods t, __u8 ttl)
+/* Now, in Unix time (BPF has no CLOCK_REALTIME; TAI moves with it, the TAI offset apart). */
+static __always_inline __u64 unix_now(const struct tm_port_slot *p)
 {
-	int late;
-	__u64 period = period_of(now, colour, t, &late);
+	return bpf_ktime_get_tai_ns() - (__u64)p->tai_offset_s * 1000000000ull;
+}
+
+/* What count() did. */
+enum tm_counted {
+	TM_COUNTED = 0,     /* counted, in counters the flow had here */
+	TM_COUNTED_NEW = 1, /* counted, in counters it created: the flow's first packet of the
+			     * colour here */
+	TM_HELD = 2,        /* not counted: the first packet of a flow new here, of colour 1,
+			     * where the caller holds such packets back (it counts them as
+			     * colour 0) */
+	TM_REFUSED = 3,     /* not counted: no room in "counts" */
+};
+
+/* Counts `segs` packets of colour `colour` at `point` of port `p`: in the period they belong
+ * to, or as late. `now`: the point's clock; the period of a packet that creates counters is
+ * told by the fine clock instead, so that every point places a flow's first packet alike (a
+ * marker's held packet has only its time to tell its period by). Its time stays the point's
+ * clock's, as every other packet's there (a batch never ends before it begins). `ttl`: the packet's (hops_of),
+ * announced with a key it creates. `hold`: a packet of colour 1 of a flow with no counters
+ * here in either colour is not counted (TM_HELD). */
+static __always_inline enum tm_counted count(struct tm_key *k, __u8 point, __u8 colour,
+					     __u32 len, __u32 segs, __u64 now,
+					     struct tm_port_slot *p, __u8 ttl, int hold)
+{
+	struct tm_periods t = slot_periods(p);
+	enum tm_counted done = TM_COUNTED;
+	__u64 when = now; /* what tells the period */
 	k->point = point;
 	k->colour = colour;
 	struct tm_slots *v = bpf_map_lookup_elem(&counts, k);
 	if (tm_unlikely(!v)) {
+		if (hold && colour == 1) {
+			k->colour = 0;
+			int known = bpf_map_lookup_elem(&counts, k) != 0;
+			k->colour = colour;
+			if (!known)
+				return TM_HELD;
+		}
 		struct tm_slots fresh = {};
 		if (bpf_map_update_elem(&counts, k, &fresh, BPF_NOEXIST) != 0) {
 			v = bpf_map_lookup_elem(&counts, k);
@@ -448,18 +517,22 @@ static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u
 				if (n)
 					*n += 1;
 				bump(TM_STAT_REFUSED);
-				return;
+				return TM_REFUSED;
 			}
 		} else {
+			done = TM_COUNTED_NEW;
+			when = unix_now(p);
 			struct tm_new_key announced = { .key = *k, .ttl = ttl };
 			if (bpf_ringbuf_output(&new_keys, &announced, sizeof(announced),
 					       BPF_RB_NO_WAKEUP) != 0)
 				bump(TM_STAT_NEW_KEY_LOST);
 			v = bpf_map_lookup_elem(&counts, k);
 			if (!v)
-				return;
+				return TM_REFUSED;
 		}
 	}
+	int late;
+	__u64 period = period_of(when, colour, t, &late);
 	if (tm_unlikely(late)) {
 		bump(TM_STAT_LATE);
 		if (v->cur.period == period)
@@ -468,7 +541,7 @@ static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u
 			v->prev.late += segs;
 		else
 			bump(TM_STAT_LATE_LOST);
-		return;
+		return done;
 	}
 	if (tm_unlikely(v->cur.period != period)) {
 		if (v->prev.packets) {
@@ -488,6 +561,55 @@ static __always_inline void count(struct tm_key *k, __u8 point, __u8 colour, __u
 	v->cur.packets += segs;
 	v->cur.bytes += len;
 	v->cur.last_ns = now;
+	return done;
+}
+
+/* TM_OWN_KEEP at a marker: `segs` packets of `flow` its sender sent with the colour bit set,
+ * left as they are and counted in "own" at `point`. */
+static __always_inline void leave_own(const struct tm_key *flow, __u8 point, __u32 segs)
+{
+	struct tm_key o = *flow;
+	o.point = point;
+	o.colour = 0;
+	bump(TM_STAT_OWN_COLOUR);
+	__u64 *n = bpf_map_lookup_elem(&own, &o);
+	if (n) {
+		*n += segs;
+		return;
+	}
+	__u64 first = segs;
+	if (bpf_map_update_elem(&own, &o, &first, BPF_NOEXIST) == 0)
+		return;
+	n = bpf_map_lookup_elem(&own, &o); /* another CPU created it meanwhile */
+	if (n)
+		*n += segs;
+}
+
+/* TM_OWN_KEEP at an exit: whether a packet of `flow` leaving at `point` keeps the colour bit
+ * (`bit`: it has it). `counted`: what count() did with it. A flow whose first packet here had
+ * the bit (new counters of colour 1, none of colour 0) has it from its sender, since a marker
+ * holds a new flow's first packet back from colour 1: it is left in "unsure", whose packets
+ * keep the bit until one comes without it (the flow was marked after all). */
+static __always_inline int keeps_bit(const struct tm_key *flow, __u8 point, int bit,
+				     enum tm_counted counted, struct tm_settings *s)
+{
+	struct tm_key u = *flow;
+	u.point = point;
+	u.colour = 0;
+	if (tm_unlikely(bit && counted == TM_COUNTED_NEW) && !bpf_map_lookup_elem(&counts, &u)) {
+		__u8 one = 1;
+		if (bpf_map_update_elem(&unsure, &u, &one, BPF_ANY) == 0) {
+			s->restore = TM_RESTORE_SOME;
+			bump(TM_STAT_UNSURE);
+			return 1;
+		}
+	}
+	if (tm_likely(s->restore != TM_RESTORE_SOME) || !bpf_map_lookup_elem(&unsure, &u))
+		return 0;
+	if (bit)
+		return 1;
+	bpf_map_delete_elem(&unsure, &u);
+	return 0;
 }
 
 /* Takes back `segs` packets (`len` bytes) of colour `colour` that `point`, an egress point,
@@ -565,12 +687,6 @@ static __always_inline void sample(struct __sk_buff *skb, __u8 point,
 	}
 }
 
-/* Now, in Unix time (BPF has no CLOCK_REALTIME; TAI moves with it, the TAI offset apart). */
-static __always_inline __u64 unix_now(const struct tm_port_slot *p)
-{
-	return bpf_ktime_get_tai_ns() - (__u64)p->tai_offset_s * 1000000000ull;
-}
-
 /* Now on the tick clock: Unix time to within a tick, from the kernel's jiffies, which the
  * verifier turns into one load of a variable the network stack reads all the time (under TCP
  * load, the clock helpers cost 15-30 ns a packet more: their timekeeper's lines are cold).
@@ -645,6 +761,27 @@ int tm_ingress(struct __sk_buff *skb)
 		/* The marker's colour changes on the period's edge: the fine clock. */
 		now = unix_now(port);
 		colour = period_at(now, slot_periods(port)) & 1;
+		int keep = port->own_colour == TM_OWN_KEEP;
+		if (tm_unlikely(colour_of(&ip, end, mask)) && keep) {
+			/* The sender's own bit: left as it is, not measured. */
+			leave_own(&k, port->port.in_point, wire_packets(skb));
+			return TC_ACT_UNSPEC;
+		}
+		if (keep) {
+			/* Counted before it is coloured: a new flow's first packet of colour 1 is
+			 * held back to colour 0 (and counted so, as every point will). */
+			if (port->port.in_point != TM_NO_POINT &&
+			    count(&k, port->port.in_point, colour, skb->len, wire_packets(skb), now,
+				  port, ttl, 1) == TM_HELD) {
+				colour = 0;
+				bump(TM_STAT_HELD);
+				count(&k, port->port.in_point, colour, skb->len, wire_packets(skb), now,
+				      port, ttl, 0);
+			}
+			set_colour(skb, &ip, end, mask, colour);
+			bump(TM_STAT_MARKED);
+			return TC_ACT_UNSPEC;
+		}
 		if (tm_unlikely(colour_of(&ip, end, mask))) {
 			/* The flow's own DSCP has the bit: remember it for the exit (rare). */
 			__u8 one = 1;
@@ -670,7 +807,7 @@ int tm_ingress(struct __sk_buff *skb)
 	}
 	if (port->port.in_point != TM_NO_POINT)
 		count(&k, port->port.in_point, colour, skb->len, wire_packets(skb), now,
-		      slot_periods(port), ttl);
+		      port, ttl, 0);
 	return TC_ACT_UNSPEC;
 }
 
@@ -692,19 +829,23 @@ int tm_egress(struct __sk_buff *skb)
 	__u8 mask = tos_mask(port->colour_bit);
 	__u8 colour = colour_of(&ip, end, mask);
 	__u8 ttl = hops_of(&ip, end);
+	struct tm_key flow = k;
+	enum tm_counted counted = TM_REFUSED;
+	if (port->port.out_point != TM_NO_POINT)
+		counted = count(&k, port->port.out_point, colour, skb->len, wire_packets(skb),
+				count_now(port), port, ttl, 0);
 	if (tm_unlikely(port->port.out_action == TM_OUT_UNMARK)) {
 		struct tm_settings *s = get_settings();
 		if (!s)
 			return TC_ACT_UNSPEC;
 		int own = 0;
-		if (s->restore == TM_RESTORE_SOME && bpf_map_lookup_elem(&original, &k))
+		if (port->own_colour == TM_OWN_KEEP)
+			own = keeps_bit(&flow, port->port.out_point, colour, counted, s);
+		else if (s->restore == TM_RESTORE_SOME && bpf_map_lookup_elem(&original, &flow))
 			own = 1;
 		if (set_colour(skb, &ip, end, mask, own))
 			bump(TM_STAT_UNMARKED);
 	}
-	if (port->port.out_point != TM_NO_POINT)
-		count(&k, port->port.out_point, colour, skb->len, wire_packets(skb), count_now(port),
-		      slot_periods(port), ttl);
 	return TC_ACT_UNSPEC;
 }
 

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 mod common;
 use common::{
-    collector_in_process, counter, in_ns, named, named_of, our_programs, sh, test_queue_drops, Proc,
+    collector_in_process, counter, in_ns, named, named_of, our_programs, recv_port_tos, set_int,
+    sh, test_queue_drops, Proc,
 };
 
 struct Netns(String);
@@ -1344,6 +1345,108 @@ fn an_agent_started_late_killed_and_restarted_charges_no_loss_for_its_outage() {
             assert_eq!(all, 0, "flow {port}: {loc:#}");
         } else {
             assert!(lost * 3 > link, "flow {port}: {lost} lost on the link of {link}");
+        }
+    }
+}
+
+/// DSCP 1 (lower effort, RFC 8622): the colour bit (DSCP bit 0) is the sender's own.
+const TOS_OWN: u8 = 1 << 2;
+/// DSCP 10 (AF11): the colour bit clear.
+const TOS_AF11: u8 = 10 << 2;
+
+/// The two hosts with the defaults, flows both ways whose senders set the colour bit (TOS
+/// 0x04) beside flows that do not (AF11): every datagram reaches the other host's VM with the
+/// TOS it was sent with (the receivers read it, IP_RECVTOS); the flows with their own bit are
+/// named at their marker with every packet they sent (`own_colour`), no segment charges them
+/// loss; the others are measured on the wire whole (every packet sent) and lose nothing.
+#[test]
+fn a_senders_own_colour_bit_reaches_the_other_host_and_is_not_measured_both_ways() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t = TwoHosts::new("c");
+    let mut agents = [t.agent(0, ""), t.agent(1, "")];
+    std::thread::sleep(Duration::from_millis(150));
+    const AB_OWN: u16 = 7791;
+    const BA_OWN: u16 = 7792;
+    // (from va, port, TOS)
+    let flows = [
+        (true, AB_OWN, TOS_OWN),
+        (true, AB_CLEAN, TOS_AF11),
+        (false, BA_OWN, TOS_OWN),
+        (false, BA_CLEAN, TOS_AF11),
+    ];
+    let (va, vb) = (t.va().0.clone(), t.vb().0.clone());
+    let receivers: Vec<_> = flows
+        .iter()
+        .map(|&(ab, port, tos)| {
+            let (at, addr) = if ab { (vb.clone(), "10.83.3.2") } else { (va.clone(), "10.83.1.1") };
+            std::thread::spawn(move || {
+                in_ns(&at, || {
+                    let sock = UdpSocket::bind((addr, port)).unwrap();
+                    sock.set_read_timeout(Some(Duration::from_millis(1000))).unwrap();
+                    set_int(&sock, libc::IPPROTO_IP, libc::IP_RECVTOS, 1);
+                    let (mut got, mut other) = (0u64, 0u64);
+                    while let Some((_, t)) = recv_port_tos(&sock) {
+                        got += 1;
+                        other += u64::from(t != tos);
+                    }
+                    (got, other)
+                })
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let senders: Vec<_> = flows
+        .iter()
+        .map(|&(ab, port, tos)| {
+            let (from, src, dst) = if ab {
+                (va.clone(), "10.83.1.1", "10.83.3.2")
+            } else {
+                (vb.clone(), "10.83.3.2", "10.83.1.1")
+            };
+            std::thread::spawn(move || {
+                in_ns(&from, || {
+                    let sock = UdpSocket::bind((src, port)).unwrap();
+                    set_int(&sock, libc::IPPROTO_IP, libc::IP_TOS, tos.into());
+                    let end = std::time::Instant::now() + Duration::from_secs(4);
+                    let mut n = 0u64;
+                    while std::time::Instant::now() < end {
+                        for _ in 0..10 {
+                            sock.send_to(&[0u8; 200], (dst, port)).unwrap();
+                            n += 1;
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    n
+                })
+            })
+        })
+        .collect();
+    let sent: Vec<u64> = senders.into_iter().map(|h| h.join().unwrap()).collect();
+    let got: Vec<(u64, u64)> = receivers.into_iter().map(|h| h.join().unwrap()).collect();
+    stop_after_the_flows(agents.iter_mut());
+    let (ha, hb) = (&t.host(0).0, &t.host(1).0);
+    for (i, &(ab, port, tos)) in flows.iter().enumerate() {
+        let (src, dst) = if ab { ("10.83.1.1", "10.83.3.2") } else { ("10.83.3.2", "10.83.1.1") };
+        let loc =
+            t.get(&format!("/localise?src={src}&dst={dst}&sport={port}&dport={port}&proto=17"));
+        eprintln!("flow {port} (TOS {tos:#04x}): sent {}, received {:?}: {loc}", sent[i], got[i]);
+        assert_eq!(got[i], (sent[i], 0), "flow {port}: (received, with another TOS)");
+        let segs = loc["segments"].as_array().cloned().unwrap_or_default();
+        for s in &segs {
+            assert_eq!((&s["lost"], &s["uncertain"]), (&0.into(), &0.into()), "{port}: {loc:#}");
+        }
+        let (first, second) = if ab { (("ha", ha), ("hb", hb)) } else { (("hb", hb), ("ha", ha)) };
+        if tos == TOS_OWN {
+            let marker = segment(&loc, first.0, &format!("mark:{}:{}-vm", first.1, first.0));
+            assert_eq!(marker["own_colour"], sent[i], "flow {port}: {loc:#}");
+            assert!(
+                segs.iter().all(|s| s["expected"] == 0),
+                "flow {port}: measured although left as sent: {loc:#}"
+            );
+        } else {
+            let wire = segment(&loc, second.0, &format!("in:{}:{}-up", second.1, second.0));
+            assert_eq!(wire["expected"], sent[i], "flow {port}: {loc:#}");
+            assert!(segs.iter().all(|s| s.get("own_colour").is_none()), "{port}: {loc:#}");
         }
     }
 }

@@ -22,12 +22,14 @@
 //! the kernel's share of it has drop reasons.
 
 use std::net::UdpSocket;
-use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{collector_in_process, counter, in_ns, named, named_of, our_programs, sh, Ovs};
+use common::{
+    collector_in_process, counter, in_ns, named, named_of, our_programs, recv_port_tos, set_int,
+    sh, Ovs,
+};
 
 /// The testbed: ovs.sh's bridge and hosts, the sender's namespace and the nftables table in the
 /// host namespace. Dropped on every path: the table and the sender's namespace here, then
@@ -80,37 +82,6 @@ impl Bed {
 impl Drop for Bed {
     fn drop(&mut self) {
         self.clean();
-    }
-}
-
-fn set_int(sock: &UdpSocket, level: i32, name: i32, v: i32) {
-    // SAFETY: a valid socket and a c_int option value.
-    let rc =
-        unsafe { libc::setsockopt(sock.as_raw_fd(), level, name, (&v as *const i32).cast(), 4) };
-    assert_eq!(rc, 0, "setsockopt");
-}
-
-/// One datagram's source port and TOS byte (IP_RECVTOS); `None` at the timeout.
-fn recv_port_tos(sock: &UdpSocket) -> Option<(u16, u8)> {
-    let mut buf = [0u8; 2048];
-    let mut ctl = [0u64; 8];
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    // SAFETY: msghdr pointing at live buffers; recvmsg fills them.
-    unsafe {
-        let mut from: libc::sockaddr_in = std::mem::zeroed();
-        let mut m: libc::msghdr = std::mem::zeroed();
-        m.msg_name = (&mut from as *mut libc::sockaddr_in).cast();
-        m.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
-        m.msg_iov = &mut iov;
-        m.msg_iovlen = 1;
-        m.msg_control = ctl.as_mut_ptr().cast();
-        m.msg_controllen = std::mem::size_of_val(&ctl);
-        if libc::recvmsg(sock.as_raw_fd(), &mut m, 0) < 0 {
-            return None;
-        }
-        let c = libc::CMSG_FIRSTHDR(&m);
-        assert!(!c.is_null() && (*c).cmsg_type == libc::IP_TOS, "no IP_TOS control message");
-        Some((u16::from_be(from.sin_port), *libc::CMSG_DATA(c)))
     }
 }
 

@@ -456,6 +456,7 @@ fn loss_record(batch: u64) -> telemark_core::records::Record {
         incomplete: false,
         drops: Vec::new(),
         ttl: None,
+        own_colour: 0,
     })
 }
 

@@ -273,6 +273,10 @@ impl Aggregator {
             self.bad_events += 1;
             return;
         }
+        if ev.kind == BatchEventKind::OwnColour {
+            self.own_colour(&ev);
+            return;
+        }
         let gaps = self.gaps;
         let pf = self
             .flows
@@ -361,7 +365,7 @@ impl Aggregator {
                     }
                 }
             }
-            BatchEventKind::Gap => {}
+            BatchEventKind::Gap | BatchEventKind::OwnColour => {}
         }
         self.resolve(&ev.key, p, false);
     }
@@ -598,6 +602,40 @@ impl Aggregator {
             tail: b.tail,
             incomplete: b.uncertain,
             ttl: b.ttl,
+            own_colour: 0,
+            drops: Vec::new(),
+        }));
+    }
+
+    /// Names a flow whose sender set the colour bit in a record of the marker's point: packets
+    /// left as they were, no measurement (`incomplete`), a segment inside the agent.
+    fn own_colour(&mut self, ev: &BatchEvent) {
+        let spec = &self.points[usize::from(ev.point)];
+        let (batch, period_ns) = match self.period_ns {
+            Some(t) => (period_number(ev.ordinal, ev.first_ns, t), Some(t)),
+            None => (u64::from(ev.ordinal), None),
+        };
+        self.out.push_back(Record::Loss(LossRecord {
+            agent: spec.agent.clone(),
+            port: spec.port.clone(),
+            point: spec.name.clone(),
+            upstream: None,
+            scope: Scope::Segment,
+            flow: Flow::from(&ev.key),
+            color: 0,
+            batch,
+            period_ns,
+            first_ns: ev.first_ns,
+            last_ns: ev.last_ns,
+            expected: None,
+            observed: 0,
+            lost: 0,
+            late: 0,
+            uncertain: 0,
+            tail: false,
+            incomplete: true,
+            ttl: ev.ttl,
+            own_colour: u64::from(ev.count),
             drops: Vec::new(),
         }));
     }

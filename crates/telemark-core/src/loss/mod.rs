@@ -47,6 +47,10 @@ pub enum BatchEventKind {
     /// Events before this one were lost (a full event ring): any flow at any point may be
     /// missing some, so what they would have said is uncertain, never loss. Carries no flow.
     Gap,
+    /// A marker left `count` packets of the flow as they were, in the marking period
+    /// `ordinal` (with `first_ns`, its start): their sender had set the colour bit, so they are
+    /// not measured (the eBPF datapath's `[ebpf] own_colour = "keep"`).
+    OwnColour,
 }
 
 /// One message from a fast-path point to the aggregator, sent through an SPSC ring.

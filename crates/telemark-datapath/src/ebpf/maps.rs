@@ -73,7 +73,21 @@ pub struct PortSlot {
     /// `enum tm_restore`: the marker's own, set by it and kept as map "settings"' by user
     /// space.
     pub restore: u8,
-    pub pad2: u8,
+    /// [`OwnColour`].
+    pub own_colour: u8,
+}
+
+/// `enum tm_own_colour`: what the domain does with a packet whose sender set the colour bit
+/// (`[ebpf] own_colour`).
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OwnColour {
+    /// Left as it is and not measured; an exit clears the bit only of flows it saw without it.
+    #[default]
+    Keep = 0,
+    /// The domain reserves the bit: every packet is coloured, and the flow's own bit given back
+    /// only by an exit on the marker's host.
+    Overwrite = 1,
 }
 
 /// `struct tm_drop_port`: an attached interface as the drop program tells them apart.
@@ -228,6 +242,12 @@ pub enum Stat {
     /// Keys new in "counts" the programs could not announce (no room in "new_keys"): user
     /// space then walks the map.
     NewKeyLost,
+    /// Packets a marker left as their sender coloured them (`OwnColour::Keep`): not measured.
+    OwnColour,
+    /// New flows whose first packet a marker held back from colour 1.
+    Held,
+    /// Flows an exit first saw with the colour bit set: left with it.
+    Unsure,
 }
 
 impl Stat {
@@ -251,11 +271,14 @@ impl Stat {
             Stat::Sampled => "sampled",
             Stat::SampleLost => "sample_lost",
             Stat::NewKeyLost => "new_key_lost",
+            Stat::OwnColour => "own_colour",
+            Stat::Held => "held",
+            Stat::Unsure => "unsure",
         }
     }
 
     /// Every counter, in map order.
-    pub const ALL: [Stat; 17] = [
+    pub const ALL: [Stat; 20] = [
         Stat::NotIp,
         Stat::Marked,
         Stat::Unmarked,
@@ -273,6 +296,9 @@ impl Stat {
         Stat::Sampled,
         Stat::SampleLost,
         Stat::NewKeyLost,
+        Stat::OwnColour,
+        Stat::Held,
+        Stat::Unsure,
     ];
 }
 

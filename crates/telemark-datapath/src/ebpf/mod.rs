@@ -168,6 +168,8 @@ pub struct Settings {
     pub guard_ns: u64,
     /// The DSCP bit (0..5) that carries the colour.
     pub colour_bit: u8,
+    /// What markers and exits do with a packet whose sender set that bit.
+    pub own_colour: maps::OwnColour,
     /// sFlow: one packet in this many sampled at each ingress point (0: none).
     pub sample_rate: u32,
     /// sFlow: the most bytes of a sampled packet sent (its headers).
@@ -188,6 +190,7 @@ fn slot(ifindex: u32, port: Port, s: Settings, c: Clocks) -> PortSlot {
         tai_offset_s: c.tai_offset_s,
         colour_bit: s.colour_bit,
         clock: clock_for(s.period_ns, s.guard_ns) as u8,
+        own_colour: s.own_colour as u8,
         ..Default::default()
     }
 }
@@ -396,7 +399,8 @@ impl Programs {
         Ok(())
     }
 
-    /// Whether some marker remembered a flow's own colour bit (map "settings"' restore).
+    /// Whether some flow's own DSCP had the colour bit (map "settings"' restore): a marker
+    /// remembered it (`OwnColour::Overwrite`), or an exit left it (`OwnColour::Keep`).
     fn restore(&self) -> u8 {
         Array::<&MapData, maps::Settings>::try_from(self.ebpf.map("settings").expect("settings"))
             .and_then(|a| a.get(&0, 0))
@@ -710,6 +714,24 @@ impl Programs {
     pub fn reasons(&self) -> Result<Vec<(u32, u64)>, Error> {
         let v = self.per_cpu_sums("reasons", 0..maps::REASONS)?;
         Ok(v.into_iter().enumerate().filter(|(_, n)| *n > 0).map(|(r, n)| (r as u32, n)).collect())
+    }
+
+    /// `OwnColour::Keep`: the packets each flow's sender sent with the colour bit set so far,
+    /// by the flow at its marker's point (the key's colour 0).
+    pub fn own_colour(&self) -> Result<Vec<(Key, u64)>, Error> {
+        let m: PerCpuHashMap<&MapData, Key, u64> =
+            PerCpuHashMap::try_from(self.ebpf.map("own").expect("own map"))
+                .map_err(map_err("own"))?;
+        Ok(m.iter().filter_map(Result::ok).map(|(k, v)| (k, v.iter().sum())).collect())
+    }
+
+    /// `OwnColour::Keep`: the flows an exit left with the colour bit, by the flow at its point
+    /// (the key's colour 0): their first packet there had it, and none since came without it.
+    pub fn unsure(&self) -> Result<Vec<Key>, Error> {
+        let m: aya::maps::HashMap<&MapData, Key, u8> =
+            aya::maps::HashMap::try_from(self.ebpf.map("unsure").expect("unsure map"))
+                .map_err(map_err("unsure"))?;
+        Ok(m.keys().filter_map(Result::ok).collect())
     }
 
     /// Drops per flow and reason.

@@ -139,6 +139,7 @@ pub(crate) fn record(agent: &str, batch: u64, t: u64) -> Record {
         incomplete: false,
         drops: Vec::new(),
         ttl: None,
+        own_colour: 0,
     })
 }
 
