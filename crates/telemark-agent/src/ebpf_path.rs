@@ -466,9 +466,6 @@ impl EbpfPath {
             let Some((_, ingress, _)) = self.ports.get(slot) else { continue };
             let ingress = *ingress;
             let flow = key.flow();
-            if unmeasured.contains(&flow) {
-                continue;
-            }
             let point = if key.point % 2 == 0 {
                 ingress
             } else {
@@ -484,6 +481,10 @@ impl EbpfPath {
                 } else {
                     self.flows.egress(slot, c);
                 }
+            }
+            // A flow whose colour bit is its sender's is metered (above), not measured.
+            if unmeasured.contains(&flow) {
+                continue;
             }
             // A period one of the flow's points here was attached during is no measurement
             // (docs/ebpf.md, "Clocks and periods"): the batches around it make it unmeasured

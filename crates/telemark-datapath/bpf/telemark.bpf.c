@@ -487,9 +487,9 @@ enum tm_counted {
  * to, or as late. `now`: the point's clock; the period of a packet that creates counters is
  * told by the fine clock instead, so that every point places a flow's first packet alike (a
  * marker's held packet has only its time to tell its period by). Its time stays the point's
- * clock's, as every other packet's there (a batch never ends before it begins). `ttl`: the packet's (hops_of),
- * announced with a key it creates. `hold`: a packet of colour 1 of a flow with no counters
- * here in either colour is not counted (TM_HELD). */
+ * clock's, as every other packet's there (a batch never ends before it begins). `ttl`: the
+ * packet's (hops_of), announced with a key it creates. `hold`: a packet of colour 1 of a flow
+ * with no counters here in either colour is not counted (TM_HELD). */
 static __always_inline enum tm_counted count(struct tm_key *k, __u8 point, __u8 colour,
 					     __u32 len, __u32 segs, __u64 now,
 					     struct tm_port_slot *p, __u8 ttl, int hold)
@@ -769,14 +769,16 @@ int tm_ingress(struct __sk_buff *skb)
 		}
 		if (keep) {
 			/* Counted before it is coloured: a new flow's first packet of colour 1 is
-			 * held back to colour 0 (and counted so, as every point will). */
+			 * held back to colour 0 (and counted so, as every point will), unless it
+			 * finds no room there either (a flow the marker cannot measure is still
+			 * coloured by its period, for the points after it). */
 			if (port->port.in_point != TM_NO_POINT &&
 			    count(&k, port->port.in_point, colour, skb->len, wire_packets(skb), now,
-				  port, ttl, 1) == TM_HELD) {
+				  port, ttl, 1) == TM_HELD &&
+			    count(&k, port->port.in_point, 0, skb->len, wire_packets(skb), now, port,
+				  ttl, 0) != TM_REFUSED) {
 				colour = 0;
 				bump(TM_STAT_HELD);
-				count(&k, port->port.in_point, colour, skb->len, wire_packets(skb), now,
-				      port, ttl, 0);
 			}
 			set_colour(skb, &ip, end, mask, colour);
 			bump(TM_STAT_MARKED);

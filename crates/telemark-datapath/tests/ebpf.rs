@@ -92,8 +92,9 @@ fn set_int(sock: &UdpSocket, level: i32, name: i32, v: i32) {
     assert_eq!(rc, 0, "setsockopt");
 }
 
-/// One datagram's TOS byte from its IP_TOS control message; `None` at the timeout.
-fn recv_tos(sock: &UdpSocket) -> Option<u8> {
+/// One datagram's first 8 bytes (the sender's sequence number) and TOS byte, from its IP_TOS
+/// control message; `None` at the timeout.
+fn recv_tos(sock: &UdpSocket) -> Option<(u64, u8)> {
     use std::os::fd::AsRawFd;
     let mut buf = [0u8; 2048];
     let mut ctl = [0u64; 8];
@@ -110,7 +111,8 @@ fn recv_tos(sock: &UdpSocket) -> Option<u8> {
         }
         let c = libc::CMSG_FIRSTHDR(&m);
         assert!(!c.is_null() && (*c).cmsg_type == libc::IP_TOS, "no IP_TOS control message");
-        Some(*libc::CMSG_DATA(c))
+        let seq = u64::from_be_bytes(buf[..8].try_into().unwrap_or_default());
+        Some((seq, *libc::CMSG_DATA(c)))
     }
 }
 
@@ -180,11 +182,14 @@ fn through_a_router(tag: &str, own_colour: OwnColour) {
                 let sock = UdpSocket::bind(("10.77.2.2", port)).unwrap();
                 sock.set_read_timeout(Some(Duration::from_millis(800))).unwrap();
                 set_int(&sock, libc::IPPROTO_IP, libc::IP_RECVTOS, 1);
+                // Each TOS's count, and the datagrams in the order they came.
                 let mut tos = std::collections::BTreeMap::<u8, u64>::new();
-                while let Some(t) = recv_tos(&sock) {
+                let mut order = Vec::new();
+                while let Some((seq, t)) = recv_tos(&sock) {
                     *tos.entry(t).or_default() += 1;
+                    order.push((seq, t));
                 }
-                tos
+                (tos, order)
             })
             .unwrap()
         })
@@ -231,12 +236,24 @@ fn through_a_router(tag: &str, own_colour: OwnColour) {
     }
     sender.join().unwrap();
     let sent_to = ebpf::now();
-    let (tos_main, tos_own) = (rx_main.join().unwrap(), rx_own.join().unwrap());
-    assert_eq!(
-        tos_main.keys().collect::<Vec<_>>(),
-        vec![&TOS_MAIN],
-        "the receiver sees the sender's DSCP"
-    );
+    let ((tos_main, order), (tos_own, _)) = (rx_main.join().unwrap(), rx_own.join().unwrap());
+    // The receiver sees the sender's DSCP. With Keep, one exception (docs/ebpf.md): where the
+    // flow's first datagram, held back from colour 1, was lost before the exit, the exit takes
+    // the bit for the sender's until a datagram comes without it; then only the datagrams
+    // before that one, and none after, carry it.
+    let changed = order.iter().take_while(|(_, t)| *t != TOS_MAIN).count();
+    let first_lost = order.first().is_some_and(|(seq, _)| *seq != 0);
+    if own_colour == OwnColour::Keep && first_lost && changed > 0 {
+        eprintln!("the first datagram was lost; the {changed} after it kept the bit");
+        assert!(order[changed..].iter().all(|(_, t)| *t == TOS_MAIN), "{order:?}");
+        assert!(changed < 1000, "{changed} datagrams kept the bit");
+    } else {
+        assert_eq!(
+            tos_main.keys().collect::<Vec<_>>(),
+            vec![&TOS_MAIN],
+            "the receiver sees the sender's DSCP"
+        );
+    }
     assert_eq!(
         tos_own.keys().collect::<Vec<_>>(),
         vec![&TOS_OWN],
