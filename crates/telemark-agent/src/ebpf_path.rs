@@ -575,6 +575,8 @@ impl EbpfPath {
                 for (key, total) in counts {
                     live.insert(key);
                     let (seen, last) = self.own_seen.get(&key).copied().unwrap_or((0, 0));
+                    // Fewer than seen: the map forgot the flow (LRU) and counts it anew.
+                    let seen = if total < seen { 0 } else { seen };
                     if total > seen {
                         self.own_seen.insert(key, (total, now));
                         if let Some((_, marker, _)) = self.ports.get(usize::from(key.point / 2)) {
